@@ -1,0 +1,28 @@
+"""tvmseq: GPU kernels for sequence models in Apache TVM TensorIR, with an ONNX importer.
+
+Pipeline, one module each: kernels/ (compute + schedules) -> tune/ -> build -> runtime (load) -> onnx/.
+"""
+from .errors import TvmseqError, UnsupportedOnnxError
+
+__version__ = "0.1.0"
+
+
+def from_onnx(model, shape_dict=None, dtype_dict=None, target=None, **options):
+    """ONNX model (proto, path or bytes) -> Relax IRModule with tvmseq kernels inserted."""
+    from .onnx import from_onnx as _from_onnx
+
+    return _from_onnx(model, shape_dict, dtype_dict, target=target, **options)
+
+
+def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, **options):
+    """ONNX model -> compiled `tvmseq.runtime.Model` (call it with numpy or DLPack tensors)."""
+    from .build import compile_onnx as _compile
+
+    return _compile(model, target=target, shape_dict=shape_dict, dtype_dict=dtype_dict, **options)
+
+
+def load(path, device=None):
+    """Load a model `.so` exported by `tvmseq compile` (no compiler needed)."""
+    from .runtime import load_model
+
+    return load_model(path, device=device)

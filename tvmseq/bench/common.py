@@ -1,0 +1,107 @@
+"""Benchmark plumbing shared by every operator: CUDA-event timing (median after warm-up), environment
+record, a printed table with the ratio against the peer, JSON + plot under artifacts/bench/."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Callable, Sequence
+
+BENCH_DIR = Path(os.environ.get("TVMSEQ_BENCH_DIR", Path(__file__).resolve().parents[2] / "artifacts" / "bench"))
+
+
+def time_cuda(fn: Callable[[], object], warmup: int = 10, iters: int = 50, rotate: Sequence[Callable] = ()) -> float:
+    """Median milliseconds of `fn()` over `iters` runs, each bracketed by its own CUDA events.
+    Everything runs on the legacy default stream, which TVM's runtime and torch share."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return times[len(times) // 2]
+
+
+def environment() -> dict:
+    """GPU, library versions and date, stored with every result."""
+    info = {"date": datetime.date.today().isoformat(), "python": platform.python_version()}
+    try:
+        import tvm
+
+        info["tvm"] = tvm.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["cudnn"] = torch.backends.cudnn.version()
+            info["cuda"] = torch.version.cuda
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def print_table(rows: list[dict], columns: Sequence[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).rjust(w) for c, w in zip(columns, widths)), flush=True)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def save(name: str, rows: list[dict], meta: dict | None = None, plot: Callable | None = None,
+         out_dir: Path | None = None) -> Path:
+    """Write `<name>.json` (rows + environment) and, if `plot(ax_fig_path)` is given, `<name>.png`."""
+    out_dir = Path(out_dir or BENCH_DIR)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **(meta or {}),
+                                "rows": rows}, indent=1, default=str))
+    if plot is not None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            plot(out_dir / f"{name}.png")
+        except ImportError:
+            print("matplotlib not installed: no plot written")
+    print(f"wrote {path}")
+    return path
+
+
+def ratio_bar_plot(rows: list[dict], label_keys: Sequence[str], ratio_key: str, title: str):
+    """A plot function for `save`: one bar per row, the speedup over the peer (>1 = tvmseq faster)."""
+
+    def plot(path):
+        import matplotlib.pyplot as plt
+
+        labels = [" ".join(str(r[k]) for k in label_keys) for r in rows]
+        ratios = [r[ratio_key] for r in rows]
+        fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(rows)), 4.5))
+        ax.bar(range(len(rows)), ratios, color=["tab:green" if x >= 1 else "tab:red" for x in ratios])
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=7)
+        ax.set_ylabel("speedup over peer (x)")
+        ax.set_title(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    return plot
