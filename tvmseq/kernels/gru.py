@@ -1,0 +1,268 @@
+"""GRU in TensorIR, the per-step path (the Ingenic patent's structure).
+
+Pipeline of one GRU node (both directions in every launch):
+1. `input_projection_func`: ONE GEMM for all time steps, gate_i[d, t, b, :] = X[t, b, :] W[d]^T + bias[d]
+   with W = [W_z, W_r, W_h] stored together and the biases that do not depend on r folded in.
+2. `recurrence_func`: a host loop over the (symbolic) time steps; per step one GEMM kernel for
+   gate_h = h R^T (both directions in one launch) and one fused kernel for the gate math and the state
+   update, grid (batch, directions) with 512-thread blocks. With linear_before_reset=0 the h-gate GEMM
+   needs r*h first, so a step is GEMM(z,r) -> gates(r) -> GEMM(h) -> gates(update).
+
+The state lives in a float32 workspace; Y and Y_h are written in the model's dtype. `sequence_lens` is
+honoured per batch row: the reverse direction starts at the row's last valid step, outputs past a row's
+end are zero, Y_h is the state at the last valid step (zero for a zero-length row, as onnxruntime does).
+The CPU variants run the same gate math with serial loops so CI checks the numerics on llvm.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+
+from ..errors import TvmseqError
+from .activations import Activation
+
+DIRECTIONS = ("forward", "reverse", "bidirectional")
+
+
+@dataclass(frozen=True)
+class GruSpec:
+    """Everything that selects a GRU kernel variant (static shapes; the time axis stays symbolic)."""
+
+    num_directions: int
+    batch: int
+    hidden: int
+    input_size: int
+    dtype: str = "float32"
+    linear_before_reset: int = 0
+    direction: str = "forward"
+    activations: tuple[Activation, ...] = ()
+    clip: float | None = None
+    has_seq_lens: bool = False
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS:
+            raise TvmseqError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        if self.num_directions != (2 if self.direction == "bidirectional" else 1):
+            raise TvmseqError(f"direction {self.direction} needs num_directions "
+                              f"{2 if self.direction == 'bidirectional' else 1}, got {self.num_directions}")
+        if self.dtype not in ("float32", "float16"):
+            raise TvmseqError(f"GRU supports float32 and float16, got {self.dtype}")
+        if not self.activations:
+            acts = (Activation.make("Sigmoid"), Activation.make("Tanh")) * self.num_directions
+            object.__setattr__(self, "activations", acts)
+        if len(self.activations) != 2 * self.num_directions:
+            raise TvmseqError(f"GRU needs {2 * self.num_directions} activations, got {len(self.activations)}")
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """Tile constants of the per-step CUDA kernels (data, so a tuner can search them)."""
+
+    gemm_warps: int = 8        # output rows per GEMM block, one warp per row
+    gemm_batch_tile: int = 4   # batch rows each warp accumulates at once (registers per lane)
+    gate_threads: int = 512    # threads of the gate kernel block, grid (batch, directions)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. the input projection: one GEMM over all time steps
+# ---------------------------------------------------------------------------------------------------
+def input_projection_func(spec: GruSpec) -> tirx.PrimFunc:
+    """gate_i[d, t, b, j] = sum_k X[t, b, k] W[d, j, k] + bias[d, j] (float32 accumulation and output)."""
+    D, B, I, G = spec.num_directions, spec.batch, spec.input_size, 3 * spec.hidden
+    dt = spec.dtype
+
+    @T.prim_func(s_tir=True)
+    def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+        T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
+        seq = T.int32()
+        X = T.match_buffer(x, (seq, B, I), dt)
+        W = T.match_buffer(w, (D, G, I), dt)
+        Bias = T.match_buffer(bias, (D, G), "float32")
+        GateI = T.match_buffer(gate_i, (D, seq, B, G), "float32")
+        acc = T.sblock_alloc_buffer((D, seq * B, G), "float32")
+        for d, m, j, k in T.grid(D, seq * B, G, I):
+            with T.sblock("matmul"):
+                vd, vm, vj, vk = T.axis.remap("SSSR", [d, m, j, k])
+                with T.init():
+                    acc[vd, vm, vj] = T.float32(0)
+                acc[vd, vm, vj] = acc[vd, vm, vj] + T.Cast("float32", X[vm // B, vm % B, vk]) * T.Cast(
+                    "float32", W[vd, vj, vk])
+        for d, t, b, j in T.grid(D, seq, B, G):
+            with T.sblock("bias"):
+                vd, vt, vb, vj = T.axis.remap("SSSS", [d, t, b, j])
+                GateI[vd, vt, vb, vj] = acc[vd, vt * B + vb, vj] + Bias[vd, vj]
+
+    return gru_input_projection
+
+
+def schedule_input_projection(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule:
+    """Default schedules: dlight's GEMM rules on CUDA (MetaSchedule databases override them when tuned);
+    on the CPU the unscheduled loop nest is left to LLVM (it is correct, and CI only checks numerics)."""
+    mod = tvm.IRModule({"main": func})
+    if target.kind.name != "cuda":
+        return mod
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Fallback())(mod)
+    return mod
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. the recurrence: host loop over time, per step GEMM kernel(s) + fused gate kernel(s)
+# ---------------------------------------------------------------------------------------------------
+def _ceildiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _loop_kinds(gpu: bool):
+    """Loop constructors: thread bindings on CUDA, plain serial loops on the CPU (same kernel bodies)."""
+    if gpu:
+        return {name: (lambda n, _t=name: T.thread_binding(n, thread=_t))
+                for name in ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y")}
+    return {name: (lambda n: T.serial(n)) for name in
+            ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y")}
+
+
+def _per_direction(spec: GruSpec, which: int):
+    """x -> activation `which` (0: f, 1: g) of direction d, as a TIR expression of (d, x)."""
+    acts = [spec.activations[2 * d + which] for d in range(spec.num_directions)]
+    if len(set(acts)) == 1:
+        return lambda d, x: acts[0].expr(x)
+    return lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))
+
+
+def _clip_fn(clip: float | None):
+    if clip is None:
+        return lambda x: x
+    c = float(clip)
+    return lambda x: T.min(T.max(x, T.float32(-c)), T.float32(c))
+
+
+def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule = StepSchedule()
+                    ) -> tirx.PrimFunc:
+    """The time loop of a GRU node. Inputs: gate_i [D, T, B, 3H] f32, R [D, 3H, H], rb_h [D, H] f32,
+    seq_lens [B] i32, h0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H] (model dtype)."""
+    gpu = target.kind.name == "cuda"
+    L = _loop_kinds(gpu)
+    D, B, H, dt = spec.num_directions, spec.batch, spec.hidden, spec.dtype
+    G = 3 * H
+    lbr = bool(spec.linear_before_reset)
+    WARPS, BT, NT = sched.gemm_warps, sched.gemm_batch_tile, sched.gate_threads
+    f_act, g_act, clip = _per_direction(spec, 0), _per_direction(spec, 1), _clip_fn(spec.clip)
+    has_lens = spec.has_seq_lens
+    if spec.direction == "reverse":
+        is_reverse = lambda d: True  # noqa: E731
+    elif spec.direction == "bidirectional":
+        is_reverse = lambda d: d == 1  # noqa: E731
+    else:
+        is_reverse = lambda d: False  # noqa: E731
+    f32 = lambda v: T.Cast("float32", v)  # noqa: E731
+
+    @T.macro
+    def gemm(src, R, gh, row_offset: T.int32, rows: T.int32):
+        # gh[d, b, row_offset + r] = sum_k src[d, b, k] * R[d, row_offset + r, k] for r < rows
+        if gpu:
+            for d in L["blockIdx.z"](D):
+                for bt in L["blockIdx.y"](_ceildiv(B, BT)):
+                    for rb in L["blockIdx.x"](_ceildiv(rows, WARPS)):
+                        for warp in L["threadIdx.y"](WARPS):
+                            for lane in L["threadIdx.x"](32):
+                                acc = T.alloc_buffer((BT,), "float32", scope="local")
+                                row = rb * WARPS + warp
+                                for i in T.unroll(BT):
+                                    acc[i] = T.float32(0)
+                                if row < rows:  # uniform across the warp
+                                    for k0 in range(_ceildiv(H, 32)):
+                                        if k0 * 32 + lane < H:
+                                            for i in T.unroll(BT):
+                                                if bt * BT + i < B:
+                                                    acc[i] = acc[i] + f32(R[d, row_offset + row, k0 * 32 + lane]) * src[d, bt * BT + i, k0 * 32 + lane]
+                                    for i in T.unroll(BT):
+                                        for sh in T.unroll(5):
+                                            acc[i] = acc[i] + T.tvm_warp_shuffle_down(
+                                                T.tvm_warp_activemask(), acc[i], 16 >> sh, 32, 32)
+                                        if lane == 0 and bt * BT + i < B:
+                                            gh[d, bt * BT + i, row_offset + row] = acc[i]
+        else:
+            for d, b, r in T.grid(D, B, rows):
+                acc = T.alloc_buffer((1,), "float32", scope="local")
+                acc[0] = T.float32(0)
+                for k in range(H):
+                    acc[0] = acc[0] + f32(R[d, row_offset + r, k]) * src[d, b, k]
+                gh[d, b, row_offset + r] = acc[0]
+
+    @T.prim_func
+    def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+                       y: T.handle, y_h: T.handle):
+        T.func_attr({"global_symbol": "gru_recurrence", "tirx.noalias": True})
+        seq = T.int32()
+        GateI = T.match_buffer(gate_i, (D, seq, B, G), "float32")
+        R = T.match_buffer(r_w, (D, G, H), dt)
+        RbH = T.match_buffer(rb_h, (D, H), "float32")
+        Lens = T.match_buffer(lens, (B,), "int32")
+        H0 = T.match_buffer(h0, (D, B, H), "float32")
+        Y = T.match_buffer(y, (seq, D, B, H), dt)
+        Yh = T.match_buffer(y_h, (D, B, H), dt)
+        state = T.alloc_buffer((D, B, H), "float32")
+        gh = T.alloc_buffer((D, B, G), "float32")
+        rh = T.alloc_buffer((D, B, H), "float32")
+        # state <- h0
+        for b in L["blockIdx.x"](B):
+            for d in L["blockIdx.y"](D):
+                for tx in L["threadIdx.x"](NT):
+                    for j0 in range(_ceildiv(H, NT)):
+                        if j0 * NT + tx < H:
+                            state[d, b, j0 * NT + tx] = H0[d, b, j0 * NT + tx]
+        for s in range(seq):
+            gemm(state, R, gh, 0, G if lbr else 2 * H)
+            if not lbr:
+                # r, then r*h for the h-gate GEMM
+                for b in L["blockIdx.x"](B):
+                    for d in L["blockIdx.y"](D):
+                        for tx in L["threadIdx.x"](NT):
+                            for j0 in range(_ceildiv(H, NT)):
+                                if j0 * NT + tx < H:
+                                    length = Lens[b] if has_lens else seq
+                                    t = T.if_then_else(is_reverse(d), length - 1 - s, s)
+                                    j = j0 * NT + tx
+                                    if s < length:
+                                        rh[d, b, j] = f_act(d, clip(GateI[d, t, b, H + j] + gh[d, b, H + j])) * state[d, b, j]
+                gemm(rh, R, gh, 2 * H, H)
+            # fused gate math and state update, grid (batch, directions)
+            for b in L["blockIdx.x"](B):
+                for d in L["blockIdx.y"](D):
+                    for tx in L["threadIdx.x"](NT):
+                        for j0 in range(_ceildiv(H, NT)):
+                            if j0 * NT + tx < H:
+                                length = Lens[b] if has_lens else seq
+                                t = T.if_then_else(is_reverse(d), length - 1 - s, s)
+                                j = j0 * NT + tx
+                                if s < length:
+                                    z = f_act(d, clip(GateI[d, t, b, j] + gh[d, b, j]))
+                                    if lbr:
+                                        r = f_act(d, clip(GateI[d, t, b, H + j] + gh[d, b, H + j]))
+                                        hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + r * (gh[d, b, 2 * H + j] + RbH[d, j])))
+                                        hn = (T.float32(1) - z) * hh + z * state[d, b, j]
+                                        state[d, b, j] = hn
+                                        Y[t, d, b, j] = T.Cast(dt, hn)
+                                    else:
+                                        hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + gh[d, b, 2 * H + j]))
+                                        hn = (T.float32(1) - z) * hh + z * state[d, b, j]
+                                        state[d, b, j] = hn
+                                        Y[t, d, b, j] = T.Cast(dt, hn)
+                                else:
+                                    Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+        # Y_h <- state (zero for a zero-length row, as onnxruntime does)
+        for b in L["blockIdx.x"](B):
+            for d in L["blockIdx.y"](D):
+                for tx in L["threadIdx.x"](NT):
+                    for j0 in range(_ceildiv(H, NT)):
+                        if j0 * NT + tx < H:
+                            length = Lens[b] if has_lens else seq
+                            Yh[d, b, j0 * NT + tx] = T.Cast(dt, T.if_then_else(length > 0, state[d, b, j0 * NT + tx], T.float32(0)))
+
+    return gru_recurrence.with_attr("tir.is_scheduled", True)
