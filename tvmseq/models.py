@@ -14,15 +14,16 @@ def rnn_node_model(op: str = "GRU", *, seq: int | str = 5, batch: int = 3, input
                    activations: list[str] | None = None, activation_alpha=None, activation_beta=None,
                    with_bias: bool = True, with_seq_lens: bool = False, with_initial_h: bool = False,
                    outputs=("Y", "Y_h"), dtype: str = "float32", weights_as_inputs: bool = False,
-                   seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+                   weight_scale: float = 0.6, seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """One GRU or RNN node with random weights as initializers (or graph inputs). Returns the model and a
     dict of random feeds for its runtime inputs (X, and sequence_lens / initial_h when asked for)."""
     rng = np.random.default_rng(seed)
     gates = {"GRU": 3, "RNN": 1}[op]
     D = 2 if direction == "bidirectional" else 1
     npdt = np.dtype(dtype)
-    weights = {"W": rng.uniform(-0.6, 0.6, (D, gates * hidden, input_size)).astype(npdt),
-               "R": rng.uniform(-0.6, 0.6, (D, gates * hidden, hidden)).astype(npdt)}
+    ws = weight_scale
+    weights = {"W": rng.uniform(-ws, ws, (D, gates * hidden, input_size)).astype(npdt),
+               "R": rng.uniform(-ws, ws, (D, gates * hidden, hidden)).astype(npdt)}
     if with_bias:
         weights["B"] = rng.uniform(-0.5, 0.5, (D, 2 * gates * hidden)).astype(npdt)
     x_shape = [seq, batch, input_size] if layout == 0 else [batch, seq, input_size]
@@ -122,4 +123,5 @@ def stacked_gru_model(*, input_size: int = 12, hidden: int = 16, classes: int = 
 def demo_model(seq: int = 50, batch: int = 4, input_size: int = 64, hidden: int = 128):
     """The demo's model: a bidirectional GRU (PyTorch-style linear_before_reset=1) with random weights."""
     return rnn_node_model("GRU", seq=seq, batch=batch, input_size=input_size, hidden=hidden,
-                          direction="bidirectional", linear_before_reset=1, with_initial_h=True, seed=1)
+                          direction="bidirectional", linear_before_reset=1, with_initial_h=True,
+                          weight_scale=hidden ** -0.5, seed=1)  # PyTorch's default init range

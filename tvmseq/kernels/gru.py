@@ -11,6 +11,8 @@ Pipeline of one GRU node (both directions in every launch):
 The state lives in a float32 workspace; Y and Y_h are written in the model's dtype. `sequence_lens` is
 honoured per batch row: the reverse direction starts at the row's last valid step, outputs past a row's
 end are zero, Y_h is the state at the last valid step (zero for a zero-length row, as onnxruntime does).
+Lengths are clamped to [0, T] inside the kernels so no value can index out of bounds; the runtime
+rejects out-of-range lengths given as model inputs before anything runs.
 The CPU variants run the same gate math with serial loops so CI checks the numerics on llvm.
 """
 from __future__ import annotations
@@ -183,8 +185,9 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                                                     acc[i] = acc[i] + f32(R[d, row_offset + row, k0 * 32 + lane]) * src[d, bt * BT + i, k0 * 32 + lane]
                                     for i in T.unroll(BT):
                                         for sh in T.unroll(5):
+                                            # full mask: the whole warp is here (row is warp-uniform)
                                             acc[i] = acc[i] + T.tvm_warp_shuffle_down(
-                                                T.tvm_warp_activemask(), acc[i], 16 >> sh, 32, 32)
+                                                T.uint32(0xFFFFFFFF), acc[i], 16 >> sh, 32, 32)
                                         if lane == 0 and bt * BT + i < B:
                                             gh[d, bt * BT + i, row_offset + row] = acc[i]
         else:
@@ -226,7 +229,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                         for tx in L["threadIdx.x"](NT):
                             for j0 in range(_ceildiv(H, NT)):
                                 if j0 * NT + tx < H:
-                                    length = Lens[b] if has_lens else seq
+                                    length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
                                     t = T.if_then_else(is_reverse(d), length - 1 - s, s)
                                     j = j0 * NT + tx
                                     if s < length:
@@ -238,7 +241,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                     for tx in L["threadIdx.x"](NT):
                         for j0 in range(_ceildiv(H, NT)):
                             if j0 * NT + tx < H:
-                                length = Lens[b] if has_lens else seq
+                                length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
                                 t = T.if_then_else(is_reverse(d), length - 1 - s, s)
                                 j = j0 * NT + tx
                                 if s < length:
@@ -262,7 +265,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                 for tx in L["threadIdx.x"](NT):
                     for j0 in range(_ceildiv(H, NT)):
                         if j0 * NT + tx < H:
-                            length = Lens[b] if has_lens else seq
+                            length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
                             Yh[d, b, j0 * NT + tx] = T.Cast(dt, T.if_then_else(length > 0, state[d, b, j0 * NT + tx], T.float32(0)))
 
-    return gru_recurrence.with_attr("tir.is_scheduled", True)
+    return gru_recurrence.with_attr("tirx.is_scheduled", True)

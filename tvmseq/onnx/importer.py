@@ -7,6 +7,8 @@ follows the frontend's convention: a class with `_impl_vN(cls, bb, inputs, attr,
 """
 from __future__ import annotations
 
+import json
+
 import onnx
 import tvm
 from tvm import relax
@@ -94,8 +96,12 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict=None, target=Non
     options["target"] = targets.resolve(target)
     importer = TvmseqGraphImporter(shape_dict, dtype_dict if dtype_dict is not None else {}, options=options)
     try:
-        return importer.from_onnx(model.graph, _opset_of(model))
+        mod = importer.from_onnx(model.graph, _opset_of(model))
     except TvmseqError:
         raise
     except tvm.error.OpNotImplemented as err:
         raise TvmseqError(str(err)) from err
+    checks = importer.options.get("input_checks")
+    if checks:  # value checks on graph inputs, run by tvmseq.runtime before the model
+        mod["main"] = mod["main"].with_attr("tvmseq_input_checks", json.dumps(checks))
+    return mod

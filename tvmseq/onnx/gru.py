@@ -1,0 +1,176 @@
+"""ONNX GRU (opsets 1-22) -> tvmseq GRU kernels (input-projection GEMM + recurrence) via call_tir."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from ..errors import UnsupportedOnnxError
+from ..kernels import gru as gru_kernels
+from ..kernels.activations import parse_onnx_activations
+from .importer import OnnxOpConverter, register_converter
+
+# output_sequence (opset 1 only) merely says whether Y is wanted; tvmseq always computes Y
+_SUPPORTED_ATTRS = {"hidden_size", "direction", "linear_before_reset", "layout", "clip", "activations",
+                    "activation_alpha", "activation_beta", "output_sequence"}
+
+
+def _static_dims(expr, what, node, op="GRU"):
+    shape = expr.ty.shape
+    if shape is None:
+        raise UnsupportedOnnxError(node, op, f"input '{what}' has unknown rank")
+    return list(shape.values)
+
+
+def _int(dim, what, node, op="GRU") -> int:
+    if not isinstance(dim, tirx.IntImm):
+        raise UnsupportedOnnxError(node, op, f"{what} must be static, got symbolic {dim} "
+                                             "(pass --shape to fix it)")
+    return int(dim)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernels(spec: gru_kernels.GruSpec, target_json: str):
+    target = tvm.target.Target(target_json)
+    proj = gru_kernels.schedule_input_projection(gru_kernels.input_projection_func(spec), target)["main"]
+    return proj, gru_kernels.recurrence_func(spec, target)
+
+
+def _direction(attr, node):
+    direction = attr.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    if direction not in gru_kernels.DIRECTIONS:
+        raise UnsupportedOnnxError(node, "GRU", f"attribute 'direction' = {direction!r} is not one of "
+                                               f"{gru_kernels.DIRECTIONS}")
+    return direction
+
+
+def _dim_str(dim):
+    return int(dim) if isinstance(dim, tirx.IntImm) else str(dim)
+
+
+def add_input_check(attr, input_name: str, check: dict):
+    """Record a value check on a graph input; `tvmseq.runtime.Model` runs it before the model."""
+    attr["tvm_custom"]["importer_options"].setdefault("input_checks", {}).setdefault(input_name, []).append(check)
+
+
+def check_attributes(attr, node, op, supported=_SUPPORTED_ATTRS):
+    for key in attr:
+        if key != "tvm_custom" and key not in supported:
+            raise UnsupportedOnnxError(node, op, f"attribute '{key}' is not supported")
+    layout = attr.get("layout", 0)
+    if layout not in (0, 1):
+        raise UnsupportedOnnxError(node, op, f"attribute 'layout' = {layout} must be 0 or 1")
+    clip = attr.get("clip")
+    if clip is not None and not clip > 0:
+        raise UnsupportedOnnxError(node, op, f"attribute 'clip' = {clip} must be positive")
+
+
+def prepare_common(bb, inputs, attr, node, op, gates):
+    """Shared by GRU and RNN: validated shapes, layout-0 X and h0 (float32), int32 lengths."""
+    check_attributes(attr, node, op)
+    x, w, r = inputs[0], inputs[1], inputs[2]
+    for name, val in (("X", x), ("W", w), ("R", r)):
+        if val is None:
+            raise UnsupportedOnnxError(node, op, f"required input '{name}' is missing")
+    layout = attr.get("layout", 0)
+    dtype = x.ty.dtype
+    if dtype not in ("float32", "float16"):
+        raise UnsupportedOnnxError(node, op, f"input 'X' has dtype {dtype}; tvmseq supports float32 and float16")
+    x_dims = _static_dims(x, "X", node, op)
+    if len(x_dims) != 3:
+        raise UnsupportedOnnxError(node, op, f"input 'X' must have rank 3, got {len(x_dims)}")
+    if layout == 1:
+        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+        x_dims = [x_dims[1], x_dims[0], x_dims[2]]
+    seq, batch, input_size = x_dims[0], _int(x_dims[1], "the batch size of X", node, op), \
+        _int(x_dims[2], "the input size of X", node, op)
+    w_dims = [_int(d, "W's shape", node, op) for d in _static_dims(w, "W", node, op)]
+    r_dims = [_int(d, "R's shape", node, op) for d in _static_dims(r, "R", node, op)]
+    direction = _direction(attr, node)
+    D = 2 if direction == "bidirectional" else 1
+    hidden = attr.get("hidden_size", r_dims[-1] if len(r_dims) == 3 else None)
+    want_w, want_r = [D, gates * hidden, input_size], [D, gates * hidden, hidden]
+    if w_dims != want_w:
+        raise UnsupportedOnnxError(node, op, f"input 'W' has shape {w_dims}, expected {want_w}")
+    if r_dims != want_r:
+        raise UnsupportedOnnxError(node, op, f"input 'R' has shape {r_dims}, expected {want_r}")
+    if w.ty.dtype != dtype:
+        w = bb.emit(relax.op.astype(w, dtype))
+    if r.ty.dtype != dtype:
+        r = bb.emit(relax.op.astype(r, dtype))
+    bias = inputs[3] if len(inputs) > 3 else None
+    if bias is not None:
+        b_dims = [_int(d, "B's shape", node, op) for d in _static_dims(bias, "B", node, op)]
+        if b_dims != [D, 2 * gates * hidden]:
+            raise UnsupportedOnnxError(node, op, f"input 'B' has shape {b_dims}, expected "
+                                                 f"{[D, 2 * gates * hidden]}")
+        bias = bb.emit(relax.op.astype(bias, "float32"))
+    else:
+        bias = relax.const(np.zeros((D, 2 * gates * hidden), "float32"))
+    lens = inputs[4] if len(inputs) > 4 else None
+    if lens is not None:
+        l_dims = _static_dims(lens, "sequence_lens", node, op)
+        if len(l_dims) != 1 or _int(l_dims[0], "sequence_lens' length", node, op) != batch:
+            raise UnsupportedOnnxError(node, op, f"input 'sequence_lens' must have shape [{batch}]")
+        if isinstance(lens, relax.Var):  # a graph input: the runtime checks its values before running
+            add_input_check(attr, lens.name, {"kind": "range", "min": 0, "max": _dim_str(seq),
+                                              "what": f"sequence_lens of {op} node '{node}'"})
+        lens = bb.emit(relax.op.astype(lens, "int32"))
+    h0 = inputs[5] if len(inputs) > 5 else None
+    if h0 is not None:
+        h_dims = [_int(d, "initial_h's shape", node, op) for d in _static_dims(h0, "initial_h", node, op)]
+        want_h = [D, batch, hidden] if layout == 0 else [batch, D, hidden]
+        if h_dims != want_h:
+            raise UnsupportedOnnxError(node, op, f"input 'initial_h' has shape {h_dims}, expected {want_h}")
+        if layout == 1:
+            h0 = bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
+        h0 = bb.emit(relax.op.astype(h0, "float32"))
+    else:
+        h0 = relax.const(np.zeros((D, batch, hidden), "float32"))
+    return dict(x=x, w=w, r=r, bias=bias, lens=lens, h0=h0, seq=seq, batch=batch, input_size=input_size,
+                hidden=hidden, D=D, direction=direction, dtype=dtype, layout=layout)
+
+
+def finish_outputs(bb, y, y_h, layout):
+    if layout == 1:
+        y = bb.emit(relax.op.permute_dims(y, [2, 0, 1, 3]))
+        y_h = bb.emit(relax.op.permute_dims(y_h, [1, 0, 2]))
+    return relax.Tuple([y, y_h])
+
+
+@register_converter("GRU")
+class GRU(OnnxOpConverter):
+    """ONNX GRU -> gru_input_projection (one GEMM) + gru_recurrence (host time loop of step kernels)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        node = cls.node_name(attr)
+        target = attr["tvm_custom"]["importer_options"]["target"]
+        c = prepare_common(bb, inputs, attr, node, "GRU", gates=3)
+        lbr = int(attr.get("linear_before_reset", 0))
+        if lbr not in (0, 1):
+            raise UnsupportedOnnxError(node, "GRU", f"attribute 'linear_before_reset' = {lbr} must be 0 or 1")
+        acts = parse_onnx_activations(attr, 2, c["D"], ["Sigmoid", "Tanh"], f"ONNX node '{node}' (GRU)")
+        spec = gru_kernels.GruSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"], lbr,
+                                   c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
+        proj, rec = _kernels(spec, str(target))
+        H, D, B = c["hidden"], c["D"], c["batch"]
+        bias, sl = c["bias"], relax.op.strided_slice
+        # biases that do not depend on r join the input GEMM: Wb + [Rb_z, Rb_r, Rb_h if lbr == 0]
+        rb_zr = bb.emit(sl(bias, axes=[1], begin=[3 * H], end=[5 * H]))
+        rb_h = bb.emit(sl(bias, axes=[1], begin=[5 * H], end=[6 * H]))
+        rb_fold = bb.emit(relax.op.concat([rb_zr, relax.op.multiply(rb_h, relax.const(float(1 - lbr)))], 1))
+        bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[3 * H]), rb_fold))
+        lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
+        proj_gv = bb.add_func(proj, "gru_input_projection")
+        rec_gv = bb.add_func(rec, "gru_recurrence")
+        gate_i = bb.emit(relax.call_tir(proj_gv, [c["x"], c["w"], bias_i],
+                                        relax.TensorType([D, c["seq"], B, 3 * H], "float32")))
+        outs = bb.emit(relax.call_tir(rec_gv, [gate_i, c["r"], rb_h, lens, c["h0"]],
+                                      [relax.TensorType([c["seq"], D, B, H], c["dtype"]),
+                                       relax.TensorType([D, B, H], c["dtype"])]))
+        return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),
+                              c["layout"])
