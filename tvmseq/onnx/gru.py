@@ -165,8 +165,9 @@ class GRU(OnnxOpConverter):
         rb_fold = bb.emit(relax.op.concat([rb_zr, relax.op.multiply(rb_h, relax.const(float(1 - lbr)))], 1))
         bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[3 * H]), rb_fold))
         lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
-        proj_gv = bb.add_func(proj, "gru_input_projection")
-        rec_gv = bb.add_func(rec, "gru_recurrence")
+        # without their global_symbol, so several GRU nodes get unique names in one module
+        proj_gv = bb.add_func(proj.without_attr("global_symbol"), "gru_input_projection")
+        rec_gv = bb.add_func(rec.without_attr("global_symbol"), "gru_recurrence")
         gate_i = bb.emit(relax.call_tir(proj_gv, [c["x"], c["w"], bias_i],
                                         relax.TensorType([D, c["seq"], B, 3 * H], "float32")))
         outs = bb.emit(relax.call_tir(rec_gv, [gate_i, c["r"], rb_h, lens, c["h0"]],
