@@ -166,15 +166,16 @@ def run(args) -> list[dict]:
     rows = []
     cols = ["dtype", "bidirectional", "hidden", "batch", "tvmseq_us_step", "cudnn_us_step", "speedup",
             "err_tvmseq", "err_peer", "agree"]
+    meta = {"peer": "torch.nn.GRU (cuDNN)", "seq": SEQ,
+            "note": "per-step path (input GEMM + per-step GEMM and gate kernels)"}
     for c in configs(args.quick):
         rows.append(run_one(c, args.prebuilt))
-        print_table(rows[-1:], cols) if len(rows) > 1 else print_table(rows, cols)
+        print_table(rows[-1:], cols)
+        save("gru", rows, meta, None, args.out)  # keep what was measured if the run is cut short
     print()
     print_table(rows, cols)
-    save("gru", rows, {"peer": "torch.nn.GRU (cuDNN)", "seq": SEQ,
-                       "note": "per-step path (input GEMM + per-step GEMM and gate kernels)"},
-         ratio_bar_plot(rows, ["dtype", "bidirectional", "hidden", "batch"], "speedup",
-                        "tvmseq GRU (per-step path) vs cuDNN: speedup per config"), args.out)
+    save("gru", rows, meta, ratio_bar_plot(rows, ["dtype", "bidirectional", "hidden", "batch"], "speedup",
+                                           "tvmseq GRU (per-step path) vs cuDNN: speedup per config"), args.out)
     return rows
 
 
