@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from tvm import tirx
-from tvm.script import tirx as T
 
 from ..errors import TvmseqError
 
@@ -49,6 +47,9 @@ class Activation:
 
     def expr(self, x):
         """TIR float32 expression of this activation applied to `x`."""
+        # imported here: tvm.script needs TVM's compiler, and the numpy side must work in runtime-only TVM
+        from tvm.script import tirx as T
+
         f32 = lambda v: T.float32(v)  # noqa: E731
         a, b, n = self.alpha, self.beta, self.name
         if n == "Relu":
