@@ -159,7 +159,8 @@ class CSR:
         shape = tuple(int(s) if isinstance(s, (int, np.integer)) else s for s in shape)
         if check:
             validate_csr(indptr, indices, data, shape)
-        self.indptr, self.indices, self.data = indptr, indices, data
+        # read-only views: the transpose map and the device copies are built from these once
+        self.indptr, self.indices, self.data = (_read_only(a) for a in (indptr, indices, data))
         self.shape: tuple[int, int] = shape
         self._device_cache: dict = {}
         self._lock = threading.Lock()
@@ -237,7 +238,26 @@ class CSR:
         return (self.shape[1] + 1) * self.indptr.itemsize + self.indices.nbytes + self.data.nbytes
 
     def astype(self, dtype) -> "CSR":
-        return CSR(self.indptr, self.indices, self.data.astype(_value_dtype(dtype)), self.shape, check=False)
+        return self.with_data(self.data.astype(_value_dtype(dtype)))
+
+    def with_data(self, data) -> "CSR":
+        """The same sparsity pattern with new values (e.g. updated weights): shares indptr, indices
+        and the transpose index map (and their device copies), so nothing is rebuilt."""
+        data = _host_array(data, "data")
+        if data.shape != self.data.shape or str(data.dtype) not in VALUE_DTYPES:
+            raise TvmseqError(f"CSR data must be float32/float16 of shape {self.data.shape}, got "
+                              f"{data.dtype} of shape {data.shape}")
+        out = CSR(self.indptr, self.indices, data.copy(), self.shape, check=False)
+        if "transpose_map" in self.__dict__:
+            out.__dict__["transpose_map"] = self.transpose_map
+        for (transposed, dev), arrays in self._device_cache.items():
+            import tvm
+
+            positions = (1,) if transposed else (2,)  # where data sits in the argument list
+            out._device_cache[(transposed, dev)] = [
+                tvm.runtime.tensor(_at_least_one(out.data), arrays[i].device) if i in positions else a
+                for i, a in enumerate(arrays)]
+        return out
 
     def to_dense(self) -> np.ndarray:
         out = np.zeros(self.shape, dtype=self.data.dtype)
@@ -327,6 +347,12 @@ def _host_array(x, name: str) -> np.ndarray:
         return np.asarray(x)
     except Exception as err:  # noqa: BLE001
         raise TvmseqError(f"{name}: cannot convert {type(x).__name__} to an array") from err
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _at_least_one(a: np.ndarray) -> np.ndarray:

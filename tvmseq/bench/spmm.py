@@ -6,8 +6,10 @@ Grid: S 4096x4096 and 16384x4096 (CSR, int32 indices), densities 0.5%, 1%, 5%, 2
           beforehand (`At @ D`, the transpose not timed), dense cuBLAS `Ad.t() @ D`;
   spmm:   cuSPARSE `A @ D`, dense cuBLAS `Ad @ D`.
 Every tvmseq kernel is timed with its default schedule and a few schedule variants (the best is
-reported too); outputs are checked against cuBLAS in fp32 and for bitwise determinism. Also
-reported: the transpose index map's bytes against those of a stored transpose.
+reported too); outputs are checked against cuBLAS in fp32 and for bitwise determinism. For fp32
+spmm_t the atomic scatter alternative (S read in row order, `out[c] += v * D[r]` with atomics, zeroing
+of `out` included; not deterministic) is timed as `scatter_ms`. Also reported: the transpose index
+map's bytes against those of a stored transpose.
 
 Kernels are built where TVM's compiler is (`--build-only DIR`, no GPU needed) and loaded with
 `--prebuilt DIR` where only TVM's runtime is; DIR also holds the kernels `tests/test_sparse.py`'s GPU
@@ -95,7 +97,8 @@ def kernel_module(quick: bool = False, with_tests: bool = True, target_name: str
     import tvm
 
     from .. import targets
-    from ..kernels.spmm import spmm_func
+    from ..kernels.spmm import spmm_func, spmm_t_scatter_func
+    from ..targets import is_gpu
 
     target = targets.resolve(target_name)
     funcs = {}
@@ -106,6 +109,8 @@ def kernel_module(quick: bool = False, with_tests: bool = True, target_name: str
             funcs[name] = spmm_func(shape, target, sched).with_attr("global_symbol", name)
             index["schedules"][name] = {"shape": dataclasses.asdict(shape), "variant": tag,
                                         "schedule": dataclasses.asdict(sched)}
+        if shape.transposed and shape.dtype == "float32" and is_gpu(target):  # the atomic scatter alternative
+            funcs[shape.name + "__scatter"] = spmm_t_scatter_func(shape, target)
     if with_tests:
         for shape in _test_shapes():
             funcs.setdefault(shape.name, spmm_func(shape, target))
@@ -195,10 +200,10 @@ def run_pattern(rows, cols, density, kernels, index, g, seed=0, device="cuda") -
         map_build_s = time.time() - t0
         A = torch.sparse_csr_tensor(crow, col, vals, (rows, cols))
         A_dense = A.to_dense()
-        try:
+        try:  # the peer's stored transpose, built before timing
             At = A.t().to_sparse_csr()
-        except Exception:  # noqa: BLE001
-            At = torch.sparse_csr_tensor(crow, col, vals.float(), (rows, cols)).t().to_sparse_csr().to(tdt)
+        except Exception as err:  # noqa: BLE001 - recorded per row as the peer's error
+            At, at_error = None, f"{type(err).__name__}: {err}"[:200]
         for n, transposed in itertools.product(g["ncols"], (True, False)):
             shape = SpmmShape(transposed, rows, cols, n, dtype)
             d_rows, o_rows = (rows, cols) if transposed else (cols, rows)
@@ -217,15 +222,32 @@ def run_pattern(rows, cols, density, kernels, index, g, seed=0, device="cuda") -
             first = out.clone()
             kernels[shape.name](*args)
             deterministic = bool(torch.equal(first, out))
-            err = float((first.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+            err = _rel_err(first, ref)
+            scatter = kernels.get(shape.name + "__scatter")
+            if scatter is not None:  # row order + atomics: a comparison, not deterministic
+                out_s = torch.zeros_like(out)
+                s_args = S.kernel_args(False, dev) + [args[-2], tvm.runtime.from_dlpack(out_s)]
+                scatter_ms = timer(lambda: (out_s.zero_(), scatter(*s_args)))
+                out_s.zero_()
+                scatter(*s_args)
+                first_s = out_s.clone()
+                out_s.zero_()
+                scatter(*s_args)
+                scatter_info = {"scatter_ms": scatter_ms, "scatter_rel_err": _rel_err(first_s, ref),
+                                "scatter_deterministic": bool(torch.equal(first_s, out_s))}
+            else:
+                scatter_info = {}
             row = {"op": "spmm_t" if transposed else "spmm", "shape": f"{rows}x{cols}", "density": density,
                    "n": n, "dtype": dtype, "nnz": S.nnz, "tvmseq_ms": times["default"]}
             best = min(times, key=times.get)
             row.update(tvmseq_best_ms=times[best], best_variant=best,
-                       variants_ms={k: round(v, 5) for k, v in times.items()})
+                       variants_ms={k: round(v, 5) for k, v in times.items()}, **scatter_info)
             if transposed:
                 row["torch_t_ms"] = _time_or_none(timer, lambda: A.t() @ D, errors, "torch_t")
-                row["cusparse_pre_ms"] = _time_or_none(timer, lambda: At @ D, errors, "cusparse_pre")
+                if At is None:
+                    row["cusparse_pre_ms"], errors["cusparse_pre"] = None, at_error
+                else:
+                    row["cusparse_pre_ms"] = _time_or_none(timer, lambda: At @ D, errors, "cusparse_pre")
                 row["cublas_ms"] = _time_or_none(timer, lambda: A_dense.t() @ D, errors, "cublas")
                 row["vs_torch_t"] = _ratio(row["torch_t_ms"], row["tvmseq_best_ms"])
                 row["vs_cusparse_pre"] = _ratio(row["cusparse_pre_ms"], row["tvmseq_best_ms"])
@@ -239,6 +261,11 @@ def run_pattern(rows, cols, density, kernels, index, g, seed=0, device="cuda") -
                 row["cublas_ms"] = _time_or_none(timer, lambda: A_dense @ D, errors, "cublas")
                 row["vs_cusparse"] = _ratio(row["cusparse_ms"], row["tvmseq_best_ms"])
             row["vs_cublas"] = _ratio(row["cublas_ms"], row["tvmseq_best_ms"])
+            try:  # the sparse peer's own answer, for the record
+                peer_out = (A.t() @ D) if transposed else (A @ D)
+                row["peer_rel_err"] = _rel_err(peer_out.to_dense() if peer_out.is_sparse_csr else peer_out, ref)
+            except Exception:  # noqa: BLE001 - already recorded by its timing
+                pass
             row["rel_err"] = err
             row["agree"] = err < (1e-4 if dtype == "float32" else 1e-2)
             row["deterministic"] = deterministic
@@ -252,11 +279,17 @@ def run_pattern(rows, cols, density, kernels, index, g, seed=0, device="cuda") -
     return out_rows_all
 
 
+def _rel_err(got, ref) -> float:
+    """max |got - ref| / max |ref| (ref in float32)."""
+    return float((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
 def _ratio(peer, ours):
     return None if peer is None or not ours else peer / ours
 
 
-COLUMNS_T = ["op", "shape", "density", "n", "dtype", "tvmseq_ms", "tvmseq_best_ms", "best_variant", "torch_t_ms",
+COLUMNS_T = ["op", "shape", "density", "n", "dtype", "tvmseq_ms", "tvmseq_best_ms", "best_variant", "scatter_ms",
+             "torch_t_ms",
              "cusparse_pre_ms", "cublas_ms", "vs_torch_t", "vs_cusparse_pre", "vs_cublas", "map_share", "agree",
              "deterministic"]
 COLUMNS = ["op", "shape", "density", "n", "dtype", "tvmseq_ms", "tvmseq_best_ms", "best_variant", "cusparse_ms",
@@ -325,7 +358,8 @@ def run(args) -> list[dict]:
     rows = []
     for seed, ((r, c), density) in enumerate(itertools.product(g["shapes"], g["densities"])):
         rows += run_pattern(r, c, density, kernels, index, g, seed, device)
-        save(NAME_SMOKE if smoke else "spmm", rows, meta, None, args.out)  # keep what was measured if the run is cut short
+        # save after every pattern: what was measured survives a run cut short
+        save(NAME_SMOKE if smoke else "spmm", rows, meta, None, args.out)
     print()
     print_table([r for r in rows if r["op"] == "spmm_t"], COLUMNS_T)
     print_table([r for r in rows if r["op"] == "spmm"], COLUMNS)

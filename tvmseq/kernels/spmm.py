@@ -20,8 +20,12 @@ of `unroll`, decoded before their D rows are read so that many row loads are in 
 gathers are latency bound), and group 0 adds the other groups' partial sums from shared memory in
 group order. Every result is therefore summed in a fixed order: deterministic, no atomics. The
 split multiplies the threads working on few, long output rows (S^T of a 4096-column S has only
-4096 rows) so the GPU is full. Empty rows/columns simply write zeros. Kernels are built per (output rows, D rows, D columns, dtype, index dtypes); the number of
-non-zeros is symbolic, so one build serves every sparsity pattern of that shape.
+4096 rows) so the GPU is full. Empty rows/columns simply write zeros.
+
+Kernels are built per (S shape, D columns, dtype, index dtypes); the number of non-zeros is
+symbolic, so one build serves every sparsity pattern of that shape. `n_cols=None` makes the number
+of D columns symbolic too (column tiles on blockIdx.y). `spmm_t_scatter_func` is the atomic,
+row-order alternative the benchmark compares with (not deterministic).
 """
 from __future__ import annotations
 
@@ -244,9 +248,10 @@ def _gather_rows_macro(shape: SpmmShape, sched: SpmmSchedule, target):
                         # every D-row load of the batch before any arithmetic: unroll x chunks in flight
                         for u in T.unroll(unroll):
                             for c in T.unroll(chunks):
-                                if not col_guard or tile * width + (c * lanes + lane) * vec < n:
+                                col0: T.let = tile * width + (c * lanes + lane) * vec
+                                if not col_guard or col0 < n:
                                     for v in T.vectorized(vec):
-                                        d_tile[u, c * vec + v] = D[src_row[u], tile * width + (c * lanes + lane) * vec + v]
+                                        d_tile[u, c * vec + v] = D[src_row[u], col0 + v]
                         for u in T.unroll(unroll):
                             for c in T.unroll(chunks):
                                 if not col_guard or tile * width + (c * lanes + lane) * vec < n:

@@ -90,7 +90,11 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict=None, target=Non
     inserted kernels get; `options` reach the converters (e.g. sparse_threshold=0.9)."""
     from .. import targets
 
+    from .sparse import preprocess_sparse
+
     model = load_model(model)
+    # sparse_initializer / Constant(sparse_value): TVM's importer reads neither; tvmseq records them as CSR
+    model, options = preprocess_sparse(model, options)
     if model.ir_version < 3:
         raise TvmseqError(f"ONNX IR version {model.ir_version} is too old (need 3 or newer)")
     options["target"] = targets.resolve(target)

@@ -163,10 +163,16 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _name_unnamed_nodes(graph: onnx.GraphProto) -> None:
     """MatMul/Gemm nodes are found again by name at conversion: make their names unique."""
+    taken = {node.name for node in graph.node}
     seen: set[str] = set()
     for i, node in enumerate(graph.node):
         if node.op_type in _SPARSE_OPS and (not node.name or node.name in seen):
-            node.name = f"{node.op_type}_sparse_{i}"
+            name, k = f"{node.op_type}_sparse_{i}", 0
+            while name in taken:
+                k += 1
+                name = f"{node.op_type}_sparse_{i}_{k}"
+            node.name = name
+            taken.add(name)
         seen.add(node.name)
 
 

@@ -337,7 +337,7 @@ def test_gpu_dlpack_torch(gpu_kernels):
 # the worked example in docs/sparse_training.md and the CPU run of the benchmark's code
 
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = next(p for p in __import__("pathlib").Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 
 
 def _load_example():
@@ -420,7 +420,9 @@ struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
 struct alignas(16) ulonglong2 { unsigned long long x, y; };
 struct alignas(32) ulonglong4 { unsigned long long x, y, z, w; };
-template <typename T> inline T tvm_builtin_cuda_atomic_add(T* addr, T v) { return std::atomic_ref<T>(*addr).fetch_add(v); }
+template <typename T> inline T tvm_builtin_cuda_atomic_add(T* addr, T v) {
+  return std::atomic_ref<T>(*addr).fetch_add(v);
+}
 #define __launch_bounds__(x)
 #define __restrict__
 """
@@ -530,3 +532,21 @@ def test_scatter_variant_emulated_on_cpu(emulator_dir):
     np.testing.assert_allclose(out, reference(True, S, D), **TOL["float32"])
     with pytest.raises(TvmseqError, match="scatter variant"):
         spmm_t_scatter_func(SpmmShape(True, 70, 45, 12, "float16"), gpu)
+
+
+def test_arrays_are_read_only_and_with_data_shares_the_pattern():
+    import tvm
+
+    S = random_csr(37, 29, 0.2)
+    with pytest.raises(ValueError):
+        S.data[0] = 1.0  # device copies and the transpose map are built from these once
+    S.kernel_args(True, tvm.cpu())
+    D = dense_operand(37, 5, "float32")
+    T = S.with_data(S.data * 2)
+    assert T.transpose_map is S.transpose_map
+    np.testing.assert_allclose(sparse.spmm_t(T, D, target="llvm"), 2 * sparse.spmm_t(S, D, target="llvm"),
+                               rtol=1e-6)
+    np.testing.assert_allclose(sparse.spmm(T, dense_operand(29, 5, "float32"), target="llvm"),
+                               reference(False, T, dense_operand(29, 5, "float32")), **TOL["float32"])
+    with pytest.raises(TvmseqError, match="data must be float32/float16 of shape"):
+        S.with_data(np.ones(3, np.float32))

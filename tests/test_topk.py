@@ -143,6 +143,15 @@ def test_other_dtypes(dtype):
     assert_exact(run_kernel(x, 6, largest), reference.topk(x, 6, largest=largest))
 
 
+def test_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = make_rows(3, 500, "float32", "ties").astype(ml_dtypes.bfloat16)
+    v, i = run_kernel(x, 4)
+    want_v, want_i = numpy_topk(x.astype("float32"), 4)
+    np.testing.assert_array_equal(i, want_i)
+    np.testing.assert_array_equal(v.astype("float32"), want_v)
+
+
 def test_large_k_uses_the_sort_path():
     x = make_rows(2, 3001, "float32", "ties", seed=11)
     cfg = tk.choose_config(2, 3001, 300, False)
@@ -173,7 +182,8 @@ def test_symbolic_rows(k):
     ex = tvm.compile(tvm.IRModule({"topk": tk.topk_func(None, 400, k, "float32", True, "llvm")}), target="llvm")
     for rows, kk in [(1, 5), (6, 5)] + ([(3, 400), (2, 1)] if k is None else []):
         x = make_rows(rows, 400, "float32", "ties", seed=rows)
-        vals, inds = tvm.runtime.tensor(np.zeros((rows, kk), "float32")), tvm.runtime.tensor(np.zeros((rows, kk), "int64"))
+        vals = tvm.runtime.tensor(np.zeros((rows, kk), "float32"))
+        inds = tvm.runtime.tensor(np.zeros((rows, kk), "int64"))
         ex["topk"](tvm.runtime.tensor(x), vals, inds)
         assert_exact((vals.numpy(), inds.numpy()), numpy_topk(x, kk))
 

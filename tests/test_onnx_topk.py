@@ -87,6 +87,12 @@ def test_constant_k_matches_onnxruntime(shape, k, axis, largest, dtype):
     compare_with_onnxruntime(model, random_input(shape, dtype, seed=k), k)
 
 
+@pytest.mark.parametrize("shape,axis", [((3, 7), 1), ((3, 7, 2), 1)])
+def test_k_zero_gives_empty_outputs(shape, axis):
+    got = compare_with_onnxruntime(topk_model(shape, 0, axis, 1, 1), random_input(shape, "float32"), 0)
+    assert got[0].shape[axis] == 0 and got[1].dtype == np.int64
+
+
 @pytest.mark.parametrize("k_mode", ["constant", "input"])
 def test_k_forms(k_mode):
     model = topk_model((4, 90), 6, 1, 1, None, k_mode=k_mode)
