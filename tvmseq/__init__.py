@@ -26,3 +26,11 @@ def load(path, device=None):
     from .runtime import load_model
 
     return load_model(path, device=device)
+
+
+def beam_search_step(logits, beam_scores, beam, k=None, target=None):
+    """One fused beam-search step: log-softmax(logits) + beam scores, top-k over beam x vocab.
+    Returns (scores, beam ids, token ids); see tvmseq.beam."""
+    from .beam import beam_search_step as _step
+
+    return _step(logits, beam_scores, beam, k=k, target=target)

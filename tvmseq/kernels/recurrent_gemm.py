@@ -387,7 +387,7 @@ def rounded(x, dtype):
 
 def scheduled(func, name: str, cooperative: bool):
     """Attributes every tvmseq hand-scheduled kernel carries; cooperative launch for grid barriers."""
-    attrs = {"tir.is_scheduled": True, "global_symbol": name}
+    attrs = {"tirx.is_scheduled": True, "global_symbol": name}
     if cooperative:
         attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
     return func.with_attrs(attrs)

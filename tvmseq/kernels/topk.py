@@ -75,7 +75,9 @@ def encode_key(v, dtype: str, largest: bool):
         return flip(v)
     if dtype == "uint64":
         return flip(T.reinterpret("int64", v) ^ tirx.const(-(2 ** 63), "int64"))
-    if dtype in ("float16", "bfloat16", "float32"):
+    if dtype == "bfloat16":  # its bits are the top half of the float32's (TVM's bf16 casts are lossy here)
+        kd, bits = "int32", T.shift_left(T.Cast("int32", T.reinterpret("int16", v)), T.int32(16))
+    elif dtype in ("float16", "float32"):
         kd, bits = "int32", T.reinterpret("int32", v if dtype == "float32" else T.Cast("float32", v))
     elif dtype == "float64":
         kd, bits = "int64", T.reinterpret("int64", v)
@@ -95,6 +97,11 @@ def encode_key(v, dtype: str, largest: bool):
         return _let(canon, lambda k: flip(T.if_then_else(k < c(0), (k ^ c(mag)) + c(1), k)), "kcanon")
 
     return _let(bits, from_bits, "kbits")
+
+
+def better(ka, ia, kb, ib):
+    """Item (ka, ia) comes before (kb, ib): larger key, or equal key and lower index."""
+    return T.Or(ka > kb, T.And(ka == kb, ia < ib))
 
 
 def decode_f32_key(key):
@@ -413,7 +420,10 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
     bit_of = lambda b: T.shift_left(one, T.Cast(KD, b))  # noqa: E731
     # candidate key of the bitwise search: bit NB-1 is the sign (searching from KMIN upwards)
     probe = lambda ans, b: T.if_then_else(b == NB - 1, ans ^ KMIN, ans | bit_of(b))  # noqa: E731
-    better = lambda ka, ia, kb, ib: T.Or(ka > kb, T.And(ka == kb, ia < ib))  # noqa: E731
+    # level 0 reads x in order, so an item's index is its position; later levels carry indices in `ir`
+    index_of = (lambda pos, carried: pos) if src == "x" else (lambda pos, carried: carried)  # noqa: E731
+    # the exact fallback's k items: key above the k-th key, or equal to it with index <= the tie limit
+    selected = lambda key, kth, idx, limit: T.Or(key > kth, T.And(key == kth, idx <= limit))  # noqa: E731
     # a block-uniform branch around phases: tells ThreadSync its __syncthreads() are safe
     uniform = T.tvm_thread_invariant if spec.gpu else (lambda cond: cond)
 
@@ -484,10 +494,7 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
                     for j in un(V):
                         if kr[sel(t), j] >= own[sel(t)]:
                             ck[cnt[sel(t)]] = kr[sel(t), j]
-                            if src == "x":
-                                ci[cnt[sel(t)]] = seg * C + j * TT + t
-                            else:
-                                ci[cnt[sel(t)]] = ir[sel(t), j]
+                            ci[cnt[sel(t)]] = index_of(seg * C + j * TT + t, ir[sel(t), j])
                             cnt[sel(t)] = cnt[sel(t)] + 1
             else:
                 # exact fallback: the k-th largest key, bit by bit (own = answer so far) ...
@@ -517,14 +524,9 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
                     for t in tx(TT):
                         cnt[sel(t)] = 0
                         for j in un(V):
-                            if src == "x":
-                                cnt[sel(t)] = cnt[sel(t)] + T.Cast("int32", T.And(
-                                    kr[sel(t), j] == own[sel(t)],
-                                    seg * C + j * TT + t < (lim[sel(t), 1] | (1 << (IDXB - 1 - b)))))
-                            else:
-                                cnt[sel(t)] = cnt[sel(t)] + T.Cast("int32", T.And(
-                                    kr[sel(t), j] == own[sel(t)],
-                                    ir[sel(t), j] < (lim[sel(t), 1] | (1 << (IDXB - 1 - b)))))
+                            idx = index_of(seg * C + j * TT + t, ir[sel(t), j])
+                            cnt[sel(t)] = cnt[sel(t)] + T.Cast("int32", T.And(
+                                kr[sel(t), j] == own[sel(t)], idx < (lim[sel(t), 1] | (1 << (IDXB - 1 - b)))))
                     tree_reduce(cnt, wsum, resi, 1, add, "int32")
                     for t in tx(TT):
                         below = resi[1]
@@ -534,29 +536,17 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
                 for t in tx(TT):
                     cnt[sel(t)] = 0
                     for j in un(V):
-                        if src == "x":
-                            cnt[sel(t)] = cnt[sel(t)] + T.Cast("int32", T.Or(
-                                kr[sel(t), j] > own[sel(t)], T.And(
-                                    kr[sel(t), j] == own[sel(t)], seg * C + j * TT + t <= lim[sel(t), 1])))
-                        else:
-                            cnt[sel(t)] = cnt[sel(t)] + T.Cast("int32", T.Or(
-                                kr[sel(t), j] > own[sel(t)], T.And(
-                                    kr[sel(t), j] == own[sel(t)], ir[sel(t), j] <= lim[sel(t), 1])))
+                        idx = index_of(seg * C + j * TT + t, ir[sel(t), j])
+                        cnt[sel(t)] = cnt[sel(t)] + T.Cast("int32", selected(
+                            kr[sel(t), j], own[sel(t)], idx, lim[sel(t), 1]))
                 scan(cnt, wsum, woff, resi, 0)
                 for t in tx(TT):
                     for j in un(V):
-                        if src == "x":
-                            if T.Or(kr[sel(t), j] > own[sel(t)], T.And(
-                                    kr[sel(t), j] == own[sel(t)], seg * C + j * TT + t <= lim[sel(t), 1])):
-                                ck[cnt[sel(t)]] = kr[sel(t), j]
-                                ci[cnt[sel(t)]] = seg * C + j * TT + t
-                                cnt[sel(t)] = cnt[sel(t)] + 1
-                        else:
-                            if T.Or(kr[sel(t), j] > own[sel(t)], T.And(
-                                    kr[sel(t), j] == own[sel(t)], ir[sel(t), j] <= lim[sel(t), 1])):
-                                ck[cnt[sel(t)]] = kr[sel(t), j]
-                                ci[cnt[sel(t)]] = ir[sel(t), j]
-                                cnt[sel(t)] = cnt[sel(t)] + 1
+                        idx = index_of(seg * C + j * TT + t, ir[sel(t), j])
+                        if selected(kr[sel(t), j], own[sel(t)], idx, lim[sel(t), 1]):
+                            ck[cnt[sel(t)]] = kr[sel(t), j]
+                            ci[cnt[sel(t)]] = idx
+                            cnt[sel(t)] = cnt[sel(t)] + 1
             # 4. rank = number of better candidates; the k best go out in order
             for t in tx(TT):
                 m = resi[0]
@@ -651,7 +641,6 @@ def sort_topk_func(rows: int, n: int, k: int | None, dtype: str, largest: bool, 
     P = _pow2_at_least(n)
     LOGP = P.bit_length() - 1
     HALF = max(P // 2, 1)
-    better = lambda ka, ia, kb, ib: T.Or(ka > kb, T.And(ka == kb, ia < ib))  # noqa: E731
     kk = tirx.Var("k", "int64") if k is None else tirx.const(k, "int64")
     R = _rows32(rows)
     R64 = tirx.const(rows, "int64") if isinstance(rows, int) else rows

@@ -10,7 +10,7 @@ from tvm import relax, tirx
 from ..errors import UnsupportedOnnxError
 from ..kernels import gru as gru_kernels
 from ..kernels.activations import parse_onnx_activations
-from .importer import OnnxOpConverter, register_converter
+from .importer import OnnxOpConverter, add_input_check, register_converter
 
 # output_sequence (opset 1 only) merely says whether Y is wanted; tvmseq always computes Y
 _SUPPORTED_ATTRS = {"hidden_size", "direction", "linear_before_reset", "layout", "clip", "activations",
@@ -49,11 +49,6 @@ def _direction(attr, node):
 
 def _dim_str(dim):
     return int(dim) if isinstance(dim, tirx.IntImm) else str(dim)
-
-
-def add_input_check(attr, input_name: str, check: dict):
-    """Record a value check on a graph input; `tvmseq.runtime.Model` runs it before the model."""
-    attr["tvm_custom"]["importer_options"].setdefault("input_checks", {}).setdefault(input_name, []).append(check)
 
 
 def check_attributes(attr, node, op, supported=_SUPPORTED_ATTRS):

@@ -30,6 +30,11 @@ def register_converter(op_type: str):
     return wrap
 
 
+def add_input_check(attr, input_name: str, check: dict):
+    """Record a value check on a graph input; `tvmseq.runtime.Model` runs it before the model."""
+    attr["tvm_custom"]["importer_options"].setdefault("input_checks", {}).setdefault(input_name, []).append(check)
+
+
 class OnnxOpConverter(_tvm_onnx.OnnxOpConverter):
     """Base for tvmseq converters (same interface as TVM's)."""
 

@@ -19,7 +19,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import get_constant
 
 from ..errors import UnsupportedOnnxError
 from ..kernels import topk as topk_kernels
-from .importer import OnnxOpConverter, register_converter
+from .importer import OnnxOpConverter, add_input_check, register_converter
 
 _ATTRS = {1: {"k", "axis"}, 10: {"axis"}, 11: {"axis", "largest", "sorted"}}
 
@@ -31,12 +31,6 @@ def _check_attrs(attr, node: str, version: int):
     for key in ("largest", "sorted"):
         if attr.get(key, 1) not in (0, 1):
             raise UnsupportedOnnxError(node, "TopK", f"attribute '{key}' = {attr[key]} must be 0 or 1")
-
-
-def _add_input_check(attr, input_name: str, check: dict):
-    """A value check on a graph input that `tvmseq.runtime.Model` runs before the model."""
-    options = attr["tvm_custom"]["importer_options"]
-    options.setdefault("input_checks", {}).setdefault(input_name, []).append(check)
 
 
 def _constant_k(k_expr, params, node: str):
@@ -79,17 +73,18 @@ def convert_topk(bb, data, k, k_expr, attr, axis: int, largest: int):
         raise UnsupportedOnnxError(node, "TopK", f"K = {k} is outside [0, {n}] (size of axis {axis} of 'X')")
 
     lead = dims[:axis] + dims[axis + 1:]
-    perm = [i for i in range(len(dims)) if i != axis] + [axis]
-    moved = data if axis == len(dims) - 1 else bb.emit(relax.op.permute_dims(data, perm))
     rows = 1
     for d in lead:
         rows = rows * d
     rows = tvm.tirx.const(rows, "int64") if isinstance(rows, int) else rows
     static_rows = int(rows) if isinstance(rows, tirx.IntImm) else None
-    if k == 0 or static_rows == 0:
-        shape = lead + [k if k is not None else 0]
-        values, indices = relax.op.zeros(relax.ShapeExpr(shape), dtype), relax.op.zeros(relax.ShapeExpr(shape), "int64")
-        return _restore(bb, values, indices, axis, len(dims))
+    if k == 0 or (k is not None and static_rows == 0):
+        # empty outputs sliced from the input (a folded empty constant does not survive TVM's VM
+        # serialization)
+        values = bb.emit(relax.op.strided_slice(data, axes=[axis], begin=[0], end=[k]))
+        return relax.Tuple([values, bb.emit(relax.op.astype(values, "int64"))])
+    perm = [i for i in range(len(dims)) if i != axis] + [axis]
+    moved = data if axis == len(dims) - 1 else bb.emit(relax.op.permute_dims(data, perm))
     x2 = bb.emit(relax.op.reshape(moved, relax.ShapeExpr([rows, n])))
     kind = "cuda" if target.kind.name == "cuda" else "llvm"
     if k is None:
@@ -120,7 +115,7 @@ def _symbolic_k(bb, k_expr, attr, node: str, n: int):
     if str(kty.dtype) not in ("int64", "int32"):
         raise UnsupportedOnnxError(node, "TopK", f"input 'K' must be int64, got {kty.dtype}")
     if isinstance(k_expr, relax.Var):  # a graph input: the runtime checks its value before running
-        _add_input_check(attr, k_expr.name, {"kind": "range", "min": 0, "max": n,
+        add_input_check(attr, k_expr.name, {"kind": "range", "min": 0, "max": n,
                                              "what": f"K of TopK node '{node}'"})
     k1 = bb.emit(relax.op.reshape(k_expr, relax.ShapeExpr([1])))
     if str(kty.dtype) != "int64":

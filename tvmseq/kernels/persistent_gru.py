@@ -1,0 +1,474 @@
+"""Persistent GRU: all time steps of a GRU node (one or both directions) in ONE CUDA kernel, on the
+engine of `recurrent_gemm` (weights on chip, LL {value, step} word hand-off, no per-step barrier).
+
+Interface (identical to the per-step `gru.recurrence_func`, so the ONNX converter can pick either):
+  gate_i f32 [D, T, B, 3H] (X W^T + biases folded in), R [D, 3H, H] (dtype), rb_h f32 [D, H],
+  seq_lens i32 [B], h0 f32 [D, B, H]  ->  Y [T, D, B, H], Y_h [D, B, H] (dtype), T symbolic.
+
+Work split. Direction d runs on blocks [d*G, (d+1)*G). Block g of a direction owns U hidden units
+j in [g*U, (g+1)*U) and keeps rows j, H+j, 2H+j of R (z, r and h gates of its units, 3U rows) in
+registers (the last `smem_rows` of them in shared memory) for the whole run. Inside a block each
+thread owns a k-slice of the state (as in the recurrent GEMM), so the three gate sums of a unit end in
+the same block and the gate math is local: the thread that finishes (unit, batch column) reads its
+gate_i values (prefetched before the poll), keeps the unit's state in shared memory (float32, like the
+per-step path), writes Y and publishes h'[j] as an LL word.
+
+linear_before_reset=1: one pass (3U rows) and one hand-off per step.
+linear_before_reset=0: the h-gate product needs (r*h) of every unit, so a step has two passes and two
+hand-offs: pass A (z, r rows) reads h_{n-1} and publishes r*h_{n-1} to a second LL buffer; pass B (h
+rows) reads it and publishes h_n. Two slots per buffer still suffice (a block writing step n of a
+buffer has read step n-1 of the other from every block, which they produced after reading step n-2).
+
+sequence_lens: the length of row b is clamp(seq_lens[b], 0, T); at step s >= length the unit keeps
+(and republishes) its state and writes Y[s] = 0; the reverse direction handles t = length-1-s at step s.
+Y_h is the state after the last valid step, 0 for a zero-length row (onnxruntime).
+
+The CPU variant is the same per-thread code with serial loops (step loop outermost, passes of all
+blocks before the next pass), so CI checks indexing and numerics on llvm. When the weights do not fit
+on chip (`fits_on_chip`), `recurrence_func_auto` returns the per-step kernel of `gru.py` instead.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from ..errors import TvmseqError
+from ..targets import is_gpu, resolve
+from .activations import Activation
+
+DIRECTIONS = ("forward", "reverse", "bidirectional")
+_DTYPES = ("float32", "float16")
+
+
+def _num_directions(directions: str) -> int:
+    if directions not in DIRECTIONS:
+        raise TvmseqError(f"persistent GRU: direction must be one of {DIRECTIONS}, got {directions!r}")
+    return 2 if directions == "bidirectional" else 1
+
+
+def default_gru_config(D: int, B: int, H: int, dtype: str, target):
+    """Engine schedule for a GRU: 3 weight rows per unit, D recurrences on disjoint block subsets."""
+    from . import recurrent_gemm as rg
+
+    return rg.default_config(H, B, dtype, target, rows_per_unit=3, directions=D, rows_total=3 * H)
+
+
+def _geometry(D, B, H, cfg, gpu):
+    from . import recurrent_gemm as rg
+
+    return rg.EngineGeometry(3 * H, H, B, cfg, 32 if gpu else 1, rows_per_unit=3)
+
+
+def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[bool, str]:
+    """Whether the recurrent weights of all D directions (3H x H each) stay on chip for the persistent
+    kernel on the target's GPU (registers + shared memory of resident blocks), and why not."""
+    from . import recurrent_gemm as rg
+
+    target = resolve(target)
+    if not is_gpu(target):
+        return True, "CPU: the persistent variant runs serially"
+    try:
+        config = config or default_gru_config(D, B, H, dtype, target)
+    except TvmseqError as err:
+        return False, str(err)
+    geo = _geometry(D, B, H, config, True)
+    why = geo.check(rg.gpu_facts(target), config.num_blocks * D)
+    if why is None and config.num_blocks * geo.U < H:
+        why = f"{config.num_blocks} blocks x {geo.U} units < {H} hidden units"
+    return (why is None), (why or f"fits: {config}")
+
+
+def _check_acts(acts, D):
+    acts = list(acts) if acts else [Activation.make("Sigmoid"), Activation.make("Tanh")] * D
+    if len(acts) != 2 * D or not all(isinstance(a, Activation) for a in acts):
+        raise TvmseqError(f"persistent GRU: needs {2 * D} Activation objects (f, g per direction), got {acts!r}")
+    return acts
+
+
+def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, clip,
+                        has_seq_lens: bool, target, config=None):
+    """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h) for all steps of a GRU node (see module doc)."""
+    from tvm.script import tirx as T
+
+    from . import recurrent_gemm as rg
+
+    target = resolve(target)
+    gpu = is_gpu(target)
+    if _num_directions(directions) != D:
+        raise TvmseqError(f"persistent GRU: direction {directions} needs D={_num_directions(directions)}, got {D}")
+    if dtype not in _DTYPES:
+        raise TvmseqError(f"persistent GRU: dtype must be one of {_DTYPES}, got {dtype}")
+    if min(B, H) < 1:
+        raise TvmseqError(f"persistent GRU: batch and hidden must be >= 1, got B={B} H={H}")
+    acts = _check_acts(acts, D)
+    lbr = bool(lbr)
+    config = config or default_gru_config(D, B, H, dtype, target)
+    geo = _geometry(D, B, H, config, gpu)
+    why = geo.check(rg.gpu_facts(target) if gpu else None, config.num_blocks * D)
+    if why:
+        raise TvmseqError(f"persistent GRU D={D} B={B} H={H} {dtype}: {why}")
+    G, W, NT, WS = geo.G, geo.W, geo.NT, geo.warp_size
+    U, R, R_reg, R_smem, KT, Hp = geo.U, geo.R, geo.R_reg, geo.R_smem, geo.KT, geo.Hp
+    BC, NC, Bp = geo.BC, geo.NC, geo.Bp
+    if G * U < H:
+        raise TvmseqError(f"persistent GRU: {G} blocks x {U} units do not cover H={H}")
+    slot_words = Bp * Hp
+    nbuf = 1 if lbr else 2       # LL buffers per direction: h (and r*h for lbr=0)
+    ws_words = D * nbuf * 2 * slot_words
+    UV = U * BC                  # (unit, batch column) items finished per pass
+    fin_iters = math.ceil(UV / NT)
+    unroll = T.unroll if gpu else T.serial
+    ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT)
+    f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
+
+    # ---- per-direction math ---------------------------------------------------------------------
+    def per_dir(which):
+        fns = [acts[2 * d + which] for d in range(D)]
+        if len(set(fns)) == 1:
+            return lambda d, x: fns[0].expr(x)
+        return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
+
+    f_act, g_act = per_dir(0), per_dir(1)
+    if clip is None:
+        clipf = lambda x: x  # noqa: E731
+    else:
+        c_ = float(clip)
+        clipf = lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))  # noqa: E731
+    if directions == "forward":
+        is_rev = lambda d: False  # noqa: E731
+    elif directions == "reverse":
+        is_rev = lambda d: True  # noqa: E731
+    else:
+        is_rev = lambda d: d == 1  # noqa: E731
+
+    fwd_only = directions == "forward"
+
+    def word(d, buf, slot):
+        """First LL word of (direction, buffer, slot)."""
+        return ((d * nbuf + buf) * 2 + slot) * slot_words
+
+    def warp_total(red, v):
+        return functools.reduce(lambda x, y: x + y, [red[w, v] for w in range(W)])
+
+    # ---- a pass: poll the LL words of one state vector, multiply by rows [r0, r0+nr), reduce -------
+    def make_pass(r0, nr):
+        vp = 1 << (nr * BC - 1).bit_length()
+        reduce = rg.make_warp_reduce(WS, vp)
+        reg_n = max(0, min(r0 + nr, R_reg) - r0)       # rows of this pass held in registers
+        sm_lo = max(r0, R_reg)                         # first row of this pass in shared memory
+        sm_n = r0 + nr - sm_lo
+
+        @T.macro
+        def do_pass(ws, base, flag, a_reg, a_smem, cval, acc, red, lane, warp, t, c):
+            b0 = T.meta_var(c * BC)
+            ll_wait(ws, base + b0 * Hp + t * KT, Hp, flag, T.max(T.min(H - t * KT, KT), 0),
+                    T.min(B - b0, BC), cval)
+            for v in unroll(vp):
+                acc[v] = T.float32(0)
+            if reg_n > 0:
+                for r in unroll(reg_n):
+                    for j in unroll(KT):
+                        for bb in unroll(BC):
+                            acc[bb * nr + r] = acc[bb * nr + r] + a_reg[(r0 + r) * KT + j] * cval[bb * KT + j]
+            if sm_n > 0:
+                for r in unroll(sm_n):
+                    for j in unroll(KT):
+                        for bb in unroll(BC):
+                            acc[bb * nr + sm_lo - r0 + r] = (acc[bb * nr + sm_lo - r0 + r]
+                                                             + a_smem[sm_lo - R_reg + r, t * KT + j] * cval[bb * KT + j])
+            reduce(acc, lane, red, warp)
+
+        return do_pass, vp
+
+    if lbr:
+        pass_zrh, vp_max = make_pass(0, 3 * U)
+    else:
+        pass_zr, vp_a = make_pass(0, 2 * U)
+        pass_h, vp_b = make_pass(2 * U, U)
+        vp_max = max(vp_a, vp_b)
+
+    # ---- per-thread pieces ----------------------------------------------------------------------
+    @T.macro
+    def load_weights(Rw, a_reg, a_smem, d, g, t):
+        """Local row r = gate * U + u holds R row gate * H + g * U + u (zero when that unit is >= H)."""
+        for r in unroll(R_reg):
+            for j in unroll(KT):
+                unit = T.meta_var(g * U + r % U)
+                k = T.meta_var(t * KT + j)
+                a_reg[r * KT + j] = T.if_then_else(
+                    unit < H and k < H, f32(Rw[d, (r // U) * H + T.min(unit, H - 1), T.min(k, H - 1)]), T.float32(0))
+        for r in range(R_smem):
+            for j in unroll(KT):
+                unit = T.meta_var(g * U + (R_reg + r) % U)
+                k = T.meta_var(t * KT + j)
+                a_smem[r, k] = T.if_then_else(
+                    unit < H and k < H,
+                    f32(Rw[d, ((R_reg + r) // U) * H + T.min(unit, H - 1), T.min(k, H - 1)]), T.float32(0))
+
+    def length(Lens, b, seq):
+        if not has_seq_lens:
+            return seq
+        return T.max(T.min(Lens[T.min(b, B - 1)], seq), 0)
+
+    # The state of the units a thread finishes lives in that thread's registers (GPU: hs[0, c * fin_iters
+    # + i], local scope, so no barrier protects it; the CPU variant keeps one row per (block, thread)).
+    @T.macro
+    def seed(H0, ws, hs, hrow, d, g, t):
+        """State <- h0 (the thread's own copy and LL slot 0 with flag 0); every other slot's flags <- -1,
+        so words left by an earlier launch can never match a step of this one."""
+        for c in range(NC):
+            for i in unroll(fin_iters):
+                v = T.meta_var(i * NT + t)
+                b = T.meta_var(c * BC + v // U)
+                j = T.meta_var(g * U + v % U)
+                hs[hrow, c * fin_iters + i] = T.if_then_else(
+                    v < UV and b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
+                if v < UV and b < B and j < H:
+                    ll_store(ws, word(d, 0, 0) + b * Hp + j, H0[d, b, j], 0)
+                    ll_store(ws, word(d, 0, 1) + b * Hp + j, T.float32(0), -1)
+                    if not lbr:
+                        ll_store(ws, word(d, 1, 0) + b * Hp + j, T.float32(0), -1)
+                        ll_store(ws, word(d, 1, 1) + b * Hp + j, T.float32(0), -1)
+
+    @T.macro
+    def prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq):
+        """gate_i (z, r, h) and rb_h of every item this thread finishes at step s, chunk c: issued
+        before the poll, so the loads are in flight while the thread waits for the state."""
+        for i in unroll(fin_iters):
+            v = T.meta_var(i * NT + t)
+            b = T.meta_var(T.min(c * BC + v // U, B - 1))
+            j = T.meta_var(T.min(g * U + v % U, H - 1))
+            L = T.meta_var(length(Lens, b, seq))
+            tt = T.meta_var(T.max(T.min(T.if_then_else(is_rev(d), L - 1 - s, s), seq - 1), 0))
+            gi[i * 4] = GI[d, tt, b, j]
+            gi[i * 4 + 1] = GI[d, tt, b, H + j]
+            gi[i * 4 + 2] = GI[d, tt, b, 2 * H + j]
+            gi[i * 4 + 3] = RbH[d, j] if lbr else T.float32(0)
+
+    @T.macro
+    def publish(Y, ws, hs, hrow, idx, hn, L, d, b, j, s, n):
+        """New state of (b, j) after step n = s + 1 (or the kept one past the row's end)."""
+        if has_seq_lens:
+            tt = T.meta_var(T.if_then_else(is_rev(d), L - 1 - s, s))
+            Y[T.if_then_else(s < L, tt, s), d, b, j] = T.Cast(dtype, T.if_then_else(s < L, hn, T.float32(0)))
+        elif fwd_only:
+            Y[s, d, b, j] = T.Cast(dtype, hn)
+        else:
+            Y[T.if_then_else(is_rev(d), L - 1 - s, s), d, b, j] = T.Cast(dtype, hn)
+        hs[hrow, idx] = hn
+        ll_store(ws, word(d, 0, n % 2) + b * Hp + j, hn, n)
+
+    def gate_sum(red, q, nr, v):
+        """Reduced sum of gate q (relative to the pass's first row) of item v = bb * U + u."""
+        return warp_total(red, (v // U) * nr + q * U + v % U)
+
+    def active(L, s):
+        return (s < L) if has_seq_lens else True
+
+    @T.macro
+    def finish_lbr1(Y, Lens, ws, hs, hrow, red, gi, d, g, t, s, c, seq):
+        for i in unroll(fin_iters):
+            v = T.meta_var(i * NT + t)
+            b = T.meta_var(c * BC + v // U)
+            j = T.meta_var(g * U + v % U)
+            if v < UV and b < B and j < H:
+                L = T.meta_var(length(Lens, b, seq))
+                h = T.meta_var(hs[hrow, c * fin_iters + i])
+                z = T.meta_var(f_act(d, clipf(gi[i * 4] + gate_sum(red, 0, 3 * U, v))))
+                r = T.meta_var(f_act(d, clipf(gi[i * 4 + 1] + gate_sum(red, 1, 3 * U, v))))
+                hh = T.meta_var(g_act(d, clipf(gi[i * 4 + 2] + r * (gate_sum(red, 2, 3 * U, v) + gi[i * 4 + 3]))))
+                hn = T.if_then_else(active(L, s), (T.float32(1) - z) * hh + z * h, h)  # a variable: hs changes below
+                publish(Y, ws, hs, hrow, c * fin_iters + i, hn, L, d, b, j, s, s + 1)
+
+    @T.macro
+    def finish_zr(Lens, ws, hs, zs, hrow, red, gi, d, g, t, s, c, seq):
+        """lbr=0, pass A: z kept for pass B, r * h_{n-1} published to the second buffer."""
+        for i in unroll(fin_iters):
+            v = T.meta_var(i * NT + t)
+            b = T.meta_var(c * BC + v // U)
+            j = T.meta_var(g * U + v % U)
+            if v < UV and b < B and j < H:
+                zs[hrow, i] = f_act(d, clipf(gi[i * 4] + gate_sum(red, 0, 2 * U, v)))
+                r = T.meta_var(f_act(d, clipf(gi[i * 4 + 1] + gate_sum(red, 1, 2 * U, v))))
+                ll_store(ws, word(d, 1, (s + 1) % 2) + b * Hp + j, r * hs[hrow, c * fin_iters + i], s + 1)
+
+    @T.macro
+    def finish_h(Y, Lens, ws, hs, zs, hrow, red, gi, d, g, t, s, c, seq):
+        """lbr=0, pass B: h gate from (r*h) R_h^T, state update, publish h_n."""
+        for i in unroll(fin_iters):
+            v = T.meta_var(i * NT + t)
+            b = T.meta_var(c * BC + v // U)
+            j = T.meta_var(g * U + v % U)
+            if v < UV and b < B and j < H:
+                L = T.meta_var(length(Lens, b, seq))
+                h = T.meta_var(hs[hrow, c * fin_iters + i])
+                z = T.meta_var(zs[hrow, i])
+                hh = T.meta_var(g_act(d, clipf(gi[i * 4 + 2] + gate_sum(red, 0, U, v))))
+                hn = T.if_then_else(active(L, s), (T.float32(1) - z) * hh + z * h, h)  # a variable: hs changes below
+                publish(Y, ws, hs, hrow, c * fin_iters + i, hn, L, d, b, j, s, s + 1)
+
+    @T.macro
+    def final_state(Yh, Lens, hs, hrow, d, g, t, seq):
+        """Y_h <- state (0 for a zero-length row)."""
+        for c in range(NC):
+            for i in unroll(fin_iters):
+                v = T.meta_var(i * NT + t)
+                b = T.meta_var(c * BC + v // U)
+                j = T.meta_var(g * U + v % U)
+                if v < UV and b < B and j < H:
+                    if has_seq_lens:
+                        Yh[d, b, j] = T.Cast(dtype, T.if_then_else(length(Lens, b, seq) > 0,
+                                                                   hs[hrow, c * fin_iters + i], T.float32(0)))
+                    else:
+                        Yh[d, b, j] = T.Cast(dtype, T.if_then_else(seq > 0, hs[hrow, c * fin_iters + i],
+                                                                   T.float32(0)))
+
+    # ---- the kernels ----------------------------------------------------------------------------
+    smem_shape, smem_scope = ((R_smem, Hp), "shared.dyn") if R_smem else ((1, 1), "local")
+    G3 = 3 * H
+
+    if gpu:
+        @T.macro
+        def iteration_lbr1(GI, RbH, Lens, Y, ws, hs, a_reg, a_smem, cval, acc, red, gi, d, g, t, it, seq):
+            s = T.meta_var(it // NC)
+            c = T.meta_var(it % NC)
+            prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
+            pass_zrh(ws, word(d, 0, s % 2), s, a_reg, a_smem, cval, acc, red, t % WS, t // WS, t, c)
+            T.tvm_storage_sync("shared")
+            finish_lbr1(Y, Lens, ws, hs, 0, red, gi, d, g, t, s, c, seq)
+
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+                 y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+            RbH = T.match_buffer(rb_h, (D, H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), dtype)
+            Yh = T.match_buffer(y_h, (D, B, H), dtype)
+            ws = T.alloc_buffer((ws_words * 2,), "int32", scope="global")
+            for gb in T.thread_binding(D * G, thread="blockIdx.x"):
+                for t in T.thread_binding(NT, thread="threadIdx.x"):
+                    a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32", scope="local")
+                    a_smem = T.alloc_buffer(smem_shape, "float32", scope=smem_scope)
+                    cval = T.alloc_buffer((BC * KT,), "float32", scope="local")
+                    acc = T.alloc_buffer((vp_max,), "float32", scope="local")
+                    gi = T.alloc_buffer((fin_iters * 4,), "float32", scope="local")
+                    red0 = T.alloc_buffer((W, vp_max), "float32", scope="shared")
+                    red1 = T.alloc_buffer((W, vp_max), "float32", scope="shared")
+                    hs = T.alloc_buffer((1, NC * fin_iters), "float32", scope="local")
+                    zs = T.alloc_buffer((1, fin_iters), "float32", scope="local")
+                    d = T.meta_var(gb // G)
+                    g = T.meta_var(gb % G)
+                    load_weights(Rw, a_reg, a_smem, d, g, t)
+                    seed(H0, ws, hs, 0, d, g, t)
+                    T.cuda.grid_sync()
+                    if lbr:
+                        # iterations (step, chunk) alternate partial-sum buffers, unrolled by two, so
+                        # one __syncthreads per iteration suffices
+                        for p in T.serial((seq * NC + 1) // 2):
+                            iteration_lbr1(GI, RbH, Lens, Y, ws, hs, a_reg, a_smem, cval, acc, red0, gi,
+                                           d, g, t, 2 * p, seq)
+                            if 2 * p + 1 < seq * NC:
+                                iteration_lbr1(GI, RbH, Lens, Y, ws, hs, a_reg, a_smem, cval, acc, red1, gi,
+                                               d, g, t, 2 * p + 1, seq)
+                    else:
+                        # pass A uses red0, pass B red1: one __syncthreads per pass
+                        for it in T.serial(seq * NC):
+                            prefetch(GI, RbH, Lens, gi, d, g, t, it // NC, it % NC, seq)
+                            pass_zr(ws, word(d, 0, (it // NC) % 2), it // NC, a_reg, a_smem, cval, acc, red0,
+                                    t % WS, t // WS, t, it % NC)
+                            T.tvm_storage_sync("shared")
+                            finish_zr(Lens, ws, hs, zs, 0, red0, gi, d, g, t, it // NC, it % NC, seq)
+                            pass_h(ws, word(d, 1, (it // NC + 1) % 2), it // NC + 1, a_reg, a_smem, cval, acc,
+                                   red1, t % WS, t // WS, t, it % NC)
+                            T.tvm_storage_sync("shared")
+                            finish_h(Y, Lens, ws, hs, zs, 0, red1, gi, d, g, t, it // NC, it % NC, seq)
+                    final_state(Yh, Lens, hs, 0, d, g, t, seq)
+    else:
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+                 y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+            RbH = T.match_buffer(rb_h, (D, H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), dtype)
+            Yh = T.match_buffer(y_h, (D, B, H), dtype)
+            ws = T.alloc_buffer((ws_words * 2,), "int32")
+            a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32")
+            a_smem = T.alloc_buffer((max(R_smem, 1), Hp), "float32")
+            cval = T.alloc_buffer((BC * KT,), "float32")
+            acc = T.alloc_buffer((vp_max,), "float32")
+            gi = T.alloc_buffer((fin_iters * 4,), "float32")
+            red = T.alloc_buffer((W, vp_max), "float32")
+            hs = T.alloc_buffer((D * G * NT, NC * fin_iters), "float32")
+            zs = T.alloc_buffer((D * G * NT, fin_iters), "float32")
+            for d, g, t in T.grid(D, G, NT):
+                seed(H0, ws, hs, (d * G + g) * NT + t, d, g, t)
+            for it in T.serial(seq * NC):
+                # every block's pass before the next pass: each LL word is ready when it is read
+                for d, g in T.grid(D, G):
+                    for t in T.serial(NT):
+                        load_weights(Rw, a_reg, a_smem, d, g, t)
+                        if lbr:
+                            pass_zrh(ws, word(d, 0, (it // NC) % 2), it // NC, a_reg, a_smem, cval, acc, red,
+                                     0, t, t, it % NC)
+                        else:
+                            pass_zr(ws, word(d, 0, (it // NC) % 2), it // NC, a_reg, a_smem, cval, acc, red,
+                                    0, t, t, it % NC)
+                    for t in T.serial(NT):
+                        prefetch(GI, RbH, Lens, gi, d, g, t, it // NC, it % NC, seq)
+                        if lbr:
+                            finish_lbr1(Y, Lens, ws, hs, (d * G + g) * NT + t, red, gi, d, g, t, it // NC, it % NC, seq)
+                        else:
+                            finish_zr(Lens, ws, hs, zs, (d * G + g) * NT + t, red, gi, d, g, t, it // NC, it % NC, seq)
+                if not lbr:
+                    for d, g in T.grid(D, G):
+                        for t in T.serial(NT):
+                            load_weights(Rw, a_reg, a_smem, d, g, t)
+                            pass_h(ws, word(d, 1, (it // NC + 1) % 2), it // NC + 1, a_reg, a_smem, cval, acc,
+                                   red, 0, t, t, it % NC)
+                        for t in T.serial(NT):
+                            prefetch(GI, RbH, Lens, gi, d, g, t, it // NC, it % NC, seq)
+                            finish_h(Y, Lens, ws, hs, zs, (d * G + g) * NT + t, red, gi, d, g, t, it // NC, it % NC, seq)
+            for d, g, t in T.grid(D, G, NT):
+                final_state(Yh, Lens, hs, (d * G + g) * NT + t, d, g, t, seq)
+
+    return rg.scheduled(main, "gru_recurrence", cooperative=gpu)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The automatic choice between the persistent kernel and the per-step path
+# ----------------------------------------------------------------------------------------------------
+
+
+def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[str, str]:
+    """'persistent' when the recurrent weights of all directions stay on chip, else 'per_step'
+    (gru.recurrence_func: per step a GEMM launch + a gate launch, R re-read from L2 each step)."""
+    ok, why = fits_on_chip(D, B, H, dtype, target, config)
+    return ("persistent" if ok else "per_step"), why
+
+
+def recurrence_func_auto(spec, target=None, config=None, path: str = "auto"):
+    """The recurrence kernel for a `gru.GruSpec` (same interface either way): (prim_func, path, reason).
+    path: 'auto' (persistent when it fits on chip), 'persistent' or 'per_step'."""
+    from . import gru
+
+    target = resolve(target)
+    D, B, H = spec.num_directions, spec.batch, spec.hidden
+    if path == "auto":
+        path, why = choose_path(D, B, H, spec.dtype, target, config)
+    elif path in ("persistent", "per_step"):
+        why = f"{path} requested"
+    else:
+        raise TvmseqError(f"persistent GRU: path must be auto, persistent or per_step, got {path!r}")
+    if path == "persistent":
+        func = persistent_gru_func(D, B, H, spec.dtype, spec.linear_before_reset, spec.direction,
+                                   list(spec.activations), spec.clip, spec.has_seq_lens, target, config)
+        return func, path, why
+    return gru.recurrence_func(spec, target), path, why
