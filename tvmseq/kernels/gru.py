@@ -21,7 +21,10 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import tirx
-from tvm.script import tirx as T
+try:
+    from tvm.script import tirx as T
+except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules still import, no building
+    T = None
 
 from ..errors import TvmseqError
 from .activations import Activation

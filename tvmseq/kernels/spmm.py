@@ -33,7 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
-from tvm.script import tirx as T
+try:
+    from tvm.script import tirx as T
+except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules still import, no building
+    T = None
 
 from ..errors import TvmseqError
 from ..targets import is_gpu
