@@ -1,0 +1,276 @@
+"""Persistent GRU: the CPU variant of the kernel (same TIR body, serial loops) against a float64 numpy
+GRU (tests/test_gru_kernels.numpy_gru) on odd sizes, lbr 0/1, every direction, sequence_lens, clip,
+per-direction activations, batch chunks and weight rows in shared memory; the on-chip decision and
+the automatic fallback; CUDA code generation (ptxas: no spills); (marked gpu) the prebuilt kernels."""
+import functools
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+try:
+    from test_gru_kernels import numpy_gru  # noqa: E402
+except ImportError:  # runtime-only TVM (the GPU payload machine): test_gru_kernels needs the compiler
+    def numpy_gru(X, W, R, Bias, lens, h0, reverse_dirs, lbr, clip, acts):
+        """float64 GRU, ONNX gate order z, r, h (a copy of test_gru_kernels.numpy_gru)."""
+        T_, B, _ = X.shape
+        D, _, H = h0.shape
+        c = (lambda x: x) if clip is None else (lambda x: np.clip(x, -clip, clip))
+        Y, Yh = np.zeros((T_, D, B, H)), np.zeros((D, B, H))
+        for d in range(D):
+            f, g = acts[d]
+            Wz, Wr, Wh = np.split(W[d].astype(np.float64), 3)
+            Rz, Rr, Rh = np.split(R[d].astype(np.float64), 3)
+            wbz, wbr, wbh, rbz, rbr, rbh = np.split(Bias[d].astype(np.float64), 6)
+            for b in range(B):
+                h = h0[d, b].astype(np.float64)
+                for s in range(lens[b]):
+                    t = lens[b] - 1 - s if reverse_dirs[d] else s
+                    x = X[t, b].astype(np.float64)
+                    z = f(c(x @ Wz.T + wbz + h @ Rz.T + rbz))
+                    r = f(c(x @ Wr.T + wbr + h @ Rr.T + rbr))
+                    hh = g(c(x @ Wh.T + wbh + r * (h @ Rh.T + rbh))) if lbr else \
+                        g(c(x @ Wh.T + wbh + (r * h) @ Rh.T + rbh))
+                    h = (1 - z) * hh + z * h
+                    Y[t, d, b] = h
+                Yh[d, b] = h if lens[b] > 0 else 0
+        return Y, Yh
+
+from tvmseq.errors import TvmseqError  # noqa: E402
+
+try:  # the kernel factories need TVM's compiler; the gpu tests only its runtime
+    import tvm
+
+    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels.activations import Activation
+    from tvmseq.kernels.recurrent_gemm import PersistentConfig
+except ImportError:
+    pg = None
+needs_compiler = pytest.mark.skipif(pg is None, reason="TVM compiler not available")
+
+TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "float16": dict(rtol=1e-2, atol=1e-2)}
+
+
+def make_problem(D, B, H, seq, dtype, lbr, seed, lens_kind="random"):
+    """Random GRU weights/inputs (never zeros), the kernel's inputs and the numpy reference pieces."""
+    rng = np.random.default_rng(seed)
+    I = 3  # noqa: E741 - the input projection is folded into gate_i here
+    X = rng.standard_normal((seq, B, I)).astype(np.float32)
+    W = rng.uniform(-0.6, 0.6, (D, 3 * H, I)).astype(np.float32)
+    R = rng.uniform(-0.6, 0.6, (D, 3 * H, H)).astype(dtype)
+    Bias = rng.uniform(-0.5, 0.5, (D, 6 * H)).astype(np.float32)
+    h0 = rng.standard_normal((D, B, H)).astype(np.float32)
+    if lens_kind == "full":
+        lens = np.full(B, seq)
+    else:
+        lens = rng.integers(0, seq + 1, B)
+        lens[0] = seq
+        if B > 2:
+            lens[1] = 0  # a zero-length row: Y_h = 0 (onnxruntime)
+    bias_i = Bias[:, :3 * H] + np.concatenate([Bias[:, 3 * H:5 * H], (1 - lbr) * Bias[:, 5 * H:]], 1)
+    gate_i = (np.einsum("tbi,dgi->dtbg", X, W) + bias_i[:, None, None, :]).astype(np.float32)
+    inputs = (gate_i, R, np.ascontiguousarray(Bias[:, 5 * H:]), lens.astype(np.int32), h0)
+    return inputs, (X, W, R.astype(np.float32), Bias, lens, h0)
+
+
+def reference(ref_args, direction, lbr, clip, acts):
+    D = 2 if direction == "bidirectional" else 1
+    rev = [direction == "reverse" or d == 1 for d in range(D)]
+    np_acts = [(acts[2 * d].numpy, acts[2 * d + 1].numpy) for d in range(D)]
+    return numpy_gru(*ref_args, rev, lbr, clip, np_acts)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(D, B, H, dtype, lbr, direction, acts, clip, has_lens, config):
+    func = pg.persistent_gru_func(D, B, H, dtype, lbr, direction, list(acts), clip, has_lens, "llvm", config)
+    return tvm.compile(tvm.IRModule({"gru_recurrence": func}), target="llvm")["gru_recurrence"]
+
+
+def run_cpu(inputs, D, B, H, seq, dtype, lbr, direction, acts, clip, has_lens, config=None):
+    f = _compiled(D, B, H, dtype, lbr, direction, tuple(acts), clip, has_lens, config)
+    Y = tvm.runtime.tensor(np.full((seq, D, B, H), np.nan, dtype))  # poisoned: every element written
+    Yh = tvm.runtime.tensor(np.full((D, B, H), np.nan, dtype))
+    f(*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs], Y, Yh)
+    return Y.numpy(), Yh.numpy()
+
+
+def default_acts(D):
+    return (Activation.make("Sigmoid"), Activation.make("Tanh")) * D
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("lbr", [1, 0])
+@pytest.mark.parametrize("H,B", [(1, 1), (7, 3), (33, 5)])
+def test_matches_numpy(H, B, lbr, direction, dtype):
+    D = 2 if direction == "bidirectional" else 1
+    seq = 5
+    inputs, ref_args = make_problem(D, B, H, seq, dtype, lbr, seed=H * 31 + B)
+    acts = default_acts(D)
+    Y, Yh = run_cpu(inputs, D, B, H, seq, dtype, lbr, direction, acts, None, True)
+    rY, rYh = reference(ref_args, direction, lbr, None, acts)
+    np.testing.assert_allclose(Y.astype(np.float64), rY, **TOL[dtype])
+    np.testing.assert_allclose(Yh.astype(np.float64), rYh, **TOL[dtype])
+
+
+@needs_compiler
+@pytest.mark.parametrize("lbr", [1, 0])
+@pytest.mark.parametrize("clip", [None, 0.4])
+@pytest.mark.parametrize("names", [("HardSigmoid", "Softsign", "Sigmoid", "Relu"),
+                                   ("LeakyRelu", "ScaledTanh", "Elu", "Tanh")])
+def test_clip_and_per_direction_activations(names, clip, lbr):
+    D, B, H, seq = 2, 3, 6, 4
+    acts = tuple(Activation.make(n) for n in names)
+    inputs, ref_args = make_problem(D, B, H, seq, "float32", lbr, seed=5)
+    Y, Yh = run_cpu(inputs, D, B, H, seq, "float32", lbr, "bidirectional", acts, clip, True)
+    rY, rYh = reference(ref_args, "bidirectional", lbr, clip, acts)
+    np.testing.assert_allclose(Y, rY, **TOL["float32"])
+    np.testing.assert_allclose(Yh, rYh, **TOL["float32"])
+
+
+@needs_compiler
+@pytest.mark.parametrize("lbr", [1, 0])
+@pytest.mark.parametrize("config", [
+    dict(num_blocks=2, num_warps=3, batch_chunk=3, smem_rows=4),   # chunks, ragged last chunk, smem rows
+    dict(num_blocks=5, num_warps=2, batch_chunk=7, smem_rows=0),   # one chunk, ragged unit split
+    dict(num_blocks=1, num_warps=5, batch_chunk=1, smem_rows=27),  # everything in "shared memory"
+])
+def test_schedule_knobs(config, lbr):
+    """Knobs change only the schedule: the same numbers for any (blocks, warps, chunk, smem rows)."""
+    D, B, H, seq = 2, 7, 9, 4
+    inputs, ref_args = make_problem(D, B, H, seq, "float32", lbr, seed=11)
+    acts = default_acts(D)
+    Y, Yh = run_cpu(inputs, D, B, H, seq, "float32", lbr, "bidirectional", acts, None, True,
+                    PersistentConfig(**config))
+    rY, rYh = reference(ref_args, "bidirectional", lbr, None, acts)
+    np.testing.assert_allclose(Y, rY, **TOL["float32"])
+    np.testing.assert_allclose(Yh, rYh, **TOL["float32"])
+
+
+@needs_compiler
+@pytest.mark.parametrize("lbr", [1, 0])
+def test_without_seq_lens_and_out_of_range_lengths(lbr):
+    """has_seq_lens=False ignores the lengths; lengths outside [0, T] are clamped inside the kernel."""
+    D, B, H, seq = 2, 4, 5, 3
+    inputs, ref_args = make_problem(D, B, H, seq, "float32", lbr, seed=3, lens_kind="full")
+    acts = default_acts(D)
+    rY, rYh = reference(ref_args, "bidirectional", lbr, None, acts)
+    garbage = (inputs[0], inputs[1], inputs[2], np.array([-5, 99, 0, 1], np.int32), inputs[4])
+    Y, Yh = run_cpu(garbage, D, B, H, seq, "float32", lbr, "bidirectional", acts, None, False)
+    np.testing.assert_allclose(Y, rY, **TOL["float32"])
+    np.testing.assert_allclose(Yh, rYh, **TOL["float32"])
+    clamped = np.array([0, seq, 0, 1])
+    rY2, rYh2 = reference(ref_args[:4] + (clamped, ref_args[5]), "bidirectional", lbr, None, acts)
+    Y2, Yh2 = run_cpu(garbage, D, B, H, seq, "float32", lbr, "bidirectional", acts, None, True)
+    np.testing.assert_allclose(Y2, rY2, **TOL["float32"])
+    np.testing.assert_allclose(Yh2, rYh2, **TOL["float32"])
+
+
+@needs_compiler
+def test_fits_on_chip_and_fallback():
+    from tvmseq.kernels import gru
+    from tvmseq.targets import resolve
+
+    cuda = resolve("cuda")
+    ok, why = pg.fits_on_chip(2, 64, 1024, "float32", cuda)
+    assert ok, why
+    ok, why = pg.fits_on_chip(1, 1, 4096, "float32", cuda)  # 200 MB of fp32 weights: never on chip
+    assert not ok and why
+    spec = gru.GruSpec(1, 1, 4096, 16, "float32", 1, "forward")
+    func, path, reason = pg.recurrence_func_auto(spec, cuda)
+    assert path == "per_step" and reason
+    spec = gru.GruSpec(1, 8, 256, 16, "float32", 1, "forward")
+    func, path, _ = pg.recurrence_func_auto(spec, cuda)
+    assert path == "persistent"
+    assert "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"])
+
+
+@needs_compiler
+def test_rejects_bad_arguments():
+    with pytest.raises(TvmseqError, match="direction"):
+        pg.persistent_gru_func(1, 1, 4, "float32", 1, "sideways", None, None, False, "llvm")
+    with pytest.raises(TvmseqError, match="needs D=2"):
+        pg.persistent_gru_func(1, 1, 4, "float32", 1, "bidirectional", None, None, False, "llvm")
+    with pytest.raises(TvmseqError, match="dtype"):
+        pg.persistent_gru_func(1, 1, 4, "int8", 1, "forward", None, None, False, "llvm")
+    with pytest.raises(TvmseqError, match="Activation"):
+        pg.persistent_gru_func(1, 1, 4, "float32", 1, "forward", [Activation.make("Tanh")], None, False, "llvm")
+    with pytest.raises(TvmseqError, match="registers"):
+        pg.persistent_gru_func(1, 1, 1024, "float32", 1, "forward", None, None, False, "cuda",
+                               PersistentConfig(num_blocks=8, num_warps=1, batch_chunk=1))
+
+
+@needs_compiler
+@pytest.mark.parametrize("D,B,H,dtype,lbr", [(1, 1, 1024, "float32", 1), (2, 64, 512, "float16", 0)])
+def test_cuda_codegen(D, B, H, dtype, lbr):
+    """Builds for the H100 without a GPU: cooperative launch, LL primitives, one barrier per pass in
+    the step loop, and (with nvcc) no register spills for sm_90a."""
+    from tvmseq.targets import resolve
+
+    tgt = resolve("cuda")
+    func = pg.persistent_gru_func(D, B, H, dtype, lbr, "bidirectional" if D == 2 else "forward", None, None,
+                                  True, tgt)
+    src = tvm.compile(tvm.IRModule({"gru_recurrence": func}), target=tgt).mod.imports[0].inspect_source()
+    for needle in ("cg::this_grid().sync()", "st.relaxed.gpu.global.b64", "ld.relaxed.gpu.global"):
+        assert needle in src
+    loop = src[src.index("tvm_builtin_cuda_grid_sync();"):]
+    assert loop.count("__syncthreads()") == 2  # lbr=1: two unrolled iterations; lbr=0: two passes
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: ptxas not checked")
+    from tvmseq.bench.recurrent_gemm import ptxas_report
+
+    (info,) = ptxas_report(src).values()
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: the prebuilt payload (python3 -m tvmseq.bench.persistent_gru --build out/pgru), runtime only
+# ----------------------------------------------------------------------------------------------------
+
+PREBUILT = Path(os.environ.get("TVMSEQ_PGRU_PREBUILT", Path(__file__).resolve().parents[1] / "out" / "pgru"))
+
+
+def _gpu_cases():
+    index = PREBUILT / "index.json"
+    return json.loads(index.read_text())["tests"] if index.exists() else []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry", _gpu_cases() or [None], ids=lambda e: e["func"] if e else "no-payload")
+def test_prebuilt_kernels_on_gpu(entry):
+    if entry is None:
+        pytest.skip(f"no prebuilt payload in {PREBUILT} (python3 -m tvmseq.bench.persistent_gru --build out/pgru)")
+    import threading
+
+    import tvm as tvm_rt
+
+    from tvmseq.kernels.activations import Activation as Act  # numpy side only
+
+    D, B, H, dtype, lbr = entry["D"], entry["B"], entry["H"], entry["dtype"], entry["lbr"]
+    names = entry["acts"] or ("Sigmoid", "Tanh")
+    acts = [Act.make(n) for n in names]
+    acts = acts * 2 if len(acts) == 2 and D == 2 else acts
+    seq = 23
+    inputs, ref_args = make_problem(D, B, H, seq, dtype, lbr, seed=H + B,
+                                    lens_kind="random" if entry["has_seq_lens"] else "full")
+    rY, rYh = reference(ref_args, entry["direction"], lbr, entry["clip"], acts)
+    mod = tvm_rt.runtime.load_module(str(PREBUILT / entry["file"]))
+    dev = tvm_rt.cuda(0)
+    args = [tvm_rt.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    for _ in range(2):  # twice: the second launch must not see the first one's flags
+        Y = tvm_rt.runtime.tensor(np.full((seq, D, B, H), np.nan, dtype), dev)
+        Yh = tvm_rt.runtime.tensor(np.full((D, B, H), np.nan, dtype), dev)
+        timer = threading.Timer(60, lambda: (print(f"\nWATCHDOG: {entry['func']} hangs", flush=True), os._exit(3)))
+        timer.start()
+        mod[entry["func"]](*args, Y, Yh)
+        dev.sync()
+        timer.cancel()
+        tol = dict(rtol=1e-3, atol=1e-4) if dtype == "float32" else TOL[dtype]
+        np.testing.assert_allclose(Y.numpy().astype(np.float64), rY, **tol)
+        np.testing.assert_allclose(Yh.numpy().astype(np.float64), rYh, **tol)

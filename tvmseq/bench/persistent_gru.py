@@ -1,0 +1,331 @@
+"""`tvmseq bench persistent_gru`: the persistent GRU kernel against torch.nn.GRU (cuDNN), same process.
+
+Grid: hidden {256, 512, 1024} x batch {1, 8, 64} x seq 100, unidirectional and bidirectional, fp32 and
+fp16, linear_before_reset=1 (PyTorch's GRU). Each config runs tvmseq's input projection (one GEMM over
+all steps, `gru.input_projection_func`) + the persistent recurrence; the comparison with cuDNN, the
+float64 check and the timing are `bench.gru.run_one` (shared with the per-step benchmark), and the
+recurrence alone is timed as well.
+
+Kernels are built here (TVM compiler, CUDA target, no GPU needed) into one .so per (dtype, direction)
+group plus the GPU test kernels, and run where only TVM's runtime is:
+
+  python3 -m tvmseq.bench.persistent_gru --build out/pgru           # here
+  python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru [--quick]  # GPU machine
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import print_table, ratio_bar_plot, save
+
+NAME = "persistent_gru"
+HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64), 100
+QUICK = ((256, 1), (1024, 1), (1024, 64))
+WATCHDOG_S = 60.0
+
+# GPU test kernels (tests/test_persistent_gru.py, marked gpu): every feature on odd sizes.
+# (D, B, H, dtype, lbr, direction, acts (names), clip, has_seq_lens, config dict or None)
+GPU_TEST_CASES = [
+    (1, 3, 37, "float32", 1, "forward", None, None, True, None),
+    (2, 5, 100, "float32", 1, "bidirectional", None, None, True, None),
+    (2, 4, 256, "float32", 0, "bidirectional", None, None, True, None),
+    (1, 7, 333, "float32", 0, "reverse", ("HardSigmoid", "Softsign"), 0.8, True, None),
+    (2, 19, 512, "float32", 1, "bidirectional", ("Sigmoid", "Tanh", "Sigmoid", "Relu"), None, True,
+     dict(num_blocks=40, num_warps=8, batch_chunk=2, smem_rows=6)),
+    (1, 64, 1024, "float32", 1, "forward", None, None, True, None),
+    (2, 8, 1024, "float16", 0, "bidirectional", None, None, True, None),
+    (1, 2, 129, "float16", 1, "forward", None, None, False, None),
+]
+
+
+def configs(quick: bool = False):
+    for dtype, bidir in itertools.product(("float32", "float16"), (False, True)):
+        for hidden, batch in (QUICK if quick else itertools.product(HIDDEN, BATCH)):
+            yield {"dtype": dtype, "bidirectional": bidir, "hidden": hidden, "batch": batch}
+
+
+def _suffix(c) -> str:
+    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
+
+
+def _group(c) -> str:
+    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}"
+
+
+def _test_name(case) -> str:
+    D, B, H, dtype, lbr, direction, acts, clip, lens, cfg = case
+    return f"pgru_test_{direction}_{dtype}_h{H}_b{B}_lbr{lbr}_{'lens' if lens else 'nolens'}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Build side (needs TVM's compiler)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _bench_funcs(c, target) -> dict:
+    """The two prim_funcs of a benchmark config (input projection + persistent recurrence), renamed."""
+    from ..kernels import gru
+    from ..kernels import persistent_gru as pg
+
+    D = 2 if c["bidirectional"] else 1
+    spec = gru.GruSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"], linear_before_reset=1,
+                       direction="bidirectional" if D == 2 else "forward")
+    proj = gru.schedule_input_projection(gru.input_projection_func(spec), target)["main"]
+    rec, path, why = pg.recurrence_func_auto(spec, target)
+    sfx = _suffix(c)
+    return {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
+            f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why
+
+
+def _test_func(case, target):
+    from ..kernels import persistent_gru as pg
+    from ..kernels.activations import Activation
+    from ..kernels.recurrent_gemm import PersistentConfig
+
+    D, B, H, dtype, lbr, direction, acts, clip, lens, cfg = case
+    acts_ = [Activation.make(a) for a in acts] if acts else None
+    if acts_ is not None and len(acts_) == 2 and D == 2:
+        acts_ = acts_ * 2
+    func = pg.persistent_gru_func(D, B, H, dtype, lbr, direction, acts_, clip, lens, target,
+                                  PersistentConfig(**cfg) if cfg else None)
+    return func.with_attr("global_symbol", _test_name(case))
+
+
+def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str = "cuda",
+                  ptxas: bool = False) -> Path:
+    """Build every kernel the benchmark (and the GPU tests) need, one .so per group, + index.json."""
+    import tvm
+
+    from ..targets import resolve
+
+    tgt = resolve(target)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, dict] = {}
+    index = {"benchmark": NAME, "tvm": tvm.__version__, "arch": str(tgt.attrs.get("arch", "")),
+             "configs": [], "tests": []}
+    for c in configs(quick):
+        funcs, path, why = _bench_funcs(c, tgt)
+        groups.setdefault(_group(c), {}).update(funcs)
+        index["configs"].append(dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c), path=path, reason=why))
+    if tests:
+        for case in GPU_TEST_CASES:
+            groups.setdefault("tests", {})[_test_name(case)] = _test_func(case, tgt)
+            D, B, H, dtype, lbr, direction, acts, clip, lens, cfg = case
+            index["tests"].append(dict(file=f"{NAME}_tests.so", func=_test_name(case), D=D, B=B, H=H,
+                                       dtype=dtype, lbr=lbr, direction=direction, acts=acts, clip=clip,
+                                       has_seq_lens=lens, config=cfg))
+    for group, funcs in groups.items():
+        t0 = time.time()
+        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
+        ex.export_library(str(out_dir / f"{NAME}_{group}.so"))
+        print(f"built {group}: {len(funcs)} functions in {time.time() - t0:.1f}s", flush=True)
+        if ptxas:
+            from .recurrent_gemm import ptxas_report
+
+            for kernel, info in sorted(ptxas_report(ex.mod.imports[0].inspect_source()).items()):
+                if "proj" not in kernel:
+                    print(f"  ptxas {kernel}: {info}")
+    (out_dir / "index.json").write_text(json.dumps(index, indent=1))
+    print(f"wrote {out_dir / 'index.json'}")
+    return out_dir
+
+
+# ----------------------------------------------------------------------------------------------------
+# Run side (TVM runtime + torch)
+# ----------------------------------------------------------------------------------------------------
+
+
+class _Modules:
+    def __init__(self, root: Path):
+        self.root, self.loaded = Path(root), {}
+
+    def get(self, file):
+        import tvm
+
+        if file not in self.loaded:
+            t0 = time.time()
+            self.loaded[file] = tvm.runtime.load_module(str(self.root / file))
+            print(f"loaded {file} in {time.time() - t0:.1f}s", flush=True)
+        return self.loaded[file]
+
+
+class _Renamed:
+    """Looks like the per-step benchmark's module: ['gru_input_projection'], ['gru_recurrence']."""
+
+    def __init__(self, mod, suffix):
+        self.mod, self.suffix = mod, suffix
+
+    def __getitem__(self, name):
+        return self.mod[{"gru_input_projection": "proj_", "gru_recurrence": "rec_"}[name] + self.suffix]
+
+
+def _watchdog_first_call(fn, what):
+    import torch
+
+    fn()
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.time() + WATCHDOG_S
+    while not done.query():
+        if time.time() > deadline:
+            print(f"WATCHDOG: {what} still running after {WATCHDOG_S}s: deadlock, aborting", flush=True)
+            os._exit(3)
+        time.sleep(0.005)
+
+
+def _recurrence_only_us(mod, c, seq) -> float:
+    """Per-step time of the persistent recurrence alone (random gate_i), for the record."""
+    import torch
+    import tvm
+
+    from .common import time_cuda
+
+    H, B, D = c["hidden"], c["batch"], 2 if c["bidirectional"] else 1
+    dev, tdt = "cuda", getattr(torch, c["dtype"])
+    g = torch.Generator(device=dev).manual_seed(1)
+    gate_i = torch.randn(D, seq, B, 3 * H, device=dev, generator=g)
+    R = ((torch.rand(D, 3 * H, H, device=dev, generator=g) * 2 - 1) * H ** -0.5).to(tdt)
+    rb_h = torch.zeros(D, H, device=dev)
+    lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
+    h0 = torch.zeros(D, B, H, device=dev)
+    Y = torch.empty(seq, D, B, H, device=dev, dtype=tdt)
+    Yh = torch.empty(D, B, H, device=dev, dtype=tdt)
+    args = [tvm.runtime.from_dlpack(t) for t in (gate_i, R, rb_h, lens, h0, Y, Yh)]
+    rec = mod["gru_recurrence"]
+    _watchdog_first_call(lambda: rec(*args), f"recurrence {_suffix(c)}")
+    return time_cuda(lambda: rec(*args), warmup=3, iters=20) * 1e3 / seq
+
+
+def _run_gpu(index, root, args) -> list[dict]:
+    import torch
+
+    from . import gru as gru_bench
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    mods = _Modules(root)
+    rows = []
+    cols = ["dtype", "bidirectional", "hidden", "batch", "path", "tvmseq_us_step", "recurrence_us_step",
+            "cudnn_us_step", "speedup", "err_tvmseq", "err_peer", "agree"]
+    wanted = {(c["dtype"], c["bidirectional"], c["hidden"], c["batch"]) for c in configs(args.quick)}
+    for e in index["configs"]:
+        c = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch")}
+        if tuple(c.values()) not in wanted or (args.dtype and c["dtype"] not in args.dtype.split(",")):
+            continue
+        mod = _Renamed(mods.get(e["file"]), e["suffix"])
+        rec_us = _recurrence_only_us(mod, c, SEQ)
+        saved = gru_bench._load
+        gru_bench._load = lambda _c, _p, _m=mod: _m  # run_one loads through _load: hand it our module
+        try:
+            row = gru_bench.run_one(c, prebuilt=str(root), seq=SEQ)
+        finally:
+            gru_bench._load = saved
+        row.update(path=e["path"], recurrence_us_step=rec_us)
+        rows.append(row)
+        print_table([row], cols)
+        save(NAME, rows, {"peer": "torch.nn.GRU (cuDNN)", "seq": SEQ}, None, args.out)
+    print()
+    print_table(rows, cols)
+    save(NAME, rows, {"peer": "torch.nn.GRU (cuDNN)", "seq": SEQ,
+                      "note": "tvmseq time = TVM input projection + persistent recurrence"},
+         ratio_bar_plot(rows, ["dtype", "bidirectional", "hidden", "batch"], "speedup",
+                        "tvmseq persistent GRU vs cuDNN: speedup per config"), args.out)
+    return rows
+
+
+def _run_cpu(args) -> list[dict]:
+    """No GPU: the llvm variant on tiny sizes against a numpy GRU (exercises the code path)."""
+    import tvm
+
+    from ..kernels import persistent_gru as pg
+
+    rows = []
+    for D, B, H, lbr in ((1, 2, 9, 1), (2, 3, 7, 0)):
+        seq = 5
+        rng = np.random.default_rng(H)
+        gate_i = rng.standard_normal((D, seq, B, 3 * H)).astype(np.float32)
+        R = rng.uniform(-0.5, 0.5, (D, 3 * H, H)).astype(np.float32)
+        rb_h = rng.uniform(-0.5, 0.5, (D, H)).astype(np.float32)
+        h0 = rng.standard_normal((D, B, H)).astype(np.float32)
+        lens = np.full(B, seq, np.int32)
+        func = pg.persistent_gru_func(D, B, H, "float32", lbr, "bidirectional" if D == 2 else "forward",
+                                      None, None, False, "llvm")
+        f = tvm.compile(tvm.IRModule({"gru_recurrence": func}), target="llvm")["gru_recurrence"]
+        Y = tvm.runtime.tensor(np.zeros((seq, D, B, H), np.float32))
+        Yh = tvm.runtime.tensor(np.zeros((D, B, H), np.float32))
+        t0 = time.perf_counter()
+        f(*[tvm.runtime.tensor(a) for a in (gate_i, R, rb_h, lens, h0)], Y, Yh)
+        us = (time.perf_counter() - t0) * 1e6 / seq
+        want = _numpy_recurrence(gate_i, R, rb_h, h0, lbr)
+        err = float(np.abs(Y.numpy() - want).max())
+        rows.append(dict(D=D, B=B, H=H, lbr=lbr, tvmseq_us_step=us, max_err=err, ok=err < 1e-4))
+    print_table(rows, ["D", "B", "H", "lbr", "tvmseq_us_step", "max_err", "ok"])
+    return rows
+
+
+def _numpy_recurrence(gate_i, R, rb_h, h0, lbr):
+    """float64 GRU recurrence on gate_i (forward for d=0, reverse for d=1), sigmoid/tanh."""
+    D, seq, B, G3 = gate_i.shape
+    H = G3 // 3
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    Y = np.zeros((seq, D, B, H))
+    for d in range(D):
+        h = h0[d].astype(np.float64)
+        Rz, Rr, Rh = np.split(R[d].astype(np.float64), 3)
+        for s in range(seq):
+            t = seq - 1 - s if d == 1 else s
+            gz, gr, gh = np.split(gate_i[d, t].astype(np.float64), 3, axis=1)
+            z, r = sig(gz + h @ Rz.T), sig(gr + h @ Rr.T)
+            hh = np.tanh(gh + r * (h @ Rh.T + rb_h[d])) if lbr else np.tanh(gh + (r * h) @ Rh.T)
+            h = (1 - z) * hh + z * h
+            Y[t, d] = h
+    return Y
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help=f"only (hidden, batch) in {QUICK}")
+    parser.add_argument("--prebuilt", metavar="DIR", help="kernels from build_for_gpu (index.json + .so)")
+    parser.add_argument("--build", metavar="DIR", help="build the kernels into DIR and exit (needs the compiler)")
+    parser.add_argument("--ptxas", action="store_true", help="with --build: print ptxas registers/spills")
+    parser.add_argument("--no-tests", action="store_true", help="with --build: leave out the GPU test kernels")
+    parser.add_argument("--dtype", default=None, help="comma list, e.g. float32")
+    parser.add_argument("--out", default=None, help="directory for the JSON + plot (default artifacts/bench)")
+
+
+def run(args) -> list[dict]:
+    if args.build:
+        build_for_gpu(args.build, quick=args.quick, tests=not args.no_tests, ptxas=args.ptxas)
+        return []
+    if not _gpu_available():
+        print("no CUDA GPU: running the llvm variant on tiny sizes")
+        return _run_cpu(args)
+    root = Path(args.prebuilt) if args.prebuilt else None
+    if root is None:
+        import tempfile
+
+        root = build_for_gpu(tempfile.mkdtemp(prefix="pgru_"), quick=args.quick, tests=False)
+    index = json.loads((root / "index.json").read_text())
+    return _run_gpu(index, root, args)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    run(p.parse_args())
