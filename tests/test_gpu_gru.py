@@ -51,3 +51,15 @@ def test_demo_on_gpu():
     from tvmseq.demo import run_demo
 
     assert run_demo(target="cuda") < 1e-3
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_rnn_on_gpu_matches_reference(direction):
+    model, feeds = models.rnn_node_model("RNN", seq=7, batch=5, input_size=11, hidden=37, direction=direction,
+                                         with_seq_lens=True, with_initial_h=True, weight_scale=37 ** -0.5)
+    y, y_h = tvmseq.compile_onnx(model, target="cuda")(**feeds)
+    w = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    ry, ry_h = reference.rnn(feeds["X"], w["W"], w["R"], w["B"], feeds["sequence_lens"], feeds["initial_h"],
+                             direction=direction)
+    np.testing.assert_allclose(y, ry, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y_h, ry_h, rtol=1e-4, atol=1e-5)

@@ -18,6 +18,7 @@ The CPU variants run the same gate math with serial loops so CI checks the numer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import tvm
 from tvm import tirx
@@ -46,6 +47,7 @@ class GruSpec:
     activations: tuple[Activation, ...] = ()
     clip: float | None = None
     has_seq_lens: bool = False
+    gates: ClassVar[int] = 3  # rows of W per hidden unit: z, r, h
 
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
@@ -80,9 +82,10 @@ class StepSchedule:
 # ---------------------------------------------------------------------------------------------------
 # 1. the input projection: one GEMM over all time steps
 # ---------------------------------------------------------------------------------------------------
-def input_projection_func(spec: GruSpec) -> tirx.PrimFunc:
-    """gate_i[d, t, b, j] = sum_k X[t, b, k] W[d, j, k] + bias[d, j] (float32 accumulation and output)."""
-    D, B, I, G = spec.num_directions, spec.batch, spec.input_size, 3 * spec.hidden
+def input_projection_func(spec) -> tirx.PrimFunc:
+    """gate_i[d, t, b, j] = sum_k X[t, b, k] W[d, j, k] + bias[d, j] (float32 accumulation and output).
+    `spec` is a GruSpec or an RnnSpec: W has spec.gates * hidden rows per direction."""
+    D, B, I, G = spec.num_directions, spec.batch, spec.input_size, spec.gates * spec.hidden
     dt = spec.dtype
 
     @T.prim_func(s_tir=True)
@@ -153,25 +156,21 @@ def _clip_fn(clip: float | None):
     return lambda x: T.min(T.max(x, T.float32(-c)), T.float32(c))
 
 
-def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule | None = None
-                    ) -> tirx.PrimFunc:
-    """The time loop of a GRU node. Inputs: gate_i [D, T, B, 3H] f32, R [D, 3H, H], rb_h [D, H] f32,
-    seq_lens [B] i32, h0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H] (model dtype)."""
-    gpu = target.kind.name == "cuda"
+def reverse_fn(direction: str):
+    """d -> whether direction d runs backwards in time (a Python bool or a TIR condition)."""
+    if direction == "reverse":
+        return lambda d: True
+    if direction == "bidirectional":
+        return lambda d: d == 1
+    return lambda d: False
+
+
+def step_gemm_macro(gpu: bool, D: int, B: int, H: int, sched: StepSchedule):
+    """The per-step GEMM as a TVMScript macro: gh[d, b, row_offset + r] = src[d, b, :] . R[d, row_offset + r, :].
+    CUDA: one warp per output row, BT batch rows accumulated per lane, shuffle reduction; grid
+    (rows / warps, batch tiles, directions). CPU: a plain loop nest."""
     L = _loop_kinds(gpu)
-    D, B, H, dt = spec.num_directions, spec.batch, spec.hidden, spec.dtype
-    G = 3 * H
-    lbr = bool(spec.linear_before_reset)
-    sched = sched or StepSchedule.for_batch(spec.batch)
-    WARPS, BT, NT = sched.gemm_warps, sched.gemm_batch_tile, sched.gate_threads
-    f_act, g_act, clip = _per_direction(spec, 0), _per_direction(spec, 1), _clip_fn(spec.clip)
-    has_lens = spec.has_seq_lens
-    if spec.direction == "reverse":
-        is_reverse = lambda d: True  # noqa: E731
-    elif spec.direction == "bidirectional":
-        is_reverse = lambda d: d == 1  # noqa: E731
-    else:
-        is_reverse = lambda d: False  # noqa: E731
+    WARPS, BT = sched.gemm_warps, sched.gemm_batch_tile
     f32 = lambda v: T.Cast("float32", v)  # noqa: E731
 
     @T.macro
@@ -207,6 +206,26 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                 for k in range(H):
                     acc[0] = acc[0] + f32(R[d, row_offset + r, k]) * src[d, b, k]
                 gh[d, b, row_offset + r] = acc[0]
+
+    return gemm
+
+
+def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule | None = None
+                    ) -> tirx.PrimFunc:
+    """The time loop of a GRU node. Inputs: gate_i [D, T, B, 3H] f32, R [D, 3H, H], rb_h [D, H] f32,
+    seq_lens [B] i32, h0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H] (model dtype)."""
+    gpu = target.kind.name == "cuda"
+    L = _loop_kinds(gpu)
+    D, B, H, dt = spec.num_directions, spec.batch, spec.hidden, spec.dtype
+    G = 3 * H
+    lbr = bool(spec.linear_before_reset)
+    sched = sched or StepSchedule.for_batch(spec.batch)
+    WARPS, BT, NT = sched.gemm_warps, sched.gemm_batch_tile, sched.gate_threads
+    f_act, g_act, clip = _per_direction(spec, 0), _per_direction(spec, 1), _clip_fn(spec.clip)
+    has_lens = spec.has_seq_lens
+    is_reverse = reverse_fn(spec.direction)
+
+    gemm = step_gemm_macro(gpu, D, B, H, sched)
 
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,

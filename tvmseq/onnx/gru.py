@@ -63,9 +63,9 @@ def check_attributes(attr, node, op, supported=_SUPPORTED_ATTRS):
         raise UnsupportedOnnxError(node, op, f"attribute 'clip' = {clip} must be positive")
 
 
-def prepare_common(bb, inputs, attr, node, op, gates):
+def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS):
     """Shared by GRU and RNN: validated shapes, layout-0 X and h0 (float32), int32 lengths."""
-    check_attributes(attr, node, op)
+    check_attributes(attr, node, op, supported)
     x, w, r = inputs[0], inputs[1], inputs[2]
     for name, val in (("X", x), ("W", w), ("R", r)):
         if val is None:

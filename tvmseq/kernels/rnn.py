@@ -1,0 +1,109 @@
+"""ONNX RNN (h' = f(x W^T + h R^T + Wb + Rb)) on the per-step path, sharing the GRU's pieces:
+the input projection for all time steps is the GRU's one GEMM (with one gate), each step is one GEMM
+kernel (`gru.step_gemm_macro`) and one fused activation/update kernel, grid (batch, directions)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import tvm
+from tvm import tirx
+
+try:
+    from tvm.script import tirx as T
+except ImportError:  # runtime-only TVM: nothing is built here
+    T = None
+
+from ..errors import TvmseqError
+from .activations import Activation
+from .gru import DIRECTIONS, StepSchedule, _ceildiv, _clip_fn, _loop_kinds, reverse_fn, step_gemm_macro
+
+
+@dataclass(frozen=True)
+class RnnSpec:
+    num_directions: int
+    batch: int
+    hidden: int
+    input_size: int
+    dtype: str = "float32"
+    direction: str = "forward"
+    activations: tuple[Activation, ...] = ()
+    clip: float | None = None
+    has_seq_lens: bool = False
+    gates: ClassVar[int] = 1
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS:
+            raise TvmseqError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        if self.num_directions != (2 if self.direction == "bidirectional" else 1):
+            raise TvmseqError(f"direction {self.direction} needs num_directions "
+                              f"{2 if self.direction == 'bidirectional' else 1}, got {self.num_directions}")
+        if self.dtype not in ("float32", "float16"):
+            raise TvmseqError(f"RNN supports float32 and float16, got {self.dtype}")
+        if not self.activations:
+            object.__setattr__(self, "activations", (Activation.make("Tanh"),) * self.num_directions)
+        if len(self.activations) != self.num_directions:
+            raise TvmseqError(f"RNN needs {self.num_directions} activations, got {len(self.activations)}")
+
+
+def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedule | None = None
+                    ) -> tirx.PrimFunc:
+    """Inputs: gate_i [D, T, B, H] f32 (x W^T + Wb + Rb), R [D, H, H], seq_lens [B] i32, h0 [D, B, H] f32.
+    Outputs: Y [T, D, B, H], Y_h [D, B, H]; sequence_lens semantics as for the GRU."""
+    gpu = target.kind.name == "cuda"
+    L = _loop_kinds(gpu)
+    D, B, H, dt = spec.num_directions, spec.batch, spec.hidden, spec.dtype
+    sched = sched or StepSchedule.for_batch(B)
+    NT = sched.gate_threads
+    acts, clip, has_lens = spec.activations, _clip_fn(spec.clip), spec.has_seq_lens
+    is_reverse = reverse_fn(spec.direction)
+    if len(set(acts)) == 1:
+        act = lambda d, x: acts[0].expr(x)  # noqa: E731
+    else:
+        act = lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))  # noqa: E731
+    gemm = step_gemm_macro(gpu, D, B, H, sched)
+
+    @T.prim_func
+    def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,
+                       y_h: T.handle):
+        T.func_attr({"global_symbol": "rnn_recurrence", "tirx.noalias": True})
+        seq = T.int32()
+        GateI = T.match_buffer(gate_i, (D, seq, B, H), "float32")
+        R = T.match_buffer(r_w, (D, H, H), dt)
+        Lens = T.match_buffer(lens, (B,), "int32")
+        H0 = T.match_buffer(h0, (D, B, H), "float32")
+        Y = T.match_buffer(y, (seq, D, B, H), dt)
+        Yh = T.match_buffer(y_h, (D, B, H), dt)
+        state = T.alloc_buffer((D, B, H), "float32")
+        gh = T.alloc_buffer((D, B, H), "float32")
+        for b in L["blockIdx.x"](B):
+            for d in L["blockIdx.y"](D):
+                for tx in L["threadIdx.x"](NT):
+                    for j0 in range(_ceildiv(H, NT)):
+                        if j0 * NT + tx < H:
+                            state[d, b, j0 * NT + tx] = H0[d, b, j0 * NT + tx]
+        for s in range(seq):
+            gemm(state, R, gh, 0, H)
+            for b in L["blockIdx.x"](B):
+                for d in L["blockIdx.y"](D):
+                    for tx in L["threadIdx.x"](NT):
+                        for j0 in range(_ceildiv(H, NT)):
+                            if j0 * NT + tx < H:
+                                length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
+                                t = T.if_then_else(is_reverse(d), length - 1 - s, s)
+                                j = j0 * NT + tx
+                                if s < length:
+                                    hn = act(d, clip(GateI[d, t, b, j] + gh[d, b, j]))
+                                    state[d, b, j] = hn
+                                    Y[t, d, b, j] = T.Cast(dt, hn)
+                                else:
+                                    Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+        for b in L["blockIdx.x"](B):
+            for d in L["blockIdx.y"](D):
+                for tx in L["threadIdx.x"](NT):
+                    for j0 in range(_ceildiv(H, NT)):
+                        if j0 * NT + tx < H:
+                            length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
+                            Yh[d, b, j0 * NT + tx] = T.Cast(dt, T.if_then_else(length > 0, state[d, b, j0 * NT + tx], T.float32(0)))
+
+    return rnn_recurrence.with_attr("tirx.is_scheduled", True)

@@ -1,0 +1,52 @@
+"""ONNX RNN (opsets 1-22) -> tvmseq kernels: the shared input-projection GEMM + the RNN recurrence."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..kernels import gru as gru_kernels
+from ..kernels import rnn as rnn_kernels
+from ..kernels.activations import parse_onnx_activations
+from .gru import _SUPPORTED_ATTRS, finish_outputs, prepare_common
+from .importer import OnnxOpConverter, register_converter
+
+_RNN_ATTRS = _SUPPORTED_ATTRS - {"linear_before_reset"}
+
+
+@functools.lru_cache(maxsize=64)
+def _kernels(spec: rnn_kernels.RnnSpec, target_json: str):
+    target = tvm.target.Target(target_json)
+    proj = gru_kernels.schedule_input_projection(gru_kernels.input_projection_func(spec), target)["main"]
+    return proj, rnn_kernels.recurrence_func(spec, target)
+
+
+@register_converter("RNN")
+class RNN(OnnxOpConverter):
+    """ONNX RNN -> gru_input_projection (one GEMM, Wb + Rb folded in) + rnn_recurrence."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        node = cls.node_name(attr)
+        target = attr["tvm_custom"]["importer_options"]["target"]
+        c = prepare_common(bb, inputs, attr, node, "RNN", gates=1, supported=_RNN_ATTRS)
+        acts = parse_onnx_activations(attr, 1, c["D"], ["Tanh"], f"ONNX node '{node}' (RNN)")
+        spec = rnn_kernels.RnnSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"],
+                                   c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
+        proj, rec = _kernels(spec, str(target))
+        H, D, B = c["hidden"], c["D"], c["batch"]
+        sl = relax.op.strided_slice
+        bias = c["bias"]
+        bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[H]), sl(bias, axes=[1], begin=[H], end=[2 * H])))
+        lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
+        proj_gv = bb.add_func(proj.without_attr("global_symbol"), "rnn_input_projection")
+        rec_gv = bb.add_func(rec.without_attr("global_symbol"), "rnn_recurrence")
+        gate_i = bb.emit(relax.call_tir(proj_gv, [c["x"], c["w"], bias_i],
+                                        relax.TensorType([D, c["seq"], B, H], "float32")))
+        outs = bb.emit(relax.call_tir(rec_gv, [gate_i, c["r"], lens, c["h0"]],
+                                      [relax.TensorType([c["seq"], D, B, H], c["dtype"]),
+                                       relax.TensorType([D, B, H], c["dtype"])]))
+        return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),
+                              c["layout"])
