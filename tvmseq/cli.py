@@ -7,7 +7,7 @@ import time
 
 from .errors import TvmseqError
 
-BENCHMARKS = ("gru", "recurrent_gemm", "spmm", "topk")
+BENCHMARKS = ("gru", "persistent_gru", "recurrent_gemm", "spmm", "topk")
 
 
 def _parse_shapes(items) -> dict:
