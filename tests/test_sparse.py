@@ -333,6 +333,60 @@ def test_gpu_dlpack_torch(gpu_kernels):
     np.testing.assert_allclose(got, reference(True, S, D), **TOL["float32"])
 
 
+RUNTIME_ONLY_SCRIPT = """
+import sys
+import numpy as np
+import tvm
+assert tvm.base._RUNTIME_ONLY, "TVM_USE_RUNTIME_LIB=1 did not take"
+from tvmseq import TvmseqError, sparse
+sparse.load_kernels(sys.argv[1])
+S = sparse.CSR(*[np.load(sys.argv[2] + f"/{a}.npy") for a in ("indptr", "indices", "data")], (37, 29))
+for op, d_rows in (("spmm", 29), ("spmm_t", 37)):
+    D = np.load(sys.argv[2] + f"/D{d_rows}.npy")
+    np.save(sys.argv[2] + f"/{op}.npy", getattr(sparse, op)(S, D, target="llvm"))
+    out = getattr(sparse, op)(S, tvm.runtime.tensor(D, tvm.cpu()), target=None)  # no GPU here: llvm
+    np.testing.assert_array_equal(out.numpy(), np.load(sys.argv[2] + f"/{op}.npy"))
+try:
+    sparse.spmm(S, np.ones((29, 6), np.float32), target="llvm")
+except TvmseqError as err:
+    assert "not prebuilt" in str(err), err
+else:
+    raise AssertionError("a kernel that was not prebuilt ran under runtime-only TVM")
+"""
+
+
+def test_prebuilt_kernels_run_under_runtime_only_tvm(tmp_path):
+    """What the GPU box does (only TVM's runtime: no tvm.target.Target, no tvm.script): load
+    prebuilt kernels and run spmm/spmm_t; simulated with TVM_USE_RUNTIME_LIB=1 and llvm kernels."""
+    import json
+    import subprocess
+    import sys
+
+    import tvm
+
+    from tvmseq.kernels.spmm import SpmmShape, spmm_func
+
+    target = tvm.target.Target("llvm")
+    shapes = [SpmmShape(transposed, 37, 29, 5) for transposed in (False, True)]
+    funcs = {s.name: spmm_func(s, target) for s in shapes}
+    tvm.compile(tvm.IRModule(funcs), target=target).export_library(str(tmp_path / "k.so"))
+    (tmp_path / "index.json").write_text(json.dumps({"library": "k.so", "target_kind": "llvm",
+                                                     "kernels": sorted(funcs)}))
+    S = random_csr(37, 29, 0.2, empty_rows=[3], empty_cols=[7])
+    for name, arr in (("indptr", S.indptr), ("indices", S.indices), ("data", S.data),
+                      ("D29", dense_operand(29, 5, "float32")), ("D37", dense_operand(37, 5, "float32"))):
+        np.save(tmp_path / f"{name}.npy", arr)
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_SCRIPT, str(tmp_path), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for op, d_rows in (("spmm", 29), ("spmm_t", 37)):
+        got = np.load(tmp_path / f"{op}.npy")
+        want = reference(op == "spmm_t", S, dense_operand(d_rows, 5, "float32"))
+        np.testing.assert_allclose(got, want, **TOL["float32"])
+
+
 # ------------------------------------------------------------------------------------------------
 # the worked example in docs/sparse_training.md and the CPU run of the benchmark's code
 

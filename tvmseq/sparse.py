@@ -388,9 +388,51 @@ def load_kernels(path) -> dict:
     return kernels
 
 
-def _kernel(shape, target, schedule=None):
-    """Callable for `shape` (a tvmseq.kernels.spmm.SpmmShape): prebuilt if registered, else compiled."""
-    prebuilt = _PREBUILT.get((shape.name, target.kind.name))
+def _runtime_only() -> bool:
+    import tvm
+
+    return bool(getattr(tvm.base, "_RUNTIME_ONLY", False))
+
+
+def _target_kind(target):
+    """(target kind name, tvm Target or None, device) for "cuda"/"llvm"/None/a Target.
+
+    TVM's runtime-only library cannot construct a tvm.target.Target (that lives in the compiler
+    library), so there the kind is resolved from the name and the device alone: enough to pick a
+    prebuilt kernel, which is all that TVM can run."""
+    import tvm
+
+    if not _runtime_only() or isinstance(target, tvm.target.Target):
+        from . import targets
+
+        target = targets.resolve(target)
+        return target.kind.name, target, targets.device_for(target)
+    name = "auto" if target is None else str(target)
+    if name == "auto":
+        name = "cuda" if _cuda_present() else "llvm"
+    kind = {"gpu": "cuda", "cpu": "llvm"}.get(name, name.split()[0].split("/")[0])
+    if name.startswith("nvidia/"):
+        kind = "cuda"
+    if kind not in ("cuda", "llvm"):
+        raise TvmseqError(f"target {target!r}: this TVM has only its runtime; use \"cuda\" or \"llvm\" "
+                          "with prebuilt kernels (tvmseq.sparse.load_kernels)")
+    return kind, None, (tvm.cuda(0) if kind == "cuda" else tvm.cpu(0))
+
+
+def _cuda_present() -> bool:
+    import tvm
+
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - a missing driver can surface as any error
+        return False
+
+
+def _kernel(shape, target, schedule=None, kind=None):
+    """Callable for `shape` (a tvmseq.kernels.spmm.SpmmShape): prebuilt if registered, else compiled.
+    `target` is a tvm Target, or None under runtime-only TVM (then `kind` names the target kind)."""
+    kind = kind or target.kind.name
+    prebuilt = _PREBUILT.get((shape.name, kind))
     if schedule is None and prebuilt is not None:
         return prebuilt
     key = (shape, str(target), schedule)
@@ -398,10 +440,12 @@ def _kernel(shape, target, schedule=None):
         if key not in _COMPILED:
             import tvm
 
-            if tvm.base._RUNTIME_ONLY:
-                raise TvmseqError(f"kernel {shape.name} is not prebuilt and this TVM has no compiler: "
-                                  "build it where TVM's compiler is (python -m tvmseq.bench.spmm "
-                                  "--build-only DIR) and call tvmseq.sparse.load_kernels(DIR)")
+            if target is None or _runtime_only():
+                what = "with that schedule " if schedule is not None else ""
+                raise TvmseqError(f"kernel {shape.name} ({kind}) is not prebuilt {what}and this TVM has "
+                                  "no compiler: build it where TVM's compiler is (python -m "
+                                  "tvmseq.bench.spmm --build-only DIR) and call "
+                                  "tvmseq.sparse.load_kernels(DIR)")
 
             from .kernels.spmm import spmm_func
 
@@ -427,11 +471,8 @@ def spmm_t(S, D, target=None, schedule=None):
 def _run(transposed: bool, S, D, target, schedule):
     import tvm
 
-    from . import targets
-
     S = as_csr(S)
-    target = targets.resolve(target)
-    device = targets.device_for(target)
+    kind, target, device = _target_kind(target)
     op = "spmm_t" if transposed else "spmm"
     rows, cols = S.shape
     d_rows, out_rows = (rows, cols) if transposed else (cols, rows)
@@ -445,7 +486,7 @@ def _run(transposed: bool, S, D, target, schedule):
     shape = SpmmShape(transposed, rows, cols, n, S.dtype, S.index_dtype,
                       S.transpose_map.dtype if transposed else "int32")
     shape.check()
-    kernel = _kernel(shape, target, schedule)
+    kernel = _kernel(shape, target, schedule, kind)
     out = tvm.runtime.empty((out_rows, n), S.dtype, device)
     kernel(*S.kernel_args(transposed, device), d, out)
     return out.numpy() if as_numpy else out
