@@ -210,6 +210,33 @@ def step_gemm_macro(gpu: bool, D: int, B: int, H: int, sched: StepSchedule):
     return gemm
 
 
+def state_macros(gpu: bool, D: int, B: int, H: int, NT: int, has_lens: bool, dt: str):
+    """The first and last kernels of a recurrence, grid (batch, directions): state <- h0, and
+    Y_h <- state (zero for a zero-length row, as onnxruntime does)."""
+    L = _loop_kinds(gpu)
+
+    @T.macro
+    def load_state(state, H0):
+        for b in L["blockIdx.x"](B):
+            for d in L["blockIdx.y"](D):
+                for tx in L["threadIdx.x"](NT):
+                    for j0 in range(_ceildiv(H, NT)):
+                        if j0 * NT + tx < H:
+                            state[d, b, j0 * NT + tx] = H0[d, b, j0 * NT + tx]
+
+    @T.macro
+    def store_final_state(Yh, state, Lens, seq):
+        for b in L["blockIdx.x"](B):
+            for d in L["blockIdx.y"](D):
+                for tx in L["threadIdx.x"](NT):
+                    for j0 in range(_ceildiv(H, NT)):
+                        if j0 * NT + tx < H:
+                            length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
+                            Yh[d, b, j0 * NT + tx] = T.Cast(dt, T.if_then_else(length > 0, state[d, b, j0 * NT + tx], T.float32(0)))
+
+    return load_state, store_final_state
+
+
 def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule | None = None
                     ) -> tirx.PrimFunc:
     """The time loop of a GRU node. Inputs: gate_i [D, T, B, 3H] f32, R [D, 3H, H], rb_h [D, H] f32,
@@ -226,6 +253,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
     is_reverse = reverse_fn(spec.direction)
 
     gemm = step_gemm_macro(gpu, D, B, H, sched)
+    load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
 
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
@@ -242,13 +270,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
         state = T.alloc_buffer((D, B, H), "float32")
         gh = T.alloc_buffer((D, B, G), "float32")
         rh = T.alloc_buffer((D, B, H), "float32")
-        # state <- h0
-        for b in L["blockIdx.x"](B):
-            for d in L["blockIdx.y"](D):
-                for tx in L["threadIdx.x"](NT):
-                    for j0 in range(_ceildiv(H, NT)):
-                        if j0 * NT + tx < H:
-                            state[d, b, j0 * NT + tx] = H0[d, b, j0 * NT + tx]
+        load_state(state, H0)
         for s in range(seq):
             gemm(state, R, gh, 0, G if lbr else 2 * H)
             if not lbr:
@@ -275,26 +297,15 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                                 j = j0 * NT + tx
                                 if s < length:
                                     z = f_act(d, clip(GateI[d, t, b, j] + gh[d, b, j]))
-                                    if lbr:
-                                        r = f_act(d, clip(GateI[d, t, b, H + j] + gh[d, b, H + j]))
-                                        hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + r * (gh[d, b, 2 * H + j] + RbH[d, j])))
-                                        hn = (T.float32(1) - z) * hh + z * state[d, b, j]
-                                        state[d, b, j] = hn
-                                        Y[t, d, b, j] = T.Cast(dt, hn)
-                                    else:
-                                        hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + gh[d, b, 2 * H + j]))
-                                        hn = (T.float32(1) - z) * hh + z * state[d, b, j]
-                                        state[d, b, j] = hn
-                                        Y[t, d, b, j] = T.Cast(dt, hn)
+                                    # lbr=1: r scales (h R_h^T + Rb_h); lbr=0: the GEMM already saw r*h
+                                    r = f_act(d, clip(GateI[d, t, b, H + j] + gh[d, b, H + j]))
+                                    h_lin = r * (gh[d, b, 2 * H + j] + RbH[d, j]) if lbr else gh[d, b, 2 * H + j]
+                                    hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + h_lin))
+                                    hn = (T.float32(1) - z) * hh + z * state[d, b, j]
+                                    state[d, b, j] = hn
+                                    Y[t, d, b, j] = T.Cast(dt, hn)
                                 else:
                                     Y[s, d, b, j] = T.Cast(dt, T.float32(0))
-        # Y_h <- state (zero for a zero-length row, as onnxruntime does)
-        for b in L["blockIdx.x"](B):
-            for d in L["blockIdx.y"](D):
-                for tx in L["threadIdx.x"](NT):
-                    for j0 in range(_ceildiv(H, NT)):
-                        if j0 * NT + tx < H:
-                            length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
-                            Yh[d, b, j0 * NT + tx] = T.Cast(dt, T.if_then_else(length > 0, state[d, b, j0 * NT + tx], T.float32(0)))
+        store_final_state(Yh, state, Lens, seq)
 
     return gru_recurrence.with_attr("tirx.is_scheduled", True)

@@ -16,7 +16,8 @@ except ImportError:  # runtime-only TVM: nothing is built here
 
 from ..errors import TvmseqError
 from .activations import Activation
-from .gru import DIRECTIONS, StepSchedule, _ceildiv, _clip_fn, _loop_kinds, reverse_fn, step_gemm_macro
+from .gru import (DIRECTIONS, StepSchedule, _ceildiv, _clip_fn, _loop_kinds, reverse_fn, state_macros,
+                  step_gemm_macro)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
     else:
         act = lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))  # noqa: E731
     gemm = step_gemm_macro(gpu, D, B, H, sched)
+    load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
 
     @T.prim_func
     def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,
@@ -76,12 +78,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         Yh = T.match_buffer(y_h, (D, B, H), dt)
         state = T.alloc_buffer((D, B, H), "float32")
         gh = T.alloc_buffer((D, B, H), "float32")
-        for b in L["blockIdx.x"](B):
-            for d in L["blockIdx.y"](D):
-                for tx in L["threadIdx.x"](NT):
-                    for j0 in range(_ceildiv(H, NT)):
-                        if j0 * NT + tx < H:
-                            state[d, b, j0 * NT + tx] = H0[d, b, j0 * NT + tx]
+        load_state(state, H0)
         for s in range(seq):
             gemm(state, R, gh, 0, H)
             for b in L["blockIdx.x"](B):
@@ -98,12 +95,6 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
                                     Y[t, d, b, j] = T.Cast(dt, hn)
                                 else:
                                     Y[s, d, b, j] = T.Cast(dt, T.float32(0))
-        for b in L["blockIdx.x"](B):
-            for d in L["blockIdx.y"](D):
-                for tx in L["threadIdx.x"](NT):
-                    for j0 in range(_ceildiv(H, NT)):
-                        if j0 * NT + tx < H:
-                            length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
-                            Yh[d, b, j0 * NT + tx] = T.Cast(dt, T.if_then_else(length > 0, state[d, b, j0 * NT + tx], T.float32(0)))
+        store_final_state(Yh, state, Lens, seq)
 
     return rnn_recurrence.with_attr("tirx.is_scheduled", True)
