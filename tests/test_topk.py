@@ -10,6 +10,7 @@ fp32 rtol 1e-5 / atol 1e-5 against a float64 reference (fp16 logits: the same, c
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 
 import numpy as np
@@ -18,7 +19,8 @@ import tvm
 
 from tvmseq import targets
 from tvmseq.errors import TvmseqError
-from tvmseq.reference import topk as reference
+
+reference = importlib.import_module("tvmseq.reference.topk")  # (the package re-exports a function `topk`)
 
 
 class _Lazy:
@@ -88,10 +90,13 @@ def test_topk_matches_numpy(rows, n, k, dtype, largest, mode):
     # GPU-sized blocks, emulated: 256 threads with warp-sized groups, merge blocks of 256
     dict(threads=256, values_per_thread=4, merge_threads=256, merge_values_per_thread=2),
     # tiny blocks: many levels (k=16 lists merged 4 at a time)
-    dict(threads=32, values_per_thread=2, merge_threads=32, merge_values_per_thread=2, candidate_capacity=64),
+    dict(threads=32, values_per_thread=2, merge_threads=32, merge_values_per_thread=2, candidate_capacity=64,
+         merge_threads_large_k=32),
+    # group-maxima threshold at level 0 for every k (kth_min_k above the k tested)
+    dict(threads=64, values_per_thread=4, merge_threads=64, merge_values_per_thread=4, kth_min_k=1000),
     # the exact fallback (bitwise search of the k-th key, then of the tie index) in every block
     dict(threads=32, values_per_thread=8, merge_threads=32, merge_values_per_thread=4, force_exact_fallback=True),
-], ids=["gpu-sized", "multi-level", "exact-fallback"])
+], ids=["gpu-sized", "multi-level", "group-threshold", "exact-fallback"])
 def test_configs_match_numpy(cfg, mode):
     x = make_rows(2, 3001, "float32", mode, seed=7)
     for k in (1, 16):
@@ -99,9 +104,18 @@ def test_configs_match_numpy(cfg, mode):
 
 
 def test_plan_has_several_levels():
-    cfg = tk.TopKConfig(threads=32, values_per_thread=2, merge_threads=32, merge_values_per_thread=2)
+    cfg = tk.TopKConfig(threads=32, values_per_thread=2, merge_threads=32, merge_values_per_thread=2,
+                        merge_threads_large_k=32)
     levels = tk.plan_levels(3001, 16, cfg)
     assert len(levels) >= 3 and levels[-1].segments == 1
+
+
+def test_large_k_merges_use_short_runs():
+    # k >= kth_min_k: merge blocks of merge_threads_large_k threads x merge_values_large_k items
+    cfg = tk.TopKConfig()
+    levels = tk.plan_levels(128256, 64, cfg, min_threads=32)
+    assert all((lv.threads, lv.values) == (512, 2) for lv in levels[1:-1])
+    assert levels[-1].segments == 1 and levels[-1].values == 2
 
 
 def test_overflowing_candidates_take_the_fallback():

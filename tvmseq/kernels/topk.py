@@ -129,6 +129,11 @@ class TopKConfig:
     values_per_thread: int = 16  # items each thread holds in registers at level 0
     merge_threads: int = 256  # threads per block, merge levels
     merge_values_per_thread: int = 16  # at most; fewer when the lists fit in one block
+    # k >= kth_min_k: short runs per merge thread (the k-th largest run head is then a tight threshold:
+    # ~2k candidates instead of the thousands that sent every k=64 merge block to the exact fallback)
+    merge_values_large_k: int = 2
+    merge_threads_large_k: int = 512
+    kth_min_k: int = 16  # level 0 uses the k-th-largest-thread-max threshold from this k on
     candidate_capacity: int = 512  # shared-memory slots for items >= threshold (raised to >= 2k')
     max_hierarchical_k: int = 256  # larger k: full bitonic sort of the row
     sort_threads: int = 256  # threads per block of the bitonic-sort kernels
@@ -151,6 +156,7 @@ def choose_config(rows: int, n: int, k: int, gpu: bool) -> TopKConfig:
     SM), big chunks when k is large (the per-block selection costs ~k ln k regardless of chunk size)."""
     if not gpu:  # CPU: emulated threads are a serial loop, blocks a parallel one
         return TopKConfig(threads=64, values_per_thread=8, merge_threads=64, merge_values_per_thread=16,
+                          merge_values_large_k=4, merge_threads_large_k=64,
                           candidate_capacity=256, max_hierarchical_k=64, sort_threads=64)
     kp = _pow2_at_least(k)
     cfg = TopKConfig()
@@ -208,8 +214,11 @@ def plan_levels(n: int, k: int, cfg: TopKConfig, groups: int | None = None,
 def _merge_block(items: int, k: int, cfg: TopKConfig, min_threads: int) -> tuple[int, int]:
     """(threads, values per thread) of a merge block: one block per row when the lists fit in
     `merge_threads x merge_values_per_thread` (then as few threads as hold them, >= k': fewer warps,
-    cheaper reductions), else full blocks that at least halve the number of lists."""
+    cheaper reductions), else full blocks that at least halve the number of lists. Large k: more
+    threads with short runs each (merge blocks take the k-th largest run head as threshold)."""
     tm, vmax, kp = cfg.merge_threads, cfg.merge_values_per_thread, _pow2_at_least(k)
+    if k >= cfg.kth_min_k:
+        tm, vmax = max(tm, cfg.merge_threads_large_k), cfg.merge_values_large_k
     if items <= tm * vmax:
         tm = _pow2_at_least(max(min_threads, kp, -(-items // vmax)))
         return tm, -(-items // tm)
@@ -383,6 +392,7 @@ class _Spec:
     force_exact: bool  # every index (sentinels included) is below this
     beam: int = 0  # beam step: beams per batch row
     vocab: int = 0
+    kth_min_k: int = 16  # level 0: k-th-largest-thread-max threshold from this k on (merges: k > 1)
 
     @property
     def kd(self) -> str:
@@ -414,6 +424,17 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
     BEAM, VOCAB, SEG0 = spec.beam, spec.vocab, (ITEMS // max(spec.beam, 1))
     NINF = tirx.const(-math.inf, "float32")
     maxmin = lambda a, b, lvl: T.if_then_else(lvl < LG, T.max(a, b), T.min(a, b))  # noqa: E731
+    kmin = lambda a, b, lvl: T.min(a, b)  # noqa: E731
+    KMAX = tirx.const(2 ** (NB - 1) - 1, KD)
+    # merge levels read sorted lists: a thread holds a contiguous run (its max is the run's head);
+    # level 0 reads x strided (coalesced loads, and random data has no order to exploit)
+    BLOCKED = src != "x"
+    pos = (lambda s, t, j: s * C + t * V + j) if BLOCKED else (lambda s, t, j: s * C + j * TT + t)  # noqa: E731
+    # threshold: k-th largest of the TT thread maxima (k distinct items reach it; tight: ~k..2k pass),
+    # or, for small k at level 0 where that count loop costs more than it saves, LightSeq's min over
+    # k' thread groups of the group maximum (one butterfly)
+    KTH = (BLOCKED and KP > 1) or KP >= spec.kth_min_k
+    UNR = min(8, TT)
     kmax = lambda a, b, lvl: T.max(a, b)  # noqa: E731
     add = lambda a, b, lvl: a + b  # noqa: E731
     one = tirx.const(1, KD)
@@ -448,7 +469,7 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
             for t in tx(TT):
                 own[sel(t)] = KMIN
                 for j in un(V):
-                    p = seg * C + j * TT + t
+                    p = pos(seg, t, j)
                     if src == "x":
                         kr[sel(t), j] = T.if_then_else(
                             p < ITEMS, encode_key(p_x[row, T.min(p, N - 1)], DT, LARGEST), KMIN)
@@ -472,15 +493,29 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
                     fsum[sel(t)] = T.float32(0)
                     cmax = decode_f32_key(res[1])  # (conditions must not read shared memory)
                     for j in un(V):
-                        if T.And(seg * C + j * TT + t < ITEMS, cmax > NINF):
+                        if T.And(pos(seg, t, j) < ITEMS, cmax > NINF):
                             fsum[sel(t)] = fsum[sel(t)] + T.exp(decode_f32_key(kr[sel(t), j]) - cmax)
                 tree_reduce(fsum, fred, fres, 0, add, "float32")
                 for t in tx(TT):
                     if t == 0:
                         p_sm[row, seg] = decode_f32_key(res[1])
                         p_ss[row, seg] = fres[0]
-            # 2. threshold: min over KP thread groups of the group's max key; >= KP items reach it
-            tree_reduce(own, red, res, 0, maxmin, KD)
+            # 2. threshold (>= k items reach it)
+            if KTH:
+                tmx = T.alloc_buffer((TT,), KD, scope="shared")
+                for t in tx(TT):
+                    tmx[t] = own[sel(t)]
+                for t in tx(TT):
+                    above = T.alloc_buffer((1,), "int32", scope="local")
+                    above[0] = 0
+                    for u0 in range(TT // UNR):  # (unrolled by 8: independent broadcast loads)
+                        for u1 in un(UNR):
+                            above[0] = above[0] + T.Cast("int32", tmx[u0 * UNR + u1] > own[sel(t)])
+                    # the k-th largest max is the smallest max with fewer than k maxima above it
+                    own[sel(t)] = T.if_then_else(above[0] < K, own[sel(t)], KMAX)
+                tree_reduce(own, red, res, 0, kmin, KD)
+            else:
+                tree_reduce(own, red, res, 0, maxmin, KD)
             # 3. count the items >= threshold, offsets by a block-wide scan
             for t in tx(TT):
                 own[sel(t)] = res[0]
@@ -494,7 +529,7 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
                     for j in un(V):
                         if kr[sel(t), j] >= own[sel(t)]:
                             ck[cnt[sel(t)]] = kr[sel(t), j]
-                            ci[cnt[sel(t)]] = index_of(seg * C + j * TT + t, ir[sel(t), j])
+                            ci[cnt[sel(t)]] = index_of(pos(seg, t, j), ir[sel(t), j])
                             cnt[sel(t)] = cnt[sel(t)] + 1
             else:
                 # exact fallback: the k-th largest key, bit by bit (own = answer so far) ...
@@ -524,7 +559,7 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
                     for t in tx(TT):
                         cnt[sel(t)] = 0
                         for j in un(V):
-                            idx = index_of(seg * C + j * TT + t, ir[sel(t), j])
+                            idx = index_of(pos(seg, t, j), ir[sel(t), j])
                             cnt[sel(t)] = cnt[sel(t)] + T.Cast("int32", T.And(
                                 kr[sel(t), j] == own[sel(t)], idx < (lim[sel(t), 1] | (1 << (IDXB - 1 - b)))))
                     tree_reduce(cnt, wsum, resi, 1, add, "int32")
@@ -536,13 +571,13 @@ def _level_program(lv: Level, spec: _Spec, src: str, dst: str, stats: bool = Fal
                 for t in tx(TT):
                     cnt[sel(t)] = 0
                     for j in un(V):
-                        idx = index_of(seg * C + j * TT + t, ir[sel(t), j])
+                        idx = index_of(pos(seg, t, j), ir[sel(t), j])
                         cnt[sel(t)] = cnt[sel(t)] + T.Cast("int32", selected(
                             kr[sel(t), j], own[sel(t)], idx, lim[sel(t), 1]))
                 scan(cnt, wsum, woff, resi, 0)
                 for t in tx(TT):
                     for j in un(V):
-                        idx = index_of(seg * C + j * TT + t, ir[sel(t), j])
+                        idx = index_of(pos(seg, t, j), ir[sel(t), j])
                         if selected(kr[sel(t), j], own[sel(t)], idx, lim[sel(t), 1]):
                             ck[cnt[sel(t)]] = kr[sel(t), j]
                             ci[cnt[sel(t)]] = idx
@@ -617,7 +652,8 @@ def hierarchical_topk_func(rows: int, n: int, k: int, dtype: str, largest: bool,
     """prim_func(x (rows, n), values (rows, k), indices (rows, k) int64) by the hierarchical method."""
     levels = plan_levels(n, k, cfg, min_threads=32 if gpu else 1)
     limit = index_limit(levels)
-    spec = _Spec(gpu, rows, n, k, dtype, largest, cfg.candidate_capacity, limit, cfg.force_exact_fallback)
+    spec = _Spec(gpu, rows, n, k, dtype, largest, cfg.candidate_capacity, limit, cfg.force_exact_fallback,
+                  kth_min_k=cfg.kth_min_k)
     progs = [_level_program(lv, spec, "x" if lv.index == 0 else "cand",
                             "final" if lv is levels[-1] else "cand") for lv in levels]
     chain = _chain(progs, [(rows, lv.segments * k) for lv in levels], spec.kd)
@@ -818,7 +854,8 @@ def beam_step_func(batch: int, beam: int, vocab: int, k: int, dtype: str, gpu: b
     limit = index_limit(levels)
     lv0 = levels[0]
     s0 = lv0.segments
-    spec0 = _Spec(gpu, rows0, vocab, k, dtype, True, cfg.candidate_capacity, limit, cfg.force_exact_fallback)
+    spec0 = _Spec(gpu, rows0, vocab, k, dtype, True, cfg.candidate_capacity, limit, cfg.force_exact_fallback,
+                  kth_min_k=cfg.kth_min_k)
     specm = replace(spec0, rows=batch, dtype="float32", beam=beam, vocab=vocab)
     prog0 = _level_program(lv0, spec0, "x", "cand", stats=True)
     merges = [_level_program(lv, specm, "beam" if lv.index == 1 else "cand",
