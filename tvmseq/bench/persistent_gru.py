@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -28,7 +29,6 @@ from .common import print_table, ratio_bar_plot, save
 NAME = "persistent_gru"
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64), 100
 QUICK = ((256, 1), (1024, 1), (1024, 64))
-WATCHDOG_S = 60.0
 
 # GPU test kernels (tests/test_persistent_gru.py, marked gpu): every feature on odd sizes.
 # (D, B, H, dtype, lbr, direction, acts (names), clip, has_seq_lens, config dict or None)
@@ -98,9 +98,54 @@ def _test_func(case, target):
     return func.with_attr("global_symbol", _test_name(case))
 
 
+def residency(report: dict, threads: int, dyn_smem: int, blocks: int, num_sms: int = 132) -> dict:
+    """Whether `blocks` blocks of a kernel with ptxas numbers `report` ({registers, smem}) and `threads`
+    threads can all be resident on an H100-class GPU (64K registers, 228 KB shared memory, 2048 threads
+    and 32 blocks per SM): {"blocks_per_sm", "resident", "why"}. A cooperative launch fails rather
+    than hangs when they cannot, but the build checks anyway and takes the per-step path instead."""
+    warps = math.ceil(threads / 32)
+    regs_per_warp = math.ceil(max(report.get("registers", 0), 1) * 32 / 256) * 256
+    by_regs = 65536 // (regs_per_warp * warps)
+    by_smem = (228 * 1024) // (report.get("smem", 0) + dyn_smem + 1024)
+    per_sm = max(0, min(by_regs, by_smem, 2048 // threads, 32))
+    ok = blocks <= per_sm * num_sms
+    why = (f"{blocks} blocks <= {per_sm}/SM x {num_sms} SMs ({report.get('registers')} regs x {threads} threads, "
+           f"{report.get('smem', 0) + dyn_smem} B smem)")
+    return {"blocks_per_sm": per_sm, "resident": ok, "why": ("" if ok else "NOT resident: ") + why}
+
+
+def _rec_launch(c, target):
+    """(threads, dynamic shared bytes, blocks) of a config's persistent recurrence."""
+    from ..kernels import persistent_gru as pg
+
+    D = 2 if c["bidirectional"] else 1
+    cfg = pg.default_gru_config(D, c["batch"], c["hidden"], c["dtype"], target)
+    geo = pg._geometry(D, c["batch"], c["hidden"], cfg, True)
+    return geo.NT, 4 * geo.R_smem * geo.Hp, cfg.num_blocks * D
+
+
+def _compile_group(funcs, tgt):
+    """tvm.compile with nvcc-compiled SASS embedded when possible (the GPU box then loads in well under a
+    second instead of compiling source for ~17 s); returns (executable, ptxas report per kernel)."""
+    import tvm
+
+    from .. import artifacts
+
+    with artifacts.device_binaries(("sm_90a",)) as binary:
+        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
+        report = dict(artifacts.NVCC.last_report) if binary else {}
+    if not binary:
+        from .recurrent_gemm import ptxas_report
+
+        report = ptxas_report(ex.mod.imports[0].inspect_source())
+    return ex, report
+
+
 def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str = "cuda",
                   ptxas: bool = False) -> Path:
-    """Build every kernel the benchmark (and the GPU tests) need, one .so per group, + index.json."""
+    """Build every kernel the benchmark (and the GPU tests) need, one .so per group, + index.json with
+    each kernel's ptxas numbers and residency. A config whose persistent kernel could not be resident
+    (registers/shared memory per block x blocks > the GPU) is rebuilt on the per-step path."""
     import tvm
 
     from ..targets import resolve
@@ -114,7 +159,10 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
     for c in configs(quick):
         funcs, path, why = _bench_funcs(c, tgt)
         groups.setdefault(_group(c), {}).update(funcs)
-        index["configs"].append(dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c), path=path, reason=why))
+        entry = dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c), path=path, reason=why)
+        if path == "persistent":
+            entry["threads"], entry["dyn_smem"], entry["blocks"] = _rec_launch(c, tgt)
+        index["configs"].append(entry)
     if tests:
         for case in GPU_TEST_CASES:
             groups.setdefault("tests", {})[_test_name(case)] = _test_func(case, tgt)
@@ -124,13 +172,33 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
                                        has_seq_lens=lens, config=cfg))
     for group, funcs in groups.items():
         t0 = time.time()
-        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
-        ex.export_library(str(out_dir / f"{NAME}_{group}.so"))
-        print(f"built {group}: {len(funcs)} functions in {time.time() - t0:.1f}s", flush=True)
-        if ptxas:
-            from .recurrent_gemm import ptxas_report
+        ex, report = _compile_group(funcs, tgt)
+        retry = []
+        for e in index["configs"]:
+            if _group(e) != group or e["path"] != "persistent":
+                continue
+            info = report.get(f"rec_{e['suffix']}_kernel", {})
+            e["ptxas"] = info
+            e.update(residency=residency(info, e["threads"], e["dyn_smem"], e["blocks"]))
+            if info and not e["residency"]["resident"]:
+                retry.append(e)
+        for e in retry:  # fall back to the per-step path for these configs
+            from ..kernels import gru
 
-            for kernel, info in sorted(ptxas_report(ex.mod.imports[0].inspect_source()).items()):
+            c = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch")}
+            D = 2 if c["bidirectional"] else 1
+            spec = gru.GruSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"], linear_before_reset=1,
+                               direction="bidirectional" if D == 2 else "forward")
+            funcs[f"rec_{e['suffix']}"] = gru.recurrence_func(spec, tgt).with_attr("global_symbol", f"rec_{e['suffix']}")
+            e.update(path="per_step", reason=e["residency"]["why"])
+            print(f"  {e['suffix']}: {e['reason']} -> per-step path", flush=True)
+        if retry:
+            ex, report = _compile_group(funcs, tgt)
+        ex.export_library(str(out_dir / f"{NAME}_{group}.so"))
+        print(f"built {group}: {len(funcs)} functions in {time.time() - t0:.1f}s "
+              f"({(out_dir / f'{NAME}_{group}.so').stat().st_size / 1e6:.1f} MB)", flush=True)
+        if ptxas:
+            for kernel, info in sorted(report.items()):
                 if "proj" not in kernel:
                     print(f"  ptxas {kernel}: {info}")
     (out_dir / "index.json").write_text(json.dumps(index, indent=1))
@@ -167,20 +235,6 @@ class _Renamed:
         return self.mod[{"gru_input_projection": "proj_", "gru_recurrence": "rec_"}[name] + self.suffix]
 
 
-def _watchdog_first_call(fn, what):
-    import torch
-
-    fn()
-    done = torch.cuda.Event()
-    done.record()
-    deadline = time.time() + WATCHDOG_S
-    while not done.query():
-        if time.time() > deadline:
-            print(f"WATCHDOG: {what} still running after {WATCHDOG_S}s: deadlock, aborting", flush=True)
-            os._exit(3)
-        time.sleep(0.005)
-
-
 def _recurrence_only_us(mod, c, seq) -> float:
     """Per-step time of the persistent recurrence alone (random gate_i), for the record."""
     import torch
@@ -200,44 +254,163 @@ def _recurrence_only_us(mod, c, seq) -> float:
     Yh = torch.empty(D, B, H, device=dev, dtype=tdt)
     args = [tvm.runtime.from_dlpack(t) for t in (gate_i, R, rb_h, lens, h0, Y, Yh)]
     rec = mod["gru_recurrence"]
-    _watchdog_first_call(lambda: rec(*args), f"recurrence {_suffix(c)}")
-    return time_cuda(lambda: rec(*args), warmup=3, iters=20) * 1e3 / seq
+    for _ in range(3):  # launches one at a time first: a hang shows up here, attributed to this config
+        rec(*args)
+        torch.cuda.synchronize()
+    return time_cuda(lambda: rec(*args), warmup=2, iters=20) * 1e3 / seq
 
 
-def _run_gpu(index, root, args) -> list[dict]:
+# ----------------------------------------------------------------------------------------------------
+# Supervisor / worker: the worker runs configs in order and reports progress; the supervisor kills it
+# when one config runs past its time limit (a hung GPU kernel cannot be interrupted in-process), records
+# that config as a timeout and starts a new worker on the rest. Results are saved after every row.
+# ----------------------------------------------------------------------------------------------------
+
+COLS = ["dtype", "bidirectional", "hidden", "batch", "path", "tvmseq_us_step", "recurrence_us_step",
+        "cudnn_us_step", "speedup", "err_tvmseq", "err_peer", "agree", "status"]
+
+
+def _read_rows(rows_file: Path) -> list[dict]:
+    if not rows_file.exists():
+        return []
+    return [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
+
+
+def _save_rows(rows, out, final=False):
+    meta = {"peer": "torch.nn.GRU (cuDNN)", "seq": SEQ,
+            "note": "tvmseq time = TVM input projection + persistent recurrence"}
+    timed = [r for r in rows if r.get("speedup")]
+    plot = (ratio_bar_plot(timed, ["dtype", "bidirectional", "hidden", "batch"], "speedup",
+                           "tvmseq persistent GRU vs cuDNN: speedup per config") if final and timed else None)
+    save(NAME, rows, meta, plot, out)
+
+
+def _worker(index, root, suffixes, rows_file: Path, progress: Path, out, deadline: float = 1e18):
+    """Run the configs `suffixes` in order; one JSON line per finished config in rows_file."""
     import torch
 
     from . import gru as gru_bench
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     mods = _Modules(root)
-    rows = []
-    cols = ["dtype", "bidirectional", "hidden", "batch", "path", "tvmseq_us_step", "recurrence_us_step",
-            "cudnn_us_step", "speedup", "err_tvmseq", "err_peer", "agree"]
-    wanted = {(c["dtype"], c["bidirectional"], c["hidden"], c["batch"]) for c in configs(args.quick)}
-    for e in index["configs"]:
+    by_suffix = {e["suffix"]: e for e in index["configs"]}
+    for sfx in suffixes:
+        if time.time() > deadline:
+            print(f"budget spent: not run: {suffixes[suffixes.index(sfx):]}", flush=True)
+            os._exit(5)
+        e = by_suffix[sfx]
         c = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch")}
-        if tuple(c.values()) not in wanted or (args.dtype and c["dtype"] not in args.dtype.split(",")):
-            continue
-        mod = _Renamed(mods.get(e["file"]), e["suffix"])
-        rec_us = _recurrence_only_us(mod, c, SEQ)
-        saved = gru_bench._load
-        gru_bench._load = lambda _c, _p, _m=mod: _m  # run_one loads through _load: hand it our module
-        try:
-            row = gru_bench.run_one(c, prebuilt=str(root), seq=SEQ)
-        finally:
-            gru_bench._load = saved
-        row.update(path=e["path"], recurrence_us_step=rec_us)
-        rows.append(row)
-        print_table([row], cols)
-        save(NAME, rows, {"peer": "torch.nn.GRU (cuDNN)", "seq": SEQ}, None, args.out)
+        row = dict(c, seq=SEQ, path=e["path"])
+        progress.write_text(f"{sfx} {time.time()}\n")
+        res = residency(e["ptxas"], e["threads"], e["dyn_smem"], e["blocks"], num_sms) \
+            if e["path"] == "persistent" and e.get("ptxas") else None
+        if res is not None and not res["resident"]:
+            row.update(status="skipped", reason=res["why"])
+        else:
+            try:
+                mod = _Renamed(mods.get(e["file"]), e["suffix"])
+                progress.write_text(f"{sfx} {time.time()}\n")  # the clock starts after the load
+                rec_us = _recurrence_only_us(mod, c, SEQ)
+                saved = gru_bench._load
+                gru_bench._load = lambda _c, _p, _m=mod: _m  # run_one loads through _load: hand it our module
+                try:
+                    row = gru_bench.run_one(c, prebuilt=str(root), seq=SEQ)
+                finally:
+                    gru_bench._load = saved
+                row.update(path=e["path"], recurrence_us_step=rec_us, status="ok" if row["agree"] else "WRONG")
+            except Exception as err:  # noqa: BLE001 - a launch error must not stop the other configs
+                row.update(status="error", reason=f"{type(err).__name__}: {err}"[:400])
+                print(f"{sfx}: {row['reason']}", flush=True)
+                if "CUDA" in str(err) or "cuda" in str(err):
+                    with rows_file.open("a") as f:
+                        f.write(json.dumps(row, default=str) + "\n")
+                    os._exit(4)  # the context may be unusable: let the supervisor start a fresh worker
+        with rows_file.open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        print_table([row], [k for k in COLS if k in row])
+        _save_rows(_read_rows(rows_file), out)
+
+
+_WORKER_MODULE = "tvmseq.bench.persistent_gru"  # what the supervisor starts with --worker (a test fakes it)
+
+
+def _supervise(index, root, args) -> list[dict]:
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    wanted = [e["suffix"] for e in index["configs"]
+              if (e["dtype"], e["bidirectional"], e["hidden"], e["batch"]) in
+              {(c["dtype"], c["bidirectional"], c["hidden"], c["batch"]) for c in configs(args.quick)}
+              and (not args.dtype or e["dtype"] in args.dtype.split(","))
+              and (args.bidirectional is None or e["bidirectional"] == (args.bidirectional == "bi"))]
+    order = {"float32": 0, "float16": 1}  # fp32 uni, fp32 bi, fp16 uni, fp16 bi
+    by_suffix = {e["suffix"]: e for e in index["configs"]}
+    wanted.sort(key=lambda s: (order[by_suffix[s]["dtype"]], by_suffix[s]["bidirectional"]))
+    work = Path(tempfile.mkdtemp(prefix="pgru_bench_"))
+    rows_file, progress = work / "rows.jsonl", work / "progress"
+    t_start = time.time()
+    for _ in range(len(wanted) + 3):  # each round finishes or records at least one config
+        done = {f"{r['dtype']}_{'bi' if r['bidirectional'] else 'uni'}_h{r['hidden']}_b{r['batch']}"
+                for r in _read_rows(rows_file)}
+        todo = [s for s in wanted if s not in done]
+        if not todo:
+            break
+        if time.time() - t_start > args.budget:
+            print(f"budget of {args.budget}s spent: not run: {todo}", flush=True)
+            break
+        progress.write_text(f"{todo[0]} {time.time()}\n")
+        cmd = [sys.executable, "-m", _WORKER_MODULE, "--prebuilt", str(root), "--worker",
+               ",".join(todo), "--rows", str(rows_file), "--progress", str(progress)]
+        if args.out:
+            cmd += ["--out", str(args.out)]
+        cmd += ["--deadline", str(t_start + args.budget)]
+        proc = subprocess.Popen(cmd, start_new_session=True)
+        # an outer `timeout` must not leave the worker (own session) running on the GPU
+        signal.signal(signal.SIGTERM, lambda *_: (os.killpg(proc.pid, 9), os._exit(124)))
+        first = True
+        while proc.poll() is None:
+            time.sleep(0.5)
+            try:
+                sfx, since = progress.read_text().split()
+            except ValueError:
+                continue
+            limit = args.config_timeout + (args.load_timeout if first else 0)
+            if sfx != todo[0]:
+                first = False
+            if time.time() - float(since) > limit or time.time() - t_start > args.budget + 60:
+                print(f"\nTIMEOUT: {sfx} ran over {limit:.0f}s (hung kernel?): killing the worker, "
+                      "going on with the next config", flush=True)
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                e = by_suffix[sfx]
+                row = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch", "path")}
+                row.update(seq=SEQ, status="timeout", reason=f"no result within {limit:.0f}s",
+                           ptxas=e.get("ptxas"), config=e.get("reason"))
+                with rows_file.open("a") as f:
+                    f.write(json.dumps(row, default=str) + "\n")
+                _save_rows(_read_rows(rows_file), args.out)
+                break
+        else:
+            if proc.returncode == 5:  # the worker stopped at the budget
+                break
+            if proc.returncode not in (0, 4):
+                print(f"worker exited with {proc.returncode}", flush=True)
+                sfx = progress.read_text().split()[0]
+                if sfx not in {f"{r['dtype']}_{'bi' if r['bidirectional'] else 'uni'}_h{r['hidden']}_b{r['batch']}"
+                               for r in _read_rows(rows_file)}:
+                    e = by_suffix[sfx]
+                    row = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch", "path")}
+                    row.update(seq=SEQ, status="crash", reason=f"worker exit code {proc.returncode}")
+                    with rows_file.open("a") as f:
+                        f.write(json.dumps(row, default=str) + "\n")
+    rows = _read_rows(rows_file)
     print()
-    print_table(rows, cols)
-    save(NAME, rows, {"peer": "torch.nn.GRU (cuDNN)", "seq": SEQ,
-                      "note": "tvmseq time = TVM input projection + persistent recurrence"},
-         ratio_bar_plot(rows, ["dtype", "bidirectional", "hidden", "batch"], "speedup",
-                        "tvmseq persistent GRU vs cuDNN: speedup per config"), args.out)
+    print_table(rows, [k for k in COLS if any(k in r for r in rows)])
+    _save_rows(rows, args.out, final=True)
     return rows
 
 
@@ -306,7 +479,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ptxas", action="store_true", help="with --build: print ptxas registers/spills")
     parser.add_argument("--no-tests", action="store_true", help="with --build: leave out the GPU test kernels")
     parser.add_argument("--dtype", default=None, help="comma list, e.g. float32")
+    parser.add_argument("--bidirectional", choices=("uni", "bi"), default=None, help="only one direction kind")
+    parser.add_argument("--config-timeout", type=float, default=30.0,
+                        help="seconds one config may take before its worker is killed (default 30)")
+    parser.add_argument("--load-timeout", type=float, default=60.0,
+                        help="extra seconds for a worker's start (imports, module load; default 60)")
+    parser.add_argument("--budget", type=float, default=1e9, help="stop starting configs after this many seconds")
     parser.add_argument("--out", default=None, help="directory for the JSON + plot (default artifacts/bench)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: config suffixes
+    parser.add_argument("--rows", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--progress", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, default=1e18, help=argparse.SUPPRESS)
 
 
 def run(args) -> list[dict]:
@@ -322,7 +505,10 @@ def run(args) -> list[dict]:
 
         root = build_for_gpu(tempfile.mkdtemp(prefix="pgru_"), quick=args.quick, tests=False)
     index = json.loads((root / "index.json").read_text())
-    return _run_gpu(index, root, args)
+    if args.worker:
+        _worker(index, root, args.worker.split(","), Path(args.rows), Path(args.progress), args.out, args.deadline)
+        return []
+    return _supervise(index, root, args)
 
 
 if __name__ == "__main__":

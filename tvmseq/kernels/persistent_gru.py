@@ -118,7 +118,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     UV = U * BC                  # (unit, batch column) items finished per pass
     fin_iters = math.ceil(UV / NT)
     unroll = T.unroll if gpu else T.serial
-    ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT)
+    ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT, report=True)  # a lost word is printf'd, not hung on
     f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
 
     # ---- per-direction math ---------------------------------------------------------------------

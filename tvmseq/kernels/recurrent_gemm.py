@@ -214,13 +214,19 @@ __forceinline__ __device__ void tvmseq_ll_store(int* p, float v, int flag) {
 """
 
 
-def _ll_wait_source(nb: int, nw: int) -> tuple[str, str]:
+# Polls of one LL wait before it gives up (and carries on): ~2^22 L2 round trips, seconds, where a
+# real wait takes microseconds. A deadlock becomes a wrong result (with report=True a printf line saying
+# which word is missing) instead of a hung GPU.
+_POLL_LIMIT = 1 << 22
+
+
+def _ll_wait_source(nb: int, nw: int, report: bool = False) -> tuple[str, str]:
     """Helper that polls nb rows x nw consecutive LL words (row stride in words) until every valid word
     carries `flag`, then writes their values to out[nb * nw] (0 for invalid words). All loads of one
     poll are issued before any is checked, so a thread waits one L2 round trip, not nb * nw of them.
     Loads are 64-bit elements (two per 16-byte vector load when nw is even): each element is
     single-copy atomic, so a value is never paired with another step's flag."""
-    name = f"tvmseq_ll_wait_{nb}x{nw}"
+    name = f"tvmseq_ll_wait_{nb}x{nw}" + ("_report" if report else "")
     vec = 2 if nw % 2 == 0 else 1
     if vec == 2:
         load = ("        asm volatile(\"ld.relaxed.gpu.global.v2.b64 {%0,%1}, [%2];\"\n"
@@ -228,11 +234,27 @@ def _ll_wait_source(nb: int, nw: int) -> tuple[str, str]:
     else:
         load = ("        asm volatile(\"ld.relaxed.gpu.global.b64 %0, [%1];\"\n"
                 "                     : \"=l\"(wd[i]) : \"l\"(q) : \"memory\");")
+    # report=True: lane 0 of each warp printf's the first missing word (printf costs ~40 B of stack)
+    report_src = """      if ((threadIdx.x & 31) == 0) {
+        int bad = 0;
+        unsigned seen = 0;
+#pragma unroll
+        for (int i = NLAST; i >= 0; --i) {  // static indices: wd stays in registers
+          if ((i % NW) < nw_valid && (i / NW) < nb_valid && (unsigned)(wd[i] >> 32) != (unsigned)flag) {
+            bad = i;
+            seen = (unsigned)(wd[i] >> 32);
+          }
+        }
+        printf("tvmseq LL timeout: block %d thread %d waits for flag %d at %p + row %d col %d, sees %d\\n",
+               (int)blockIdx.x, (int)threadIdx.x, flag, (const void*)p, bad / NW, bad % NW, (int)seen);
+      }
+""".replace("NLAST", str(nb * nw - 1)).replace("NW", str(nw)) if report else ""
     src = f"""
 __forceinline__ __device__ void {name}(const int* p, int row_stride, int flag, int nw_valid,
                                           int nb_valid, float* out) {{
   unsigned long long wd[{nb * nw}];
   bool ready;
+  unsigned spins = 0;
   do {{
 #pragma unroll
     for (int b = 0; b < {nb}; ++b) {{
@@ -251,6 +273,11 @@ __forceinline__ __device__ void {name}(const int* p, int row_stride, int flag, i
         ready &= (w >= nw_valid) | (b >= nb_valid) | ((unsigned)(wd[b * {nw} + w] >> 32) == (unsigned)flag);
       }}
     }}
+    if (!ready && ++spins == {_POLL_LIMIT}u) {{
+      // A word that never arrives would hang the GPU: give up (optionally saying where) and go on with
+      // what is there, so the launch ends and its results fail the check.
+{report_src}      break;
+    }}
   }} while (!ready);
 #pragma unroll
   for (int b = 0; b < {nb}; ++b) {{
@@ -264,14 +291,14 @@ __forceinline__ __device__ void {name}(const int* p, int row_stride, int flag, i
     return name, src
 
 
-def make_ll_ops(gpu: bool, nb: int, nw: int):
+def make_ll_ops(gpu: bool, nb: int, nw: int, report: bool = False):
     """(ll_store, ll_wait) TVMScript macros for the target.
 
     ll_store(ws, word, value_f32, flag): publish one value.
     ll_wait(ws, word0, row_stride, flag, nw_valid, nb_valid, out): read nb rows x nw words starting at
     `word0` into the local buffer `out` (the CPU variant reads them directly: with the step loop
     outermost they are always ready)."""
-    wait_name, wait_src = _ll_wait_source(nb, nw)
+    wait_name, wait_src = _ll_wait_source(nb, nw, report)
 
     if gpu:
         @T.macro
