@@ -79,7 +79,7 @@ def cmd_measure(args):
         dest = Path(args.unpack_to)
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(src, "r:xz") as tar:
-            tar.extractall(dest)
+            tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         src = dest
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,12 +94,16 @@ def cmd_measure(args):
 
 
 def cmd_evolutionary(args):
+    from tvmseq import artifacts
+
     target = _target()
     out = Path(args.out)
+    # nvcc through tvmseq's callback (explicit arch, SASS for this GPU); NVRTC through TVM's own
+    arches = (artifacts.present_arch(),) if args.compile_mode == "nvcc" and artifacts.find_nvcc() else ()
     for problem in _problems(args.problems):
         work = out / f"ms_{problem.key}"
         builder = metaschedule.BuilderSettings(workers=args.workers, timeout_s=args.build_timeout,
-                                               compile_mode=args.compile_mode)
+                                               compile_mode=args.compile_mode, device_code_arches=arches)
         result = metaschedule.tune(problem, target, work, args.trials, cost_model=args.cost_model,
                                    builder=builder, seed=args.seed)
         curve = [t * 1e3 for t in result.curve_s]
@@ -127,8 +131,7 @@ def cmd_genetic(args):
             ga = genetic.GeneticSearch(space.GENES, feasible, genetic.GAConfig(population=args.population, seed=args.seed),
                                        seeds=[space.DEFAULT_GENES])
 
-        def evaluate(batch, gen=[0]):
-            gen[0] += 1
+        def evaluate(batch):
             pool = work / f"gen{ga.generation:03d}"
             genetic.build_population(problem, batch, pool, target, (artifacts.present_arch(),), args.jobs,
                                      progress=False)

@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,7 +65,6 @@ class _NvccState:
     # ptxas -v per kernel of the last compile: {kernel: {"registers", "spill_stores", "spill_loads", "smem"}}
     last_report: dict = field(default_factory=dict)
     seconds: float = 0.0          # total nvcc wall time so far (for build-time accounting)
-    calls: int = 0
 
 
 NVCC = _NvccState()
@@ -80,8 +80,6 @@ def find_nvcc() -> str | None:
 def nvcc_fatbin(code: str, arches=("sm_90a",), extra_flags=()) -> tuple[bytes, dict]:
     """Compile CUDA source to a fatbin holding SASS for each arch ("sm_90a", "sm_80", ...); with the
     ptxas report per kernel. Flags mirror tvm.support.nvcc's (fast math, -O3)."""
-    import time
-
     nvcc = find_nvcc()
     if nvcc is None:
         raise ArtifactError("nvcc not found (PATH or CUDA_HOME)")
@@ -98,7 +96,6 @@ def nvcc_fatbin(code: str, arches=("sm_90a",), extra_flags=()) -> tuple[bytes, d
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         NVCC.seconds += time.perf_counter() - start
-        NVCC.calls += 1
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
         return Path(out).read_bytes(), parse_ptxas(proc.stderr + proc.stdout)
@@ -143,12 +140,14 @@ def _stub_libcuda() -> Path:
             body.append(f'int {sym}(int e, const char** s) {{ if (s) *s = "no CUDA driver (tvmseq stub)"; return 100; }}')
         else:
             body.append(f"int {sym}() {{ return 100; }}")
-    src = cache / "stub.c"
+    src, tmp = cache / f"stub.{os.getpid()}.c", cache / f"libcuda.so.1.{os.getpid()}"   # parallel workers
     src.write_text("\n".join(body) + "\n")
-    tmp = cache / f"libcuda.so.1.{os.getpid()}"
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(src)], check=True,
-                   capture_output=True)
-    os.replace(tmp, lib)
+    try:
+        subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(src)],
+                       check=True, capture_output=True)
+        os.replace(tmp, lib)
+    finally:
+        src.unlink(missing_ok=True)
     return lib
 
 
@@ -180,7 +179,11 @@ def _load_tvm_cuda_runtime(allow_stub: bool) -> None:
 def enable_device_binaries(arches=("sm_90a",), extra_flags=()) -> bool:
     """From now on (in this process), `tvm.compile` for CUDA embeds nvcc-compiled SASS for `arches` (a
     fatbin), also on machines without a GPU. False (with a warning) when impossible (no nvcc, no C
-    compiler for the driver stub): modules then carry CUDA source as usual. For build workers."""
+    compiler for the driver stub): modules then carry CUDA source as usual.
+
+    Meant for build worker processes: on a machine without a GPU it loads TVM's CUDA runtime against
+    the driver stub, which cannot be undone, and from then on every CUDA module this process creates
+    is compiled when it is created (by this callback), never left as source."""
     import tvm_ffi
 
     try:
@@ -198,7 +201,8 @@ def enable_device_binaries(arches=("sm_90a",), extra_flags=()) -> bool:
 @contextlib.contextmanager
 def device_binaries(arches=("sm_90a",), extra_flags=()):
     """`enable_device_binaries` for the duration of a with-block (the previous compile callback and
-    architectures are restored after). Yields whether device code is embedded."""
+    architectures are restored after; the CUDA runtime it may have loaded stays, see there). Yields
+    whether device code is embedded."""
     import tvm_ffi
 
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)

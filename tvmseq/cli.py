@@ -74,6 +74,22 @@ def cmd_bench(args):
     module.run(args)
 
 
+def cmd_tune(args):
+    """Run schedules/tune_<op>.py (a checkout file, not part of the wheel) with the remaining arguments."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "schedules" / f"tune_{args.op}.py"
+    if not script.exists():
+        raise TvmseqError(f"no tuning script {script} (tuning runs from a source checkout)")
+    spec = importlib.util.spec_from_file_location(f"tune_{args.op}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    code = module.main(args.rest)
+    if code:
+        raise SystemExit(code)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvmseq", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +110,12 @@ def main(argv=None) -> int:
     p = sub.add_parser("demo", help="compile and run a built-in GRU model, check it, time it")
     p.add_argument("--target", default=None)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("tune", help="tune an operator's schedules (genetic search / MetaSchedule); "
+                       "`tvmseq tune gemm --help`")
+    p.add_argument("op", choices=["gemm"])
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for schedules/tune_<op>.py")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("bench", help="benchmark a kernel against its peer (needs a GPU and torch)")
     bench_sub = p.add_subparsers(dest="op", required=True)

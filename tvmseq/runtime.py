@@ -36,6 +36,10 @@ class Model:
     def _vm(self) -> VirtualMachine:
         # created on first use, so a model compiled for CUDA on a machine without a GPU can be exported
         if self._vm_instance is None:
+            if self.target_kind == "cuda":
+                from .artifacts import ensure_cuda_runtime
+
+                ensure_cuda_runtime()  # runtime-only TVM does not load its CUDA backend by itself
             if self.target_kind == "cuda" and not self.device.exist:
                 raise TvmseqError("this model was compiled for CUDA but no GPU is visible")
             module = self.executable.jit() if hasattr(self.executable, "jit") else self.executable

@@ -31,7 +31,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -436,33 +436,44 @@ def measure_pool(pool_dir: Path, out: Path | None = None, keys: Sequence[str] | 
     return report
 
 
-def _measure_isolated(pool_dir: Path, todo: list[str], number: int, repeat: int) -> dict:
+_RESTART = 75   # exit code of a measuring child whose CUDA context is unusable after an error
+
+
+def _measure_isolated(pool_dir: Path, todo: list[str], number: int, repeat: int,
+                      seconds_per_candidate: float = 20.0) -> dict:
+    """Measure in child processes: a child that crashes, hangs or poisons its CUDA context (exit code
+    _RESTART after recording the failure) is replaced and the rest continue in a fresh one."""
     import subprocess
     import tempfile
 
     results: dict = {}
     remaining = list(todo)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
     while remaining:
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             log = f.name
         cmd = [sys.executable, "-m", "tvmseq.tune.genetic", "measure-worker", str(pool_dir), "--log", log,
                "--number", str(number), "--repeat", str(repeat), "--keys", ",".join(remaining)]
-        proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
-        done = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+        try:
+            rc = subprocess.run(cmd, env=env, timeout=60 + seconds_per_candidate * len(remaining)).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        for line in Path(log).read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                results[rec.pop("key")] = rec
         os.unlink(log)
-        for rec in done:
-            results[rec.pop("key")] = rec
         remaining = [k for k in remaining if k not in results]
-        if proc.returncode != 0 and remaining:
-            crashed = remaining.pop(0)     # the one being measured when the child died
-            results[crashed] = {"ms": None, "ok": False, "error": f"measuring process died (rc {proc.returncode})"}
-        elif remaining:
+        if rc == 0 or not remaining:
             break
+        if rc != _RESTART:     # crashed or hung while measuring the next one: that one failed
+            results[remaining.pop(0)] = {"ms": None, "ok": False, "error": f"measuring process died ({rc})"}
     return results
 
 
-def _measure_in_process(pool_dir: Path, keys: list[str], number: int, repeat: int, emit) -> dict:
+def _measure_in_process(pool_dir: Path, keys: list[str], number: int, repeat: int, emit,
+                        restart_on_cuda_error: bool = False) -> dict:
     import numpy as np
     import tvm
 
@@ -480,16 +491,18 @@ def _measure_in_process(pool_dir: Path, keys: list[str], number: int, repeat: in
     args = [tvm.runtime.tensor(x, dev) for x in host_inputs]
     out = tvm.runtime.empty((problem.m, problem.n), problem.dtype, dev)
     scale = float(np.abs(reference).max()) or 1.0
+    poison = np.full((problem.m, problem.n), np.nan, problem.dtype)
     results = {}
     for key in keys:
         rec: dict = {"ms": None, "ok": False, "error": None}
         try:
             module = tvm.runtime.load_module(str(pool_dir / f"{key}.so"))
             func = module["main"]
-            out.copyfrom(np.full((problem.m, problem.n), np.nan, problem.dtype))
+            out.copyfrom(poison)      # NaN: an element the kernel never writes fails the check
             func(*args, out)
             dev.sync()
-            err = float(np.nanmax(np.abs(out.numpy() - reference))) if not np.isnan(out.numpy()).any() else INF
+            got = out.numpy()
+            err = INF if np.isnan(got).any() else float(np.abs(got - reference).max())
             rec["max_err"] = err if math.isfinite(err) else None
             if err <= 1e-3 * scale:
                 timer = module.time_evaluator("main", dev, number=number, repeat=repeat)
@@ -501,6 +514,8 @@ def _measure_in_process(pool_dir: Path, keys: list[str], number: int, repeat: in
             rec["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
         results[key] = rec
         emit(key, rec)
+        if rec["error"] and "CUDA" in rec["error"] and restart_on_cuda_error:
+            sys.exit(_RESTART)      # CUDA errors are sticky: continue in a fresh process
         if len(results) % 25 == 0 or len(results) == len(keys):
             ok = [r["ms"] for r in results.values() if r["ok"]]
             print(f"  measured {len(results)}/{len(keys)}, best so far {min(ok, default=INF):.4f} ms", flush=True)
@@ -659,7 +674,8 @@ def _cmd_measure_worker(args) -> None:
     def emit(key, rec):
         log.write(json.dumps({"key": key, **rec}) + "\n")
 
-    _measure_in_process(Path(args.pool), args.keys.split(","), args.number, args.repeat, emit)
+    _measure_in_process(Path(args.pool), args.keys.split(","), args.number, args.repeat, emit,
+                        restart_on_cuda_error=True)
 
 
 def _cmd_replay(args) -> None:

@@ -3,11 +3,14 @@ bar, resuming from an existing database, best-so-far curves, and tuning-database
 the genetic search (both write MetaSchedule JSON databases; `tvmseq build` and the importer read them).
 
 Where MetaSchedule's build time goes (numbers in notes/tuning.md): its LocalBuilder starts a fresh
-process pool for every batch, each worker imports TVM (the 260 MB compiler library) before building,
-and the candidates' explicitly unrolled CUDA source makes the device compile (NVRTC or nvcc's cicc)
-take seconds each; with 16 workers on 16 cores and a 30 s timeout many candidates fail as "Timeout".
-`BuilderSettings` raises the timeout, caps the workers, picks the CUDA compiler, and can embed SASS
-on a machine without a GPU (via tvmseq.artifacts) so builds can run on the CPU machine.
+process pool for every batch, and the first build in every fresh worker runs MetaSchedule's
+`default_build`, which imports `tvm.s_tir.tensor_intrin`: that parses hundreds of TVMScript tensor
+intrinsics and takes ~16 s (11 s of it CUDA's) before the first candidate is even lowered. Lowering
+itself takes 0.07 s a candidate, the device compile 1.5 s (nvcc) / 2.3 s (NVRTC) because the
+candidates are explicitly unrolled (up to ~2000 lines of CUDA). With 16 workers importing at once and
+a 30 s timeout, many first candidates of a batch fail as "Timeout". `make_builder` uses `fast_build`
+(no tensor_intrin import: SIMT candidates need none), raises the timeout, picks the CUDA compiler, and
+can embed SASS on a machine without a GPU (tvmseq.artifacts), so builds can also run here.
 
 Databases: `schedules/<op>/` holds `database_workload.json` + `database_tuning_record.json`. A
 workload is `workload_mod(problem)` (the normalised IRModule of `space.gemm_func`); records carry
@@ -25,7 +28,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TvmseqError
 from . import space
 
 SCHEDULES_ROOT = Path(__file__).resolve().parents[2] / "schedules"
@@ -49,22 +51,46 @@ class RunnerSettings:
 
 def _builder_init(compile_mode: str, arches: tuple) -> None:
     """Runs once in every LocalBuilder worker."""
+    from tvmseq import artifacts
+
+    if compile_mode == "nvcc" and artifacts.find_nvcc() is None:
+        compile_mode, arches = "nvrtc", ()     # no nvcc on this machine: TVM's NVRTC path
     os.environ["TVM_CUDA_COMPILE_MODE"] = compile_mode
     if arches:
-        from tvmseq import artifacts
-
         artifacts.enable_device_binaries(arches)
     else:
         import tvm.support.nvcc  # noqa: F401 - registers tvm_callback_cuda_compile
 
 
-def make_builder(settings: BuilderSettings | None = None):
+def fast_build(mod, target, _params):
+    """MetaSchedule's default_build without `import tvm.s_tir.tensor_intrin` (16 s per fresh worker):
+    the lowered candidates already hold any tensorized code, the registry is not needed to build them.
+    cp.async pipelines get the PassContext they need."""
+    import tvm
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    with tvm.transform.PassContext(opt_level=3, config=_pass_config_for(mod, target)):
+        return tvm.tirx.build(mod, target)     # a runtime Module, as default_export expects
+
+
+def make_builder(settings: BuilderSettings | None = None, fast: bool = True):
+    """LocalBuilder with tvmseq's settings (`fast`: use fast_build instead of MetaSchedule's)."""
     from tvm.s_tir import meta_schedule as ms
 
     settings = settings or BuilderSettings()
+    _workers_can_import_tvmseq()
     return ms.builder.LocalBuilder(
-        max_workers=settings.workers, timeout_sec=settings.timeout_s,
+        max_workers=settings.workers, timeout_sec=settings.timeout_s, f_build=fast_build if fast else None,
         initializer=functools.partial(_builder_init, settings.compile_mode, tuple(settings.device_code_arches)))
+
+
+def _workers_can_import_tvmseq() -> None:
+    """Popen workers start a fresh interpreter: put this checkout on their PYTHONPATH."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root] + [p for p in paths if p])
 
 
 def make_runner(settings: RunnerSettings | None = None):
@@ -83,7 +109,7 @@ def make_progress_callback(total: int, already: int = 0, best_s: float = math.in
     """A MeasureCallback that drives a tqdm bar (trials done, best time so far) and keeps the
     best-so-far curve in `callback.curve` (seconds, one entry per trial)."""
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
-    from tvm.s_tir.meta_schedule.utils import derived_object
+    from tvm.ir.utils import derived_object
 
     @derived_object
     class Progress(PyMeasureCallback):
@@ -245,8 +271,8 @@ def best_schedule(work_dir: Path, problem: space.GemmProblem, target):
 
 
 def compile_tuned(problem: space.GemmProblem, target, work_dir: Path | None = None, genes: dict | None = None):
-    """Build the GEMM with its tuned schedule from the database (or `genes`, or the template's default
-    genes when neither has one). Returns (executable, how) with how in {"database", "genes", "default"}."""
+    """Build the GEMM with its tuned schedule from the database (or `genes`, or `space.default_genes`
+    when neither has one). Returns (executable, how) with how in {"database", "genes", "default"}."""
     import tvm
 
     sch = best_schedule(work_dir, problem, target) if work_dir and genes is None else None
@@ -255,9 +281,18 @@ def compile_tuned(problem: space.GemmProblem, target, work_dir: Path | None = No
         how = "database"
     else:
         how = "genes" if genes is not None else "default"
-        mod = space.apply(genes or space.DEFAULT_GENES, problem, target)
+        mod = space.apply(genes or space.default_genes(problem, target), problem, target)
     with tvm.transform.PassContext(opt_level=3, config=_pass_config_for(mod, target)):
         return tvm.compile(mod, target=target), how
+
+
+def tuned_func(problem: space.GemmProblem, target, work_dir: Path | None = None):
+    """For the importer: (scheduled PrimFunc marked `tir.is_scheduled`, PassContext config it needs),
+    or (None, {}) when the database has no record for this problem."""
+    sch = best_schedule(Path(work_dir or SCHEDULES_ROOT / "gemm"), problem, target)
+    if sch is None:
+        return None, {}
+    return sch.mod["main"].with_attr("tir.is_scheduled", True), _pass_config_for(sch.mod, target)
 
 
 def _pass_config_for(mod, target) -> dict:
@@ -270,26 +305,41 @@ def _pass_config_for(mod, target) -> dict:
 def export_tuned(problems, target, root: Path | None = None, arch: str | None = None,
                  work_dir: Path | None = None) -> list:
     """`tvmseq build` for GEMMs: compile each problem with its tuned schedule (device code for `arch`
-    embedded when the target is CUDA) and write `artifacts/<arch>/<problem.key>.so` + manifest entries."""
+    embedded when the target is CUDA) and write `artifacts/<arch>/<problem.key>.so` + manifest entries.
+    CUDA builds run in a spawned worker process: embedding device code on a machine without a GPU
+    loads TVM's CUDA runtime against a driver stub, which must not leak into the caller's process."""
+    import concurrent.futures
+    import multiprocessing
+
     from .. import artifacts
 
     work_dir = Path(work_dir or SCHEDULES_ROOT / "gemm")
     arch = arch or artifacts.arch_of_target(target)
-    entries = []
-    gpu = target.kind.name == "cuda"
-    for problem in problems:
-        if gpu:
-            with artifacts.device_binaries((arch,)):
-                executable, how = compile_tuned(problem, target, work_dir)
-        else:
-            executable, how = compile_tuned(problem, target, work_dir)
-        entries.append(artifacts.export_artifact(
-            executable, root, op="gemm", name=problem.key, arch=arch, dtype=problem.dtype,
-            shapes={"m": problem.m, "n": problem.n, "k": problem.k},
-            attrs={"b_layout": problem.b_layout, "bias": problem.bias},
-            signature=gemm_signature(problem), schedule_hash=_schedule_hash(work_dir, problem, target, how),
-            genes=None))
-    return entries
+    jobs = [(problem, json.loads(str(target)), root, arch, work_dir) for problem in problems]
+    if target.kind.name != "cuda":
+        return [_export_one(job) for job in jobs]
+    _workers_can_import_tvmseq()
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return list(pool.map(_export_one, jobs))
+
+
+def _export_one(job):
+    """Compile and export one problem (an ArtifactEntry back); runs in the export worker for CUDA."""
+    import tvm
+
+    from .. import artifacts
+
+    problem, target_json, root, arch, work_dir = job
+    target = tvm.target.Target(target_json)
+    if target.kind.name == "cuda":
+        artifacts.enable_device_binaries((arch,))
+    executable, how = compile_tuned(problem, target, work_dir)
+    return artifacts.export_artifact(
+        executable, root, op="gemm", name=problem.key, arch=arch, dtype=problem.dtype,
+        shapes={"m": problem.m, "n": problem.n, "k": problem.k},
+        attrs={"b_layout": problem.b_layout, "bias": problem.bias},
+        signature=gemm_signature(problem), schedule_hash=_schedule_hash(work_dir, problem, target, how))
 
 
 def gemm_signature(problem: space.GemmProblem) -> dict:
@@ -305,7 +355,7 @@ def _schedule_hash(work_dir, problem, target, how) -> str:
     import hashlib
 
     if how != "database":
-        return f"{how}:{space.genes_key(space.DEFAULT_GENES)}"
+        return f"{how}:{space.genes_key(space.default_genes(problem, target))}"
     sch = best_schedule(work_dir, problem, target)
     return "trace:" + hashlib.sha1(json.dumps(sch.trace.as_json(), default=str).encode()).hexdigest()[:16]
 
@@ -429,18 +479,21 @@ def profile_build(problem: space.GemmProblem, target, count: int = 8, workers: i
                         report["stages"][i][f"{cols[1]}_s"] = round(float(cols[6]) / 1e3, 3)
         if "nvrtc" in modes:
             report["stages"][i]["nvrtc_s"] = _time_nvrtc(src)
-    # (3) MetaSchedule's LocalBuilder, as tuning uses it (one fresh pool per batch)
-    for arches in ((), ("sm_90a",)):
+    # (3) MetaSchedule's LocalBuilder, as tuning uses it (one fresh pool per batch): MetaSchedule's
+    # default_build vs fast_build, CUDA source only vs sm_90a device code (nvcc)
+    for fast, arches in ((False, ()), (True, ()), (False, ("sm_90a",)), (True, ("sm_90a",))):
         builder = make_builder(BuilderSettings(workers=workers, timeout_s=timeout_s, compile_mode="nvcc",
-                                               device_code_arches=arches))
+                                               device_code_arches=arches), fast=fast)
         start = time.perf_counter()
         results = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
-        key = "local_builder_device_code" if arches else "local_builder_source_only"
+        key = f"local_builder_{'fast' if fast else 'default'}_{'device_code' if arches else 'source_only'}"
         report[key] = {"wall_s": round(time.perf_counter() - start, 2), "workers": workers,
                        "errors": [r.error_msg.splitlines()[-1][:200] for r in results if r.error_msg]}
-    start = time.perf_counter()      # worker start-up alone: a process that imports tvm
-    subprocess.run([sys.executable, "-c", "import tvm, tvm.s_tir.meta_schedule"], check=True)
-    report["import_tvm_s"] = round(time.perf_counter() - start, 2)
+    for name, code in (("import_tvm_s", "import tvm, tvm.s_tir.meta_schedule"),
+                       ("import_tensor_intrin_s", "import tvm, tvm.s_tir.tensor_intrin")):
+        start = time.perf_counter()      # worker start-up alone: a fresh process importing tvm
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+        report[name] = round(time.perf_counter() - start, 2)
     return report
 
 

@@ -241,6 +241,22 @@ def enumerate_feasible(problem: GemmProblem, target=None, choices: dict | None =
     return [p for p in points if feasible(p, problem, target) is None]
 
 
+def default_genes(problem: GemmProblem, target=None) -> dict:
+    """Untuned genes for a problem: DEFAULT_GENES when feasible, else the feasible point of GENES with
+    the most work per thread (up to 8x8), then the largest block tile, then ~256 threads. TvmseqError
+    when the template has no feasible tiling for the problem (m and n must be multiples of 16, k of 4,
+    and a block's tiles must split evenly over at least one warp)."""
+    if feasible(DEFAULT_GENES, problem, target) is None:
+        return dict(DEFAULT_GENES)
+    fallback = dict(GENES, vec=(1, 4), stages=(2,), async_copy=(0,), pad=(4,))
+    points = enumerate_feasible(problem, target, fallback)
+    if not points:
+        raise TvmseqError(f"the GEMM template cannot tile {problem.key}: m and n must be multiples of 16, "
+                          f"k of 4, and the tiles must split over at least one warp")
+    return max(points, key=lambda g: (min(g["tm"] * g["tn"], 64), g["bm"] * g["bn"],
+                                      -abs(threads_of(g) - 256), g["wm"] * g["wn"], g["vec"], g["bk"]))
+
+
 def random_genes(rng: random.Random, choices: dict | None = None) -> dict:
     choices = choices or GENES
     return {name: rng.choice(values) for name, values in choices.items()}

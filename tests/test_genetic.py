@@ -259,25 +259,21 @@ def _nvcc_available():
 
 
 @pytest.mark.skipif(not _nvcc_available(), reason="nvcc not installed")
-@pytest.mark.parametrize("async_copy,stages", [(0, 2), (1, 3)])
-def test_cuda_template_compiles_to_sass_here(async_copy, stages):
-    """The CUDA schedule builds for sm_90a on this machine (no GPU) and carries compiled device code:
-    ptxas reports no spills and the register count the feasibility estimate allows."""
-    import tvm
-
-    from tvmseq import artifacts
-
+def test_cuda_template_compiles_to_sass_here(tmp_path):
+    """The CUDA schedule builds for sm_90a on this machine (no GPU needed) in the parallel builder's
+    worker processes, and the .so files carry compiled device code: ptxas reports no spills, the
+    register count the feasibility estimate allows, and exactly the shared memory it computed."""
     problem = space.GemmProblem(1024, 1024, 512)
-    g = dict(space.DEFAULT_GENES, async_copy=async_copy, stages=stages)
-    target = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
-    with artifacts.device_binaries(("sm_90a",)) as binary:
-        ex = space.build(g, problem, target)
-    assert binary
-    assert artifacts.device_code_of(ex) == "fatbin"
-    report = next(iter(artifacts.NVCC.last_report.values()))
-    assert report["spill_stores"] == 0 and report["spill_loads"] == 0
-    assert 0 < report["registers"] <= space.registers_estimate(g) + 16
-    assert report["smem"] == space.shared_bytes(g, problem)
+    population = [dict(space.DEFAULT_GENES), dict(space.DEFAULT_GENES, async_copy=1, stages=3, pad=0)]
+    index = genetic.build_population(problem, population, tmp_path, "cuda", ("sm_90a",), jobs=2, progress=False)
+    assert index["build"]["failed"] == 0 and index["device_code"] == ["fatbin"]
+    for record in index["candidates"]:
+        g, report = record["genes"], record["ptxas"]
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0
+        assert 0 < report["registers"] <= space.registers_estimate(g) + 16
+        assert report["smem"] == space.shared_bytes(g, problem)
+        data = (tmp_path / record["file"]).read_bytes()
+        assert b"\x50\xed\x55\xba" in data and b"__global__" not in data     # fatbin, no CUDA source
 
 
 # --------------------------------------------------------------------------------------------------
@@ -301,6 +297,50 @@ def test_pool_build_measure_replay_on_cpu(tmp_path):
     for curves in run["curves"].values():
         for curve in curves:   # a budget as large as the pool finds the pool's best
             assert len(curve) == len(points) and curve[-1] == pytest.approx(run["pool_best_ms"])
+
+
+# --------------------------------------------------------------------------------------------------
+# MetaSchedule's evolutionary search through tvmseq's wrapper (llvm: runs without a GPU)
+# --------------------------------------------------------------------------------------------------
+def test_evolutionary_search_resumes_and_shares_the_database(tmp_path):
+    import tvm
+
+    from tvmseq.tune import metaschedule as msx
+
+    problem = space.GemmProblem(64, 96, 40)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    settings = dict(num_trials_per_iter=3, cost_model="random", progress=False,
+                    builder=msx.BuilderSettings(workers=1, timeout_s=120),
+                    runner=msx.RunnerSettings(number=1, repeat=1, min_repeat_ms=0))
+    first = msx.tune(problem, target, tmp_path / "ms", 3, **settings)
+    assert first.new_trials == 3 and len(first.curve_s) == 3
+    again = msx.tune(problem, target, tmp_path / "ms", 5, **settings)        # resumes: 2 more
+    assert again.new_trials == 2 and len(again.curve_s) == 5
+    assert all(b <= a for a, b in zip(again.curve_s, again.curve_s[1:])) and math.isfinite(again.best_s)
+    assert msx.tune(problem, target, tmp_path / "ms", 5, **settings).new_trials == 0
+
+    # the genetic search's records and MetaSchedule's share one database; the best of both is applied
+    genes = dict(SMALL_GENES[0])
+    db = tmp_path / "db"
+    assert msx.commit_records(db, problem, target, [(genes, 1e-9), (dict(genes, bm=64), math.inf)]) == 1
+    assert msx.merge_best(tmp_path / "ms", db, problem, k=2) == 2
+    assert msx.records_for(db, problem)[0] == 1e-9 and len(msx.records_for(db, problem)) == 3
+    assert msx.tuned_problems(db) == [problem]
+    executable, how = msx.compile_tuned(problem, target, db)
+    assert how == "database"
+    a = np.random.default_rng(0).uniform(-1, 1, (64, 40)).astype("float32")
+    b = np.random.default_rng(1).uniform(-1, 1, (40, 96)).astype("float32")
+    c = tvm.runtime.tensor(np.zeros((64, 96), "float32"))
+    executable["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    np.testing.assert_allclose(c.numpy(), gemm_ref(a, b), **TOL["float32"])
+
+
+def test_default_genes_fit_any_tileable_problem():
+    for p in (space.GemmProblem(2048, 2048, 2048), space.GemmProblem(64, 96, 40), space.GemmProblem(32, 32, 8)):
+        assert space.feasible(space.default_genes(p), p) is None
+    for untileable in (space.GemmProblem(100, 96, 40), space.GemmProblem(16, 16, 4)):
+        with pytest.raises(Exception, match="cannot tile"):
+            space.default_genes(untileable)
 
 
 # --------------------------------------------------------------------------------------------------
