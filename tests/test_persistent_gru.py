@@ -1,5 +1,5 @@
 """Persistent GRU: the CPU variant of the kernel (same TIR body, serial loops) against a float64 numpy
-GRU (tests/test_gru_kernels.numpy_gru) on odd sizes, lbr 0/1, every direction, sequence_lens, clip,
+GRU (tests/numpy_gru.py) on odd sizes, lbr 0/1, every direction, sequence_lens, clip,
 per-direction activations, batch chunks and weight rows in shared memory; the on-chip decision and
 the automatic fallback; CUDA code generation (ptxas: no spills); (marked gpu) the prebuilt kernels."""
 import functools
@@ -13,33 +13,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-try:
-    from test_gru_kernels import numpy_gru  # noqa: E402
-except ImportError:  # runtime-only TVM (the GPU payload machine): test_gru_kernels needs the compiler
-    def numpy_gru(X, W, R, Bias, lens, h0, reverse_dirs, lbr, clip, acts):
-        """float64 GRU, ONNX gate order z, r, h (a copy of test_gru_kernels.numpy_gru)."""
-        T_, B, _ = X.shape
-        D, _, H = h0.shape
-        c = (lambda x: x) if clip is None else (lambda x: np.clip(x, -clip, clip))
-        Y, Yh = np.zeros((T_, D, B, H)), np.zeros((D, B, H))
-        for d in range(D):
-            f, g = acts[d]
-            Wz, Wr, Wh = np.split(W[d].astype(np.float64), 3)
-            Rz, Rr, Rh = np.split(R[d].astype(np.float64), 3)
-            wbz, wbr, wbh, rbz, rbr, rbh = np.split(Bias[d].astype(np.float64), 6)
-            for b in range(B):
-                h = h0[d, b].astype(np.float64)
-                for s in range(lens[b]):
-                    t = lens[b] - 1 - s if reverse_dirs[d] else s
-                    x = X[t, b].astype(np.float64)
-                    z = f(c(x @ Wz.T + wbz + h @ Rz.T + rbz))
-                    r = f(c(x @ Wr.T + wbr + h @ Rr.T + rbr))
-                    hh = g(c(x @ Wh.T + wbh + r * (h @ Rh.T + rbh))) if lbr else \
-                        g(c(x @ Wh.T + wbh + (r * h) @ Rh.T + rbh))
-                    h = (1 - z) * hh + z * h
-                    Y[t, d, b] = h
-                Yh[d, b] = h if lens[b] > 0 else 0
-        return Y, Yh
+from numpy_gru import numpy_gru  # noqa: E402
 
 from tvmseq.errors import TvmseqError  # noqa: E402
 
