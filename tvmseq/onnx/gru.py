@@ -32,10 +32,14 @@ def _int(dim, what, node, op="GRU") -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernels(spec: gru_kernels.GruSpec, target_json: str):
+def build_kernels(spec, target_json: str):
+    """(input projection, recurrence) prim_funcs for a GruSpec or an RnnSpec, built once per spec/target."""
+    from ..kernels import rnn as rnn_kernels
+
     target = tvm.target.Target(target_json)
     proj = gru_kernels.schedule_input_projection(gru_kernels.input_projection_func(spec), target)["main"]
-    return proj, gru_kernels.recurrence_func(spec, target)
+    recurrence = rnn_kernels.recurrence_func if isinstance(spec, rnn_kernels.RnnSpec) else gru_kernels.recurrence_func
+    return proj, recurrence(spec, target)
 
 
 def _direction(attr, node):
@@ -151,7 +155,7 @@ class GRU(OnnxOpConverter):
         acts = parse_onnx_activations(attr, 2, c["D"], ["Sigmoid", "Tanh"], f"ONNX node '{node}' (GRU)")
         spec = gru_kernels.GruSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"], lbr,
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        proj, rec = _kernels(spec, str(target))
+        proj, rec = build_kernels(spec, str(target))
         H, D, B = c["hidden"], c["D"], c["batch"]
         bias, sl = c["bias"], relax.op.strided_slice
         # biases that do not depend on r join the input GEMM: Wb + [Rb_z, Rb_r, Rb_h if lbr == 0]

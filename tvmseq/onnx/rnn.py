@@ -1,26 +1,15 @@
 """ONNX RNN (opsets 1-22) -> tvmseq kernels: the shared input-projection GEMM + the RNN recurrence."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
-import tvm
 from tvm import relax
 
-from ..kernels import gru as gru_kernels
 from ..kernels import rnn as rnn_kernels
 from ..kernels.activations import parse_onnx_activations
-from .gru import _SUPPORTED_ATTRS, finish_outputs, prepare_common
+from .gru import _SUPPORTED_ATTRS, build_kernels, finish_outputs, prepare_common
 from .importer import OnnxOpConverter, register_converter
 
 _RNN_ATTRS = _SUPPORTED_ATTRS - {"linear_before_reset"}
-
-
-@functools.lru_cache(maxsize=64)
-def _kernels(spec: rnn_kernels.RnnSpec, target_json: str):
-    target = tvm.target.Target(target_json)
-    proj = gru_kernels.schedule_input_projection(gru_kernels.input_projection_func(spec), target)["main"]
-    return proj, rnn_kernels.recurrence_func(spec, target)
 
 
 @register_converter("RNN")
@@ -35,7 +24,7 @@ class RNN(OnnxOpConverter):
         acts = parse_onnx_activations(attr, 1, c["D"], ["Tanh"], f"ONNX node '{node}' (RNN)")
         spec = rnn_kernels.RnnSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"],
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        proj, rec = _kernels(spec, str(target))
+        proj, rec = build_kernels(spec, str(target))
         H, D, B = c["hidden"], c["D"], c["batch"]
         sl = relax.op.strided_slice
         bias = c["bias"]
