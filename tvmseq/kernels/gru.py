@@ -247,7 +247,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
     G = 3 * H
     lbr = bool(spec.linear_before_reset)
     sched = sched or StepSchedule.for_batch(spec.batch)
-    WARPS, BT, NT = sched.gemm_warps, sched.gemm_batch_tile, sched.gate_threads
+    NT = sched.gate_threads
     f_act, g_act, clip = _per_direction(spec, 0), _per_direction(spec, 1), _clip_fn(spec.clip)
     has_lens = spec.has_seq_lens
     is_reverse = reverse_fn(spec.direction)
