@@ -210,10 +210,20 @@ def step_gemm_macro(gpu: bool, D: int, B: int, H: int, sched: StepSchedule):
     return gemm
 
 
+def row_length_fn(has_lens: bool):
+    """(Lens, b, seq) -> the number of valid steps of batch row b: sequence_lens[b] clamped into [0, seq],
+    so no length can index out of bounds (the runtime rejects out-of-range lengths before this runs);
+    seq for every row when the node has no sequence_lens."""
+    if has_lens:
+        return lambda lens, b, seq: T.max(T.min(lens[b], seq), 0)
+    return lambda lens, b, seq: seq
+
+
 def state_macros(gpu: bool, D: int, B: int, H: int, NT: int, has_lens: bool, dt: str):
     """The first and last kernels of a recurrence, grid (batch, directions): state <- h0, and
     Y_h <- state (zero for a zero-length row, as onnxruntime does)."""
     L = _loop_kinds(gpu)
+    row_length = row_length_fn(has_lens)
 
     @T.macro
     def load_state(state, H0):
@@ -231,7 +241,7 @@ def state_macros(gpu: bool, D: int, B: int, H: int, NT: int, has_lens: bool, dt:
                 for tx in L["threadIdx.x"](NT):
                     for j0 in range(_ceildiv(H, NT)):
                         if j0 * NT + tx < H:
-                            length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
+                            length = row_length(Lens, b, seq)
                             Yh[d, b, j0 * NT + tx] = T.Cast(dt, T.if_then_else(length > 0, state[d, b, j0 * NT + tx], T.float32(0)))
 
     return load_state, store_final_state
@@ -254,6 +264,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
 
     gemm = step_gemm_macro(gpu, D, B, H, sched)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
+    row_length = row_length_fn(has_lens)
 
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
@@ -280,7 +291,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                         for tx in L["threadIdx.x"](NT):
                             for j0 in range(_ceildiv(H, NT)):
                                 if j0 * NT + tx < H:
-                                    length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
+                                    length = row_length(Lens, b, seq)
                                     t = T.if_then_else(is_reverse(d), length - 1 - s, s)
                                     j = j0 * NT + tx
                                     if s < length:
@@ -292,7 +303,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                     for tx in L["threadIdx.x"](NT):
                         for j0 in range(_ceildiv(H, NT)):
                             if j0 * NT + tx < H:
-                                length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
+                                length = row_length(Lens, b, seq)
                                 t = T.if_then_else(is_reverse(d), length - 1 - s, s)
                                 j = j0 * NT + tx
                                 if s < length:

@@ -16,8 +16,8 @@ except ImportError:  # runtime-only TVM: nothing is built here
 
 from ..errors import TvmseqError
 from .activations import Activation
-from .gru import (DIRECTIONS, StepSchedule, _ceildiv, _clip_fn, _loop_kinds, reverse_fn, state_macros,
-                  step_gemm_macro)
+from .gru import (DIRECTIONS, StepSchedule, _ceildiv, _clip_fn, _loop_kinds, reverse_fn, row_length_fn,
+                  state_macros, step_gemm_macro)
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         act = lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))  # noqa: E731
     gemm = step_gemm_macro(gpu, D, B, H, sched)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
+    row_length = row_length_fn(has_lens)
 
     @T.prim_func
     def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,
@@ -86,7 +87,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
                     for tx in L["threadIdx.x"](NT):
                         for j0 in range(_ceildiv(H, NT)):
                             if j0 * NT + tx < H:
-                                length = T.max(T.min(Lens[b], seq), 0) if has_lens else seq
+                                length = row_length(Lens, b, seq)
                                 t = T.if_then_else(is_reverse(d), length - 1 - s, s)
                                 j = j0 * NT + tx
                                 if s < length:
