@@ -86,8 +86,11 @@ def _check_acts(acts, D):
 
 
 def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, clip,
-                        has_seq_lens: bool, target, config=None):
-    """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h) for all steps of a GRU node (see module doc)."""
+                        has_seq_lens: bool, target, config=None, slots: int = 2, poll=None,
+                        paired_buffers: bool = True, syncwarp_before_barrier: bool = False):
+    """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h) for all steps of a GRU node (see module doc).
+    slots: LL slots per state buffer (2 suffice, see the module doc; more give producers slack);
+    poll: recurrent_gemm.PollOptions of the hand-off waits (default: lane-0 reports)."""
     from tvm.script import tirx as T
 
     from . import recurrent_gemm as rg
@@ -112,13 +115,17 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     BC, NC, Bp = geo.BC, geo.NC, geo.Bp
     if G * U < H:
         raise TvmseqError(f"persistent GRU: {G} blocks x {U} units do not cover H={H}")
+    if slots < 2:
+        raise TvmseqError(f"persistent GRU: needs at least 2 LL slots, got {slots}")
+    S = slots
     slot_words = Bp * Hp
     nbuf = 1 if lbr else 2       # LL buffers per direction: h (and r*h for lbr=0)
-    ws_words = D * nbuf * 2 * slot_words
+    ws_words = D * nbuf * S * slot_words
     UV = U * BC                  # (unit, batch column) items finished per pass
     fin_iters = math.ceil(UV / NT)
     unroll = T.unroll if gpu else T.serial
-    ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT, report=True)  # a lost word is printf'd, not hung on
+    poll = poll or rg.PollOptions(report="lane0")  # a lost word is printf'd, not hung on
+    ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT, poll=poll)
     f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
 
     # ---- per-direction math ---------------------------------------------------------------------
@@ -145,7 +152,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
 
     def word(d, buf, slot):
         """First LL word of (direction, buffer, slot)."""
-        return ((d * nbuf + buf) * 2 + slot) * slot_words
+        return ((d * nbuf + buf) * S + slot) * slot_words
 
     def warp_total(red, v):
         return functools.reduce(lambda x, y: x + y, [red[w, v] for w in range(W)])
@@ -225,10 +232,11 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                     v < UV and b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
                 if v < UV and b < B and j < H:
                     ll_store(ws, word(d, 0, 0) + b * Hp + j, H0[d, b, j], 0)
-                    ll_store(ws, word(d, 0, 1) + b * Hp + j, T.float32(0), -1)
+                    for sl in unroll(S - 1):
+                        ll_store(ws, word(d, 0, sl + 1) + b * Hp + j, T.float32(0), -1)
                     if not lbr:
-                        ll_store(ws, word(d, 1, 0) + b * Hp + j, T.float32(0), -1)
-                        ll_store(ws, word(d, 1, 1) + b * Hp + j, T.float32(0), -1)
+                        for sl in unroll(S):
+                            ll_store(ws, word(d, 1, sl) + b * Hp + j, T.float32(0), -1)
 
     @T.macro
     def prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq):
@@ -256,7 +264,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
         else:
             Y[T.if_then_else(is_rev(d), L - 1 - s, s), d, b, j] = T.Cast(dtype, hn)
         hs[hrow, idx] = hn
-        ll_store(ws, word(d, 0, n % 2) + b * Hp + j, hn, n)
+        ll_store(ws, word(d, 0, n % S) + b * Hp + j, hn, n)
 
     def gate_sum(red, q, nr, v):
         """Reduced sum of gate q (relative to the pass's first row) of item v = bb * U + u."""
@@ -290,7 +298,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
             if v < UV and b < B and j < H:
                 zs[hrow, i] = f_act(d, clipf(gi[i * 4] + gate_sum(red, 0, 2 * U, v)))
                 r = T.meta_var(f_act(d, clipf(gi[i * 4 + 1] + gate_sum(red, 1, 2 * U, v))))
-                ll_store(ws, word(d, 1, (s + 1) % 2) + b * Hp + j, r * hs[hrow, c * fin_iters + i], s + 1)
+                ll_store(ws, word(d, 1, (s + 1) % S) + b * Hp + j, r * hs[hrow, c * fin_iters + i], s + 1)
 
     @T.macro
     def finish_h(Y, Lens, ws, hs, zs, hrow, red, gi, d, g, t, s, c, seq):
@@ -333,7 +341,9 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
             s = T.meta_var(it // NC)
             c = T.meta_var(it % NC)
             prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
-            pass_zrh(ws, word(d, 0, s % 2), s, a_reg, a_smem, cval, acc, red, t % WS, t // WS, t, c)
+            pass_zrh(ws, word(d, 0, s % S), s, a_reg, a_smem, cval, acc, red, t % WS, t // WS, t, c)
+            if syncwarp_before_barrier:
+                T.evaluate(T.call_extern("void", "__syncwarp"))
             T.tvm_storage_sync("shared")
             finish_lbr1(Y, Lens, ws, hs, 0, red, gi, d, g, t, s, c, seq)
 
@@ -365,7 +375,12 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                     load_weights(Rw, a_reg, a_smem, d, g, t)
                     seed(H0, ws, hs, 0, d, g, t)
                     T.cuda.grid_sync()
-                    if lbr:
+                    if lbr and not paired_buffers:
+                        for it in T.serial(seq * NC):
+                            iteration_lbr1(GI, RbH, Lens, Y, ws, hs, a_reg, a_smem, cval, acc, red0, gi,
+                                           d, g, t, it, seq)
+                            T.tvm_storage_sync("shared")
+                    elif lbr:
                         # iterations (step, chunk) alternate partial-sum buffers, unrolled by two, so
                         # one __syncthreads per iteration suffices
                         for p in T.serial((seq * NC + 1) // 2):
@@ -378,11 +393,11 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                         # pass A uses red0, pass B red1: one __syncthreads per pass
                         for it in T.serial(seq * NC):
                             prefetch(GI, RbH, Lens, gi, d, g, t, it // NC, it % NC, seq)
-                            pass_zr(ws, word(d, 0, (it // NC) % 2), it // NC, a_reg, a_smem, cval, acc, red0,
+                            pass_zr(ws, word(d, 0, (it // NC) % S), it // NC, a_reg, a_smem, cval, acc, red0,
                                     t % WS, t // WS, t, it % NC)
                             T.tvm_storage_sync("shared")
                             finish_zr(Lens, ws, hs, zs, 0, red0, gi, d, g, t, it // NC, it % NC, seq)
-                            pass_h(ws, word(d, 1, (it // NC + 1) % 2), it // NC + 1, a_reg, a_smem, cval, acc,
+                            pass_h(ws, word(d, 1, (it // NC + 1) % S), it // NC + 1, a_reg, a_smem, cval, acc,
                                    red1, t % WS, t // WS, t, it % NC)
                             T.tvm_storage_sync("shared")
                             finish_h(Y, Lens, ws, hs, zs, 0, red1, gi, d, g, t, it // NC, it % NC, seq)
@@ -416,10 +431,10 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                     for t in T.serial(NT):
                         load_weights(Rw, a_reg, a_smem, d, g, t)
                         if lbr:
-                            pass_zrh(ws, word(d, 0, (it // NC) % 2), it // NC, a_reg, a_smem, cval, acc, red,
+                            pass_zrh(ws, word(d, 0, (it // NC) % S), it // NC, a_reg, a_smem, cval, acc, red,
                                      0, t, t, it % NC)
                         else:
-                            pass_zr(ws, word(d, 0, (it // NC) % 2), it // NC, a_reg, a_smem, cval, acc, red,
+                            pass_zr(ws, word(d, 0, (it // NC) % S), it // NC, a_reg, a_smem, cval, acc, red,
                                     0, t, t, it % NC)
                     for t in T.serial(NT):
                         prefetch(GI, RbH, Lens, gi, d, g, t, it // NC, it % NC, seq)
@@ -431,7 +446,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                     for d, g in T.grid(D, G):
                         for t in T.serial(NT):
                             load_weights(Rw, a_reg, a_smem, d, g, t)
-                            pass_h(ws, word(d, 1, (it // NC + 1) % 2), it // NC + 1, a_reg, a_smem, cval, acc,
+                            pass_h(ws, word(d, 1, (it // NC + 1) % S), it // NC + 1, a_reg, a_smem, cval, acc,
                                    red, 0, t, t, it % NC)
                         for t in T.serial(NT):
                             prefetch(GI, RbH, Lens, gi, d, g, t, it // NC, it % NC, seq)

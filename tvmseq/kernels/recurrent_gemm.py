@@ -204,6 +204,13 @@ class EngineGeometry:
 # ----------------------------------------------------------------------------------------------------
 
 _LL_STORE_NAME = "tvmseq_ll_store"
+_LL_STORE_RELEASE_NAME = "tvmseq_ll_store_release"
+_LL_STORE_RELEASE_SRC = r"""
+__forceinline__ __device__ void tvmseq_ll_store_release(int* p, float v, int flag) {
+  unsigned long long w = ((unsigned long long)(unsigned)flag << 32) | __float_as_uint(v);
+  asm volatile("st.release.gpu.global.b64 [%0], %1;" :: "l"(p), "l"(w) : "memory");
+}
+"""
 _LL_STORE_SRC = r"""
 // One LL word = {value bits (low half), step flag (high half)}, written by one aligned 64-bit store,
 // which the PTX memory model makes single-copy atomic: a reader sees both halves or neither.
@@ -220,22 +227,58 @@ __forceinline__ __device__ void tvmseq_ll_store(int* p, float v, int flag) {
 _POLL_LIMIT = 1 << 22
 
 
-def _ll_wait_source(nb: int, nw: int, report: bool = False) -> tuple[str, str]:
+@dataclass(frozen=True)
+class PollOptions:
+    """How an LL wait polls (knobs of the hand-off, not of the math).
+
+    report:      printf a line when a poll gives up: "lane0" (lane 0 of each warp), "all" (any lane, the
+                 first 32 reports of a module load), or "" (silent)
+    backoff_ns:  __nanosleep between unsuccessful polls (0: spin), to thin the L2 traffic of waiting warps
+    sync_warp:   __syncwarp() after the wait, so a warp is converged before its shuffles
+    limit:       polls before giving up (a real wait takes a few microseconds of polls)
+    warp_uniform: the whole warp polls until every lane's words are ready (__all_sync), so the lanes of a
+                 warp leave the wait together. Required: a warp whose lanes leave at different times can
+                 reach the block's __syncthreads (bar.sync, .aligned) diverged, which is undefined; on the
+                 H100 the barrier then released the block while some lanes still polled, the block
+                 published a step those lanes had not read, and the hand-off hung or went wrong
+                 (scripts/pgru_diag.py, notes/persistent.md)
+    order:       "relaxed" (ld/st.relaxed.gpu) or "acqrel" (ld.acquire.gpu / st.release.gpu)
+    """
+
+    report: str = ""
+    backoff_ns: int = 0
+    sync_warp: bool = False
+    limit: int = _POLL_LIMIT
+    warp_uniform: bool = True
+    order: str = "relaxed"
+
+    def tag(self) -> str:
+        return (f"{self.report or 'q'}{self.backoff_ns}{'s' if self.sync_warp else ''}"
+                f"{'' if self.warp_uniform else 'd'}{'a' if self.order == 'acqrel' else ''}"
+                f"{self.limit.bit_length() - 1}")
+
+
+def _ll_wait_source(nb: int, nw: int, report: bool | str = False,
+                    poll: PollOptions | None = None) -> tuple[str, str]:
     """Helper that polls nb rows x nw consecutive LL words (row stride in words) until every valid word
     carries `flag`, then writes their values to out[nb * nw] (0 for invalid words). All loads of one
     poll are issued before any is checked, so a thread waits one L2 round trip, not nb * nw of them.
     Loads are 64-bit elements (two per 16-byte vector load when nw is even): each element is
     single-copy atomic, so a value is never paired with another step's flag."""
-    name = f"tvmseq_ll_wait_{nb}x{nw}" + ("_report" if report else "")
-    vec = 2 if nw % 2 == 0 else 1
+    poll = poll or PollOptions(report="lane0" if report is True else (report or ""))
+    name = f"tvmseq_ll_wait_{nb}x{nw}_{poll.tag()}"
+    sem = "acquire" if poll.order == "acqrel" else "relaxed"
+    vec = 2 if nw % 2 == 0 and sem == "relaxed" else 1  # ld.acquire has no vector form
     if vec == 2:
         load = ("        asm volatile(\"ld.relaxed.gpu.global.v2.b64 {%0,%1}, [%2];\"\n"
                 "                     : \"=l\"(wd[i]), \"=l\"(wd[i + 1]) : \"l\"(q) : \"memory\");")
     else:
-        load = ("        asm volatile(\"ld.relaxed.gpu.global.b64 %0, [%1];\"\n"
+        load = (f"        asm volatile(\"ld.{sem}.gpu.global.b64 %0, [%1];\"\n"
                 "                     : \"=l\"(wd[i]) : \"l\"(q) : \"memory\");")
     # report=True: lane 0 of each warp printf's the first missing word (printf costs ~40 B of stack)
-    report_src = """      if ((threadIdx.x & 31) == 0) {
+    who = ("(threadIdx.x & 31) == 0" if poll.report == "lane0"
+           else f"atomicAdd(&{name}_reports, 1u) < 32u")
+    report_src = """      if (WHO) {
         int bad = 0;
         unsigned seen = 0;
 #pragma unroll
@@ -248,9 +291,14 @@ def _ll_wait_source(nb: int, nw: int, report: bool = False) -> tuple[str, str]:
         printf("tvmseq LL timeout: block %d thread %d waits for flag %d at %p + row %d col %d, sees %d\\n",
                (int)blockIdx.x, (int)threadIdx.x, flag, (const void*)p, bad / NW, bad % NW, (int)seen);
       }
-""".replace("NLAST", str(nb * nw - 1)).replace("NW", str(nw)) if report else ""
+""".replace("NLAST", str(nb * nw - 1)).replace("NW", str(nw)).replace("WHO", who) if poll.report else ""
+    counter = f"__device__ unsigned {name}_reports = 0;\n" if poll.report == "all" else ""
+    backoff = f"    if (!ready) __nanosleep({poll.backoff_ns});\n" if poll.backoff_ns else ""
+    sync = "  __syncwarp();\n" if poll.sync_warp else ""
+    # warp-uniform: every lane sees the same `ready`, so the loop (and the give-up) is taken by the warp
+    uniform = "    ready = __all_sync(0xffffffffu, ready);\n" if poll.warp_uniform else ""
     src = f"""
-__forceinline__ __device__ void {name}(const int* p, int row_stride, int flag, int nw_valid,
+{counter}__forceinline__ __device__ void {name}(const int* p, int row_stride, int flag, int nw_valid,
                                           int nb_valid, float* out) {{
   unsigned long long wd[{nb * nw}];
   bool ready;
@@ -273,12 +321,13 @@ __forceinline__ __device__ void {name}(const int* p, int row_stride, int flag, i
         ready &= (w >= nw_valid) | (b >= nb_valid) | ((unsigned)(wd[b * {nw} + w] >> 32) == (unsigned)flag);
       }}
     }}
-    if (!ready && ++spins == {_POLL_LIMIT}u) {{
+{uniform}    if (!ready && ++spins == {poll.limit}u) {{
       // A word that never arrives would hang the GPU: give up (optionally saying where) and go on with
       // what is there, so the launch ends and its results fail the check.
 {report_src}      break;
     }}
-  }} while (!ready);
+{backoff}  }} while (!ready);
+{sync}
 #pragma unroll
   for (int b = 0; b < {nb}; ++b) {{
 #pragma unroll
@@ -291,20 +340,23 @@ __forceinline__ __device__ void {name}(const int* p, int row_stride, int flag, i
     return name, src
 
 
-def make_ll_ops(gpu: bool, nb: int, nw: int, report: bool = False):
+def make_ll_ops(gpu: bool, nb: int, nw: int, report: bool | str = False, poll: PollOptions | None = None):
     """(ll_store, ll_wait) TVMScript macros for the target.
 
     ll_store(ws, word, value_f32, flag): publish one value.
     ll_wait(ws, word0, row_stride, flag, nw_valid, nb_valid, out): read nb rows x nw words starting at
     `word0` into the local buffer `out` (the CPU variant reads them directly: with the step loop
     outermost they are always ready)."""
-    wait_name, wait_src = _ll_wait_source(nb, nw, report)
+    wait_name, wait_src = _ll_wait_source(nb, nw, report, poll)
+    release = poll is not None and poll.order == "acqrel"
+    store_name, store_src = ((_LL_STORE_RELEASE_NAME, _LL_STORE_RELEASE_SRC) if release
+                             else (_LL_STORE_NAME, _LL_STORE_SRC))
 
     if gpu:
         @T.macro
         def ll_store(ws, word, value, flag):
-            T.evaluate(T.cuda.func_call(_LL_STORE_NAME, T.address_of(ws[word * 2]), value, flag,
-                                        source_code=_LL_STORE_SRC))
+            T.evaluate(T.cuda.func_call(store_name, T.address_of(ws[word * 2]), value, flag,
+                                        source_code=store_src))
 
         @T.macro
         def ll_wait(ws, word0, row_stride, flag, nw_valid, nb_valid, out):
