@@ -311,3 +311,44 @@ def test_prebuilt_kernels_on_gpu(entry):
             if why:
                 problems.append(f"launch {launch}: {why}")
     assert not problems, f"{entry['func']} (config {entry['config'] or 'default'}):\n  " + "\n  ".join(problems)
+
+
+# ---- the importer on the persistent path (its serial CPU variant, so CI checks the wiring) ----------
+@needs_compiler
+@pytest.mark.parametrize("op,direction,lens,lbr,acts", [
+    ("GRU", "forward", False, 1, None), ("GRU", "bidirectional", True, 0, None),
+    ("GRU", "reverse", True, 1, ["HardSigmoid", "Softsign"]),
+    ("RNN", "forward", False, None, None), ("RNN", "bidirectional", True, None, ["Relu", "Tanh"]),
+    ("RNN", "reverse", True, None, ["LeakyRelu"])])
+def test_importer_persistent_path_matches_onnxruntime(op, direction, lens, lbr, acts):
+    import tvmseq
+
+    ort = pytest.importorskip("onnxruntime")
+    from tvmseq import models
+
+    model, feeds = models.rnn_node_model(op, seq=5, batch=3, input_size=4, hidden=7, direction=direction,
+                                         with_seq_lens=lens, with_initial_h=True, linear_before_reset=lbr,
+                                         activations=acts, weight_scale=0.5, seed=3)
+    mod = tvmseq.from_onnx(model, target="llvm", recurrence="persistent")
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    assert any("recurrence" in n for n in names)
+    got = tvmseq.compile_onnx(model, target="llvm", recurrence="persistent")(**feeds)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+@needs_compiler
+def test_path_choice_and_option_errors():
+    import tvmseq
+    from tvmseq import TvmseqError, models
+    from tvmseq.kernels import gru
+
+    assert pg.choose_path(1, 8, 256, "float32", "llvm")[0] == "per_step"      # CPU: per-step kernels
+    assert pg.choose_path(1, 8, 256, "float32", "cuda")[0] == "persistent"
+    assert pg.choose_path(1, pg.PERSISTENT_MAX_BATCH * 2, 256, "float32", "cuda")[0] == "per_step"
+    spec = gru.GruSpec(1, 2, 4096, 4096, "float32", 1, "forward")
+    assert pg.recurrence_func_auto(spec, "cuda")[1] == "per_step"                # 4096^2 x 3 does not fit
+    model, _ = models.rnn_node_model("GRU")
+    with pytest.raises(TvmseqError, match="gru0.*recurrence='fast'"):
+        tvmseq.from_onnx(model, target="llvm", recurrence="fast")

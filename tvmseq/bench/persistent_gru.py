@@ -27,7 +27,7 @@ import numpy as np
 from .common import print_table, ratio_bar_plot, save
 
 NAME = "persistent_gru"
-HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64), 100
+HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
 QUICK = ((256, 1), (1024, 1), (1024, 64))
 
 # GPU test kernels (tests/test_persistent_gru.py, marked gpu): every feature on odd sizes.

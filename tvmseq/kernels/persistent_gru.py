@@ -46,20 +46,25 @@ def _num_directions(directions: str) -> int:
     return 2 if directions == "bidirectional" else 1
 
 
-def default_gru_config(D: int, B: int, H: int, dtype: str, target):
-    """Engine schedule for a GRU: 3 weight rows per unit, D recurrences on disjoint block subsets."""
+GATES = {"gru": 3, "rnn": 1}
+
+
+def default_gru_config(D: int, B: int, H: int, dtype: str, target, cell: str = "gru"):
+    """Engine schedule for a GRU (3 weight rows per unit) or an RNN (1), D recurrences on disjoint block
+    subsets."""
     from . import recurrent_gemm as rg
 
-    return rg.default_config(H, B, dtype, target, rows_per_unit=3, directions=D, rows_total=3 * H)
+    ng = GATES[cell]
+    return rg.default_config(H, B, dtype, target, rows_per_unit=ng, directions=D, rows_total=ng * H)
 
 
-def _geometry(D, B, H, cfg, gpu):
+def _geometry(D, B, H, cfg, gpu, cell: str = "gru"):
     from . import recurrent_gemm as rg
 
-    return rg.EngineGeometry(3 * H, H, B, cfg, 32 if gpu else 1, rows_per_unit=3)
+    return rg.EngineGeometry(GATES[cell] * H, H, B, cfg, 32 if gpu else 1, rows_per_unit=GATES[cell])
 
 
-def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[bool, str]:
+def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru") -> tuple[bool, str]:
     """Whether the recurrent weights of all D directions (3H x H each) stay on chip for the persistent
     kernel on the target's GPU (registers + shared memory of resident blocks), and why not."""
     from . import recurrent_gemm as rg
@@ -68,26 +73,67 @@ def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None) -
     if not is_gpu(target):
         return True, "CPU: the persistent variant runs serially"
     try:
-        config = config or default_gru_config(D, B, H, dtype, target)
+        config = config or default_gru_config(D, B, H, dtype, target, cell)
     except TvmseqError as err:
         return False, str(err)
-    geo = _geometry(D, B, H, config, True)
+    geo = _geometry(D, B, H, config, True, cell)
     why = geo.check(rg.gpu_facts(target), config.num_blocks * D)
     if why is None and config.num_blocks * geo.U < H:
         why = f"{config.num_blocks} blocks x {geo.U} units < {H} hidden units"
     return (why is None), (why or f"fits: {config}")
 
 
-def _check_acts(acts, D):
-    acts = list(acts) if acts else [Activation.make("Sigmoid"), Activation.make("Tanh")] * D
-    if len(acts) != 2 * D or not all(isinstance(a, Activation) for a in acts):
-        raise TvmseqError(f"persistent GRU: needs {2 * D} Activation objects (f, g per direction), got {acts!r}")
+def _check_acts(acts, D, cell="gru"):
+    per_dir = [Activation.make("Sigmoid"), Activation.make("Tanh")] if cell == "gru" else [Activation.make("Tanh")]
+    acts = list(acts) if acts else per_dir * D
+    if len(acts) != len(per_dir) * D or not all(isinstance(a, Activation) for a in acts):
+        raise TvmseqError(f"persistent {cell.upper()}: needs {len(per_dir) * D} Activation objects "
+                          f"({len(per_dir)} per direction), got {acts!r}")
     return acts
+
+
+def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
+    """(do_pass macro, vp): a pass of the engine over local weight rows [r0, r0 + nr): poll the LL words of
+    one state vector (this thread's k-slice of batch chunk c), multiply by the rows (registers first,
+    then shared memory) and reduce over the block's threads into red[warp, bb * nr + row]."""
+    from tvm.script import tirx as T
+
+    from . import recurrent_gemm as rg
+
+    BC, KT, Hp, R_reg, WS = geo.BC, geo.KT, geo.Hp, geo.R_reg, geo.warp_size
+    unroll = T.unroll if gpu else T.serial
+    vp = 1 << (nr * BC - 1).bit_length()
+    reduce = rg.make_warp_reduce(WS, vp)
+    reg_n = max(0, min(r0 + nr, R_reg) - r0)       # rows of this pass held in registers
+    sm_lo = max(r0, R_reg)                         # first row of this pass in shared memory
+    sm_n = r0 + nr - sm_lo
+
+    @T.macro
+    def do_pass(ws, base, flag, a_reg, a_smem, cval, acc, red, lane, warp, t, c):
+        b0 = T.meta_var(c * BC)
+        ll_wait(ws, base + b0 * Hp + t * KT, Hp, flag, T.max(T.min(H - t * KT, KT), 0),
+                T.min(B - b0, BC), cval)
+        for v in unroll(vp):
+            acc[v] = T.float32(0)
+        if reg_n > 0:
+            for r in unroll(reg_n):
+                for j in unroll(KT):
+                    for bb in unroll(BC):
+                        acc[bb * nr + r] = acc[bb * nr + r] + a_reg[(r0 + r) * KT + j] * cval[bb * KT + j]
+        if sm_n > 0:
+            for r in unroll(sm_n):
+                for j in unroll(KT):
+                    for bb in unroll(BC):
+                        acc[bb * nr + sm_lo - r0 + r] = (acc[bb * nr + sm_lo - r0 + r]
+                                                         + a_smem[sm_lo - R_reg + r, t * KT + j] * cval[bb * KT + j])
+        reduce(acc, lane, red, warp)
+
+    return do_pass, vp
 
 
 def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, clip,
                         has_seq_lens: bool, target, config=None, slots: int = 2, poll=None,
-                        paired_buffers: bool = True, syncwarp_before_barrier: bool = False):
+                        paired_buffers: bool = True, syncwarp_before_barrier: bool = False, cell: str = "gru"):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h) for all steps of a GRU node (see module doc).
     slots: LL slots per state buffer (2 suffice, see the module doc; more give producers slack);
     poll: recurrent_gemm.PollOptions of the hand-off waits (default: lane-0 reports)."""
@@ -103,10 +149,13 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
         raise TvmseqError(f"persistent GRU: dtype must be one of {_DTYPES}, got {dtype}")
     if min(B, H) < 1:
         raise TvmseqError(f"persistent GRU: batch and hidden must be >= 1, got B={B} H={H}")
-    acts = _check_acts(acts, D)
-    lbr = bool(lbr)
-    config = config or default_gru_config(D, B, H, dtype, target)
-    geo = _geometry(D, B, H, config, gpu)
+    if cell not in GATES:
+        raise TvmseqError(f"persistent recurrence: cell must be one of {tuple(GATES)}, got {cell!r}")
+    NG = GATES[cell]             # weight rows per hidden unit: z, r, h gates (GRU) or one (RNN)
+    acts = _check_acts(acts, D, cell)
+    lbr = bool(lbr) or cell == "rnn"  # an RNN step is the one-pass path with one gate
+    config = config or default_gru_config(D, B, H, dtype, target, cell)
+    geo = _geometry(D, B, H, config, gpu, cell)
     why = geo.check(rg.gpu_facts(target) if gpu else None, config.num_blocks * D)
     if why:
         raise TvmseqError(f"persistent GRU D={D} B={B} H={H} {dtype}: {why}")
@@ -130,12 +179,13 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
 
     # ---- per-direction math ---------------------------------------------------------------------
     def per_dir(which):
-        fns = [acts[2 * d + which] for d in range(D)]
+        fns = [acts[(len(acts) // D) * d + which] for d in range(D)]
         if len(set(fns)) == 1:
             return lambda d, x: fns[0].expr(x)
         return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
 
-    f_act, g_act = per_dir(0), per_dir(1)
+    f_act = per_dir(0)
+    g_act = per_dir(1) if cell == "gru" else None
     if clip is None:
         clipf = lambda x: x  # noqa: E731
     else:
@@ -157,38 +207,11 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     def warp_total(red, v):
         return functools.reduce(lambda x, y: x + y, [red[w, v] for w in range(W)])
 
-    # ---- a pass: poll the LL words of one state vector, multiply by rows [r0, r0+nr), reduce -------
     def make_pass(r0, nr):
-        vp = 1 << (nr * BC - 1).bit_length()
-        reduce = rg.make_warp_reduce(WS, vp)
-        reg_n = max(0, min(r0 + nr, R_reg) - r0)       # rows of this pass held in registers
-        sm_lo = max(r0, R_reg)                         # first row of this pass in shared memory
-        sm_n = r0 + nr - sm_lo
-
-        @T.macro
-        def do_pass(ws, base, flag, a_reg, a_smem, cval, acc, red, lane, warp, t, c):
-            b0 = T.meta_var(c * BC)
-            ll_wait(ws, base + b0 * Hp + t * KT, Hp, flag, T.max(T.min(H - t * KT, KT), 0),
-                    T.min(B - b0, BC), cval)
-            for v in unroll(vp):
-                acc[v] = T.float32(0)
-            if reg_n > 0:
-                for r in unroll(reg_n):
-                    for j in unroll(KT):
-                        for bb in unroll(BC):
-                            acc[bb * nr + r] = acc[bb * nr + r] + a_reg[(r0 + r) * KT + j] * cval[bb * KT + j]
-            if sm_n > 0:
-                for r in unroll(sm_n):
-                    for j in unroll(KT):
-                        for bb in unroll(BC):
-                            acc[bb * nr + sm_lo - r0 + r] = (acc[bb * nr + sm_lo - r0 + r]
-                                                             + a_smem[sm_lo - R_reg + r, t * KT + j] * cval[bb * KT + j])
-            reduce(acc, lane, red, warp)
-
-        return do_pass, vp
+        return make_engine_pass(geo, H, B, r0, nr, ll_wait, gpu)
 
     if lbr:
-        pass_zrh, vp_max = make_pass(0, 3 * U)
+        pass_zrh, vp_max = make_pass(0, NG * U)
     else:
         pass_zr, vp_a = make_pass(0, 2 * U)
         pass_h, vp_b = make_pass(2 * U, U)
@@ -249,9 +272,10 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
             L = T.meta_var(length(Lens, b, seq))
             tt = T.meta_var(T.max(T.min(T.if_then_else(is_rev(d), L - 1 - s, s), seq - 1), 0))
             gi[i * 4] = GI[d, tt, b, j]
-            gi[i * 4 + 1] = GI[d, tt, b, H + j]
-            gi[i * 4 + 2] = GI[d, tt, b, 2 * H + j]
-            gi[i * 4 + 3] = RbH[d, j] if lbr else T.float32(0)
+            if NG == 3:
+                gi[i * 4 + 1] = GI[d, tt, b, H + j]
+                gi[i * 4 + 2] = GI[d, tt, b, 2 * H + j]
+                gi[i * 4 + 3] = RbH[d, j] if lbr else T.float32(0)
 
     @T.macro
     def publish(Y, ws, hs, hrow, idx, hn, L, d, b, j, s, n):
@@ -273,6 +297,15 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     def active(L, s):
         return (s < L) if has_seq_lens else True
 
+    def cell_update(red, gi, d, i, v, h):
+        """The new state of item v from its gate sums (GRU, linear_before_reset=1) or its sum (RNN)."""
+        if NG == 1:
+            return f_act(d, clipf(gi[i * 4] + gate_sum(red, 0, U, v)))
+        z = f_act(d, clipf(gi[i * 4] + gate_sum(red, 0, 3 * U, v)))
+        r = f_act(d, clipf(gi[i * 4 + 1] + gate_sum(red, 1, 3 * U, v)))
+        hh = g_act(d, clipf(gi[i * 4 + 2] + r * (gate_sum(red, 2, 3 * U, v) + gi[i * 4 + 3])))
+        return (T.float32(1) - z) * hh + z * h
+
     @T.macro
     def finish_lbr1(Y, Lens, ws, hs, hrow, red, gi, d, g, t, s, c, seq):
         for i in unroll(fin_iters):
@@ -282,10 +315,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
             if v < UV and b < B and j < H:
                 L = T.meta_var(length(Lens, b, seq))
                 h = T.meta_var(hs[hrow, c * fin_iters + i])
-                z = T.meta_var(f_act(d, clipf(gi[i * 4] + gate_sum(red, 0, 3 * U, v))))
-                r = T.meta_var(f_act(d, clipf(gi[i * 4 + 1] + gate_sum(red, 1, 3 * U, v))))
-                hh = T.meta_var(g_act(d, clipf(gi[i * 4 + 2] + r * (gate_sum(red, 2, 3 * U, v) + gi[i * 4 + 3]))))
-                hn = T.if_then_else(active(L, s), (T.float32(1) - z) * hh + z * h, h)  # a variable: hs changes below
+                hn = T.if_then_else(active(L, s), cell_update(red, gi, d, i, v, h), h)  # a variable: hs changes below
                 publish(Y, ws, hs, hrow, c * fin_iters + i, hn, L, d, b, j, s, s + 1)
 
     @T.macro
@@ -333,7 +363,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
 
     # ---- the kernels ----------------------------------------------------------------------------
     smem_shape, smem_scope = ((R_smem, Hp), "shared.dyn") if R_smem else ((1, 1), "local")
-    G3 = 3 * H
+    G3 = NG * H
 
     if gpu:
         @T.macro
@@ -462,28 +492,42 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
 # ----------------------------------------------------------------------------------------------------
 
 
-def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[str, str]:
-    """'persistent' when the recurrent weights of all directions stay on chip, else 'per_step'
-    (gru.recurrence_func: per step a GEMM launch + a gate launch, R re-read from L2 each step)."""
-    ok, why = fits_on_chip(D, B, H, dtype, target, config)
+# Above this batch the per-step path (tiled step GEMM) can be the faster one even where the weights fit:
+# the persistent kernel's per-thread accumulators grow with the batch chunk, so large batches take many
+# chunks (hand-offs) per step. Measured on the H100 (notes/persistent.md); a tuner would refine it.
+PERSISTENT_MAX_BATCH = 64
+
+
+def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru") -> tuple[str, str]:
+    """'persistent' when the recurrent weights of all directions stay on chip and the batch is one where it
+    was measured faster, else 'per_step' (per step a GEMM launch + a gate launch, R re-read from L2)."""
+    target = resolve(target)
+    if not is_gpu(target):
+        return "per_step", "CPU target: the per-step kernels (the persistent variant is a serial check only)"
+    ok, why = fits_on_chip(D, B, H, dtype, target, config, cell)
+    if ok and B > PERSISTENT_MAX_BATCH and config is None:
+        return "per_step", f"batch {B} > {PERSISTENT_MAX_BATCH}: the per-step path's tiled GEMM is faster there"
     return ("persistent" if ok else "per_step"), why
 
 
 def recurrence_func_auto(spec, target=None, config=None, path: str = "auto"):
-    """The recurrence kernel for a `gru.GruSpec` (same interface either way): (prim_func, path, reason).
-    path: 'auto' (persistent when it fits on chip), 'persistent' or 'per_step'."""
-    from . import gru
+    """The recurrence kernel for a `gru.GruSpec` or an `rnn.RnnSpec` (same interface either way, except that
+    the persistent RNN takes a zero rb_h [D, H] after R): (prim_func, path, reason).
+    path: 'auto' (`choose_path`), 'persistent' or 'per_step'."""
+    from . import gru, rnn
 
     target = resolve(target)
+    cell = "rnn" if isinstance(spec, rnn.RnnSpec) else "gru"
     D, B, H = spec.num_directions, spec.batch, spec.hidden
     if path == "auto":
-        path, why = choose_path(D, B, H, spec.dtype, target, config)
+        path, why = choose_path(D, B, H, spec.dtype, target, config, cell)
     elif path in ("persistent", "per_step"):
         why = f"{path} requested"
     else:
-        raise TvmseqError(f"persistent GRU: path must be auto, persistent or per_step, got {path!r}")
+        raise TvmseqError(f"persistent {cell.upper()}: path must be auto, persistent or per_step, got {path!r}")
     if path == "persistent":
-        func = persistent_gru_func(D, B, H, spec.dtype, spec.linear_before_reset, spec.direction,
-                                   list(spec.activations), spec.clip, spec.has_seq_lens, target, config)
+        func = persistent_gru_func(D, B, H, spec.dtype, getattr(spec, "linear_before_reset", 1), spec.direction,
+                                   list(spec.activations), spec.clip, spec.has_seq_lens, target, config, cell=cell)
         return func, path, why
-    return gru.recurrence_func(spec, target), path, why
+    per_step = rnn.recurrence_func if cell == "rnn" else gru.recurrence_func
+    return per_step(spec, target), path, why

@@ -31,15 +31,29 @@ def _int(dim, what, node, op="GRU") -> int:
     return int(dim)
 
 
+RECURRENCE_PATHS = ("auto", "persistent", "per_step")
+
+
 @functools.lru_cache(maxsize=64)
-def build_kernels(spec, target_json: str):
-    """(input projection, recurrence) prim_funcs for a GruSpec or an RnnSpec, built once per spec/target."""
-    from ..kernels import rnn as rnn_kernels
+def build_kernels(spec, target_json: str, path: str = "auto"):
+    """(input projection, recurrence, path) for a GruSpec or an RnnSpec, built once per spec/target/path.
+    path 'auto': the persistent kernel (weights on chip, one launch for all steps) on a GPU when the weights
+    fit and the batch is one where it was measured faster, else the per-step kernels
+    (`persistent_gru.choose_path`); on a CPU always the per-step kernels."""
+    from ..kernels import persistent_gru
 
     target = tvm.target.Target(target_json)
     proj = gru_kernels.schedule_input_projection(gru_kernels.input_projection_func(spec), target)["main"]
-    recurrence = rnn_kernels.recurrence_func if isinstance(spec, rnn_kernels.RnnSpec) else gru_kernels.recurrence_func
-    return proj, recurrence(spec, target)
+    rec, path, _why = persistent_gru.recurrence_func_auto(spec, target, path=path)
+    return proj, rec, path
+
+
+def recurrence_path_option(attr, node, op) -> str:
+    """The importer option `recurrence` ('auto', 'persistent' or 'per_step'), checked."""
+    path = attr["tvm_custom"]["importer_options"].get("recurrence", "auto")
+    if path not in RECURRENCE_PATHS:
+        raise UnsupportedOnnxError(node, op, f"importer option recurrence={path!r}: must be one of {RECURRENCE_PATHS}")
+    return path
 
 
 def _direction(attr, node):
@@ -155,7 +169,7 @@ class GRU(OnnxOpConverter):
         acts = parse_onnx_activations(attr, 2, c["D"], ["Sigmoid", "Tanh"], f"ONNX node '{node}' (GRU)")
         spec = gru_kernels.GruSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"], lbr,
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        proj, rec = build_kernels(spec, str(target))
+        proj, rec, _path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "GRU"))
         H, D, B = c["hidden"], c["D"], c["batch"]
         bias, sl = c["bias"], relax.op.strided_slice
         # biases that do not depend on r join the input GEMM: Wb + [Rb_z, Rb_r, Rb_h if lbr == 0]

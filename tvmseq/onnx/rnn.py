@@ -6,7 +6,7 @@ from tvm import relax
 
 from ..kernels import rnn as rnn_kernels
 from ..kernels.activations import parse_onnx_activations
-from .gru import _SUPPORTED_ATTRS, build_kernels, finish_outputs, prepare_common
+from .gru import _SUPPORTED_ATTRS, build_kernels, finish_outputs, prepare_common, recurrence_path_option
 from .importer import OnnxOpConverter, register_converter
 
 _RNN_ATTRS = _SUPPORTED_ATTRS - {"linear_before_reset"}
@@ -24,7 +24,7 @@ class RNN(OnnxOpConverter):
         acts = parse_onnx_activations(attr, 1, c["D"], ["Tanh"], f"ONNX node '{node}' (RNN)")
         spec = rnn_kernels.RnnSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"],
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        proj, rec = build_kernels(spec, str(target))
+        proj, rec, path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "RNN"))
         H, D, B = c["hidden"], c["D"], c["batch"]
         sl = relax.op.strided_slice
         bias = c["bias"]
@@ -34,7 +34,9 @@ class RNN(OnnxOpConverter):
         rec_gv = bb.add_func(rec.without_attr("global_symbol"), "rnn_recurrence")
         gate_i = bb.emit(relax.call_tir(proj_gv, [c["x"], c["w"], bias_i],
                                         relax.TensorType([D, c["seq"], B, H], "float32")))
-        outs = bb.emit(relax.call_tir(rec_gv, [gate_i, c["r"], lens, c["h0"]],
+        # the persistent kernel shares the GRU's signature: a (zero) rb_h after R
+        extra = [relax.const(np.zeros((D, H), "float32"))] if path == "persistent" else []
+        outs = bb.emit(relax.call_tir(rec_gv, [gate_i, c["r"], *extra, lens, c["h0"]],
                                       [relax.TensorType([c["seq"], D, B, H], c["dtype"]),
                                        relax.TensorType([D, B, H], c["dtype"])]))
         return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),

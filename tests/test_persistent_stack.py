@@ -1,0 +1,82 @@
+"""Pipelined GRU stack (one persistent kernel for all layers): the serial CPU variant against a float64
+numpy stack of GRU layers, the schedule choice, and CUDA code generation (ptxas: no spills)."""
+import shutil
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+from tvmseq.errors import TvmseqError  # noqa: E402
+from tvmseq.kernels import persistent_stack as ps  # noqa: E402
+
+
+def numpy_stack(gi0, R, W, BI, rb_h, h0):
+    """float64 stack of GRU layers (linear_before_reset=1, sigmoid/tanh): every layer's sequence."""
+    L, T_, (_, B, H) = R.shape[0], gi0.shape[0], h0.shape
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    Y = np.zeros((L, T_, B, H))
+    for l in range(L):
+        gi = gi0.astype(np.float64) if l == 0 else Y[l - 1] @ W[l - 1].astype(np.float64).T + BI[l - 1]
+        Rz, Rr, Rh = np.split(R[l].astype(np.float64), 3)
+        h = h0[l].astype(np.float64)
+        for s in range(T_):
+            gz, gr, gh = np.split(gi[s], 3, axis=1)
+            z, r = sig(gz + h @ Rz.T), sig(gr + h @ Rr.T)
+            h = (1 - z) * np.tanh(gh + r * (h @ Rh.T + rb_h[l])) + z * h
+            Y[l, s] = h
+    return Y
+
+
+def make_inputs(L, B, H, T_, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    k = H ** -0.5
+    gi0 = rng.standard_normal((T_, B, 3 * H)).astype("float32")
+    R = rng.uniform(-k, k, (L, 3 * H, H)).astype(dtype)
+    W = rng.uniform(-k, k, (max(L - 1, 1), 3 * H, H)).astype(dtype)
+    BI = (rng.standard_normal((max(L - 1, 1), 3 * H)) * 0.1).astype("float32")
+    rb_h = (rng.standard_normal((L, H)) * 0.1).astype("float32")
+    h0 = (rng.standard_normal((L, B, H)) * 0.5).astype("float32")
+    return gi0, R, W, BI, rb_h, h0
+
+
+@pytest.mark.parametrize("L,B,H,T_", [(1, 3, 5, 4), (2, 1, 13, 7), (3, 5, 7, 6), (4, 2, 9, 5)])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_stack_matches_numpy(L, B, H, T_, dtype):
+    f = ps.stacked_gru_func(L, B, H, dtype, "llvm")
+    mod = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+    inputs = make_inputs(L, B, H, T_, dtype)
+    outs = [np.zeros((L, T_, B, H), dtype), np.zeros((L, B, H), dtype)]
+    args = [tvm.runtime.tensor(a) for a in (*inputs, *outs)]
+    mod["gru_stack"](*args)
+    want = numpy_stack(*inputs)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(args[6].numpy(), want, **tol)
+    np.testing.assert_allclose(args[7].numpy(), want[:, -1], **tol)
+
+
+def test_stack_config_and_errors():
+    from tvmseq.targets import resolve
+
+    cfg = ps.default_stack_config(4, 8, 512, "float32", resolve("cuda"))
+    assert cfg.num_blocks * 4 <= 132 and cfg.num_blocks * (ps._geometry(8, 512, cfg, True).U) >= 512
+    assert ps.fits_on_chip(4, 8, 512, "float32", "cuda")[0]
+    ok, why = ps.fits_on_chip(4, 8, 2048, "float32", "cuda")
+    assert not ok and "no pipelined configuration" in why
+    with pytest.raises(TvmseqError, match="slots"):
+        ps.stacked_gru_func(2, 2, 8, "float32", "llvm", slots=1)
+    with pytest.raises(TvmseqError, match="dtype"):
+        ps.stacked_gru_func(2, 2, 8, "int8", "llvm")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_stack_cuda_builds_without_spills():
+    from tvmseq import artifacts
+    from tvmseq.targets import resolve
+
+    tgt = resolve("cuda")
+    f = ps.stacked_gru_func(4, 8, 512, "float32", tgt)
+    with artifacts.device_binaries(("sm_90a",)):
+        tvm.compile(tvm.IRModule({"gru_stack": f}), target=tgt)
+        report = dict(artifacts.NVCC.last_report)
+    info = report["gru_stack_kernel"]
+    assert info["spill_stores"] == 0 and info["registers"] <= 255, info

@@ -1,0 +1,198 @@
+"""`tvmseq bench gru_stack`: a stack of GRU layers pipelined in one persistent kernel
+(`kernels.persistent_stack`) against the same layers run one after the other (per layer: tvmseq's input
+projection GEMM + the persistent single-layer recurrence) and against cuDNN's multi-layer torch.nn.GRU,
+all in one process, all checked against a float64 GRU.
+
+  python3 -m tvmseq.bench.gru_stack --build out/stack       # here (TVM compiler, sm_90a SASS via nvcc)
+  python3 -m tvmseq.bench.gru_stack --prebuilt out/stack    # GPU machine (TVM runtime + torch)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from .common import print_table, ratio_bar_plot, save, time_cuda
+
+NAME = "gru_stack"
+# (layers, hidden, batch, seq, dtype); the first is the issue's target (>= 2x over layer by layer)
+CONFIGS = [(4, 512, 8, 200, "float32"), (4, 512, 8, 200, "float16"), (4, 512, 1, 200, "float32"),
+           (4, 512, 64, 200, "float32"), (2, 256, 8, 200, "float32"), (4, 256, 8, 200, "float32"),
+           (3, 1024, 8, 200, "float32")]
+
+
+def _suffix(c) -> str:
+    L, H, B, seq, dtype = c
+    return f"l{L}_h{H}_b{B}_{dtype}"
+
+
+def build(out_dir, target: str = "cuda") -> Path:
+    """Stack kernel + (input projection, single-layer persistent recurrence) per config, one .so."""
+    import tvm
+
+    from .. import artifacts
+    from ..kernels import gru
+    from ..kernels import persistent_gru as pg
+    from ..kernels import persistent_stack as ps
+    from ..targets import resolve
+
+    tgt = resolve(target)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    funcs, index = {}, {"benchmark": NAME, "configs": []}
+    for c in CONFIGS:
+        L, H, B, seq, dtype = c
+        ok, why = ps.fits_on_chip(L, B, H, dtype, tgt)
+        if not ok:
+            print(f"skip {_suffix(c)}: {why}")
+            continue
+        sfx = _suffix(c)
+        spec = gru.GruSpec(1, B, H, H, dtype, linear_before_reset=1, direction="forward")
+        rec, path, _ = pg.recurrence_func_auto(spec, tgt)
+        funcs[f"stack_{sfx}"] = ps.stacked_gru_func(L, B, H, dtype, tgt).with_attr("global_symbol", f"stack_{sfx}")
+        funcs[f"proj_{sfx}"] = gru.schedule_input_projection(gru.input_projection_func(spec), tgt)["main"].with_attr(
+            "global_symbol", f"proj_{sfx}")
+        funcs[f"rec_{sfx}"] = rec.with_attr("global_symbol", f"rec_{sfx}")
+        index["configs"].append(dict(layers=L, hidden=H, batch=B, seq=seq, dtype=dtype, suffix=sfx, layer_path=path,
+                                     stack_config=str(ps.default_stack_config(L, B, H, dtype, tgt))))
+    t0 = time.time()
+    with artifacts.device_binaries(("sm_90a",)):
+        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
+        report = dict(artifacts.NVCC.last_report)
+    ex.export_library(str(out_dir / f"{NAME}.so"))
+    for e in index["configs"]:
+        e["ptxas_stack"] = report.get(f"stack_{e['suffix']}_kernel", {})
+        print(e["suffix"], e["stack_config"], e["ptxas_stack"])
+    (out_dir / "index.json").write_text(json.dumps(index, indent=1))
+    print(f"built {len(funcs)} functions in {time.time() - t0:.0f}s -> {out_dir}")
+    return out_dir
+
+
+def run_one(mod, e) -> dict:
+    import torch
+    import tvm
+
+    from .gru import _torch_weights_from_onnx
+
+    L, H, B, seq, dtype = e["layers"], e["hidden"], e["batch"], e["seq"], e["dtype"]
+    sfx, dev, tdt = e["suffix"], "cuda", getattr(torch, e["dtype"])
+    g = torch.Generator(device=dev).manual_seed(0)
+    u = lambda *s: (torch.rand(*s, device=dev, generator=g) * 2 - 1) * H ** -0.5  # noqa: E731
+    W, R, Bias = u(L, 3 * H, H), u(L, 3 * H, H), u(L, 6 * H)     # ONNX layout per layer (gates z, r, h)
+    X = torch.randn(seq, B, H, device=dev, generator=g)
+    h0 = torch.randn(L, B, H, device=dev, generator=g) * 0.5
+    bias_i = (Bias[:, :3 * H] + torch.cat([Bias[:, 3 * H:5 * H], torch.zeros(L, H, device=dev)], 1)).contiguous()
+    rb_h = Bias[:, 5 * H:].contiguous()
+    Wt, Rt, Xt = W.to(tdt).contiguous(), R.to(tdt).contiguous(), X.to(tdt).contiguous()
+    tv = lambda t: tvm.runtime.from_dlpack(t)  # noqa: E731
+    proj, rec, stack = mod[f"proj_{sfx}"], mod[f"rec_{sfx}"], mod[f"stack_{sfx}"]
+
+    # pipelined: layer 0's projection, then every layer in one kernel
+    gate_i0 = torch.empty(1, seq, B, 3 * H, device=dev)
+    Ys, Yhs = torch.empty(L, seq, B, H, device=dev, dtype=tdt), torch.empty(L, B, H, device=dev, dtype=tdt)
+    W_rest = Wt[1:].contiguous() if L > 1 else Wt[:1].contiguous()
+    BI_rest = bias_i[1:].contiguous() if L > 1 else bias_i[:1].contiguous()
+    s_args = [tv(t) for t in (gate_i0[0], Rt, W_rest, BI_rest, rb_h, h0.contiguous(), Ys, Yhs)]
+    p0 = [tv(t) for t in (Xt, Wt[:1], bias_i[:1], gate_i0)]
+
+    def stacked():
+        proj(*p0)
+        stack(*s_args)
+
+    # layer by layer: projection + persistent recurrence per layer
+    lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
+    gate_i = torch.empty(1, seq, B, 3 * H, device=dev)
+    Yl = [torch.empty(seq, 1, B, H, device=dev, dtype=tdt) for _ in range(L)]
+    Yhl = torch.empty(L, 1, B, H, device=dev, dtype=tdt)
+    layer_args = []
+    for l in range(L):
+        x = Xt if l == 0 else Yl[l - 1].view(seq, B, H)
+        layer_args.append(([tv(t) for t in (x, Wt[l:l + 1], bias_i[l:l + 1], gate_i)],
+                           [tv(t) for t in (gate_i, Rt[l:l + 1], rb_h[l:l + 1], lens, h0[l:l + 1].contiguous(),
+                                            Yl[l], Yhl[l])]))
+
+    def sequential():
+        for pa, ra in layer_args:
+            proj(*pa)
+            rec(*ra)
+
+    # peer: cuDNN multi-layer GRU with the same weights
+    gru = torch.nn.GRU(H, H, num_layers=L).to(dev).to(tdt)
+    w_ih, w_hh, b_ih, b_hh = _torch_weights_from_onnx(W, R, Bias, H)
+    with torch.no_grad():
+        for l in range(L):
+            for name, val in (("weight_ih", w_ih), ("weight_hh", w_hh), ("bias_ih", b_ih), ("bias_hh", b_hh)):
+                getattr(gru, f"{name}_l{l}").copy_(val[l])
+    h0t = h0.to(tdt)
+
+    def peer():
+        with torch.no_grad():
+            return gru(Xt, h0t)
+
+    stacked()
+    sequential()
+    torch.cuda.synchronize()
+    peer_y, _ = peer()
+    gru64 = torch.nn.GRU(H, H, num_layers=L).to(dev).double()
+    gru64.load_state_dict({k: v.double() for k, v in gru.state_dict().items()})
+    with torch.no_grad():
+        ref_y, ref_h = gru64(Xt.double(), h0t.double())
+    err = lambda a, b: float(((a.double() - b).norm() / b.norm()).item())  # noqa: E731
+    row = dict(layers=L, hidden=H, batch=B, seq=seq, dtype=dtype, stack_config=e["stack_config"],
+               err_stacked=err(Ys[-1], ref_y), err_stacked_h=err(Yhs, ref_h), err_sequential=err(Yl[-1][:, 0], ref_y),
+               err_cudnn=err(peer_y, ref_y), cudnn_tf32=bool(torch.backends.cudnn.allow_tf32) and dtype == "float32")
+    row["stacked_us_step"] = time_cuda(stacked, warmup=3, iters=10) * 1e3 / seq
+    row["sequential_us_step"] = time_cuda(sequential, warmup=3, iters=10) * 1e3 / seq
+    row["cudnn_us_step"] = time_cuda(peer, warmup=3, iters=10) * 1e3 / seq
+    row["vs_sequential"] = row["sequential_us_step"] / row["stacked_us_step"]
+    row["vs_cudnn"] = row["cudnn_us_step"] / row["stacked_us_step"]
+    tol = 2e-2 if dtype == "float16" else 1e-3
+    row["agree"] = row["err_stacked"] < tol and row["err_stacked_h"] < tol
+    return row
+
+
+COLUMNS = ["layers", "hidden", "batch", "seq", "dtype", "stacked_us_step", "sequential_us_step", "cudnn_us_step",
+           "vs_sequential", "vs_cudnn", "err_stacked", "err_sequential", "err_cudnn", "agree"]
+
+
+def run(prebuilt, out=None) -> list[dict]:
+    import tvm
+
+    from .. import artifacts
+
+    artifacts.ensure_cuda_runtime()
+    root = Path(prebuilt)
+    index = json.loads((root / "index.json").read_text())
+    mod = tvm.runtime.load_module(str(root / f"{NAME}.so"))
+    rows = []
+    for e in index["configs"]:
+        rows.append(run_one(mod, e))
+        print_table(rows[-1:], COLUMNS)
+        save(NAME, rows, out_dir=out)
+    print_table(rows, COLUMNS)
+    save(NAME, rows, out_dir=out, plot=ratio_bar_plot(rows, ("layers", "hidden", "batch", "dtype"), "vs_sequential",
+                                                      "GRU stack: pipelined kernel vs the same layers one by one"))
+    return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--build", metavar="DIR", help="build the CUDA module into DIR (no GPU needed)")
+    parser.add_argument("--prebuilt", metavar="DIR", help="run the module built by --build")
+    parser.add_argument("--out", default=None, help="directory for the JSON and plot (default artifacts/bench)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.build:
+        build(args.build)
+    elif args.prebuilt:
+        run(args.prebuilt, args.out)
+    else:
+        parser.error("give --build DIR (here) or --prebuilt DIR (on the GPU machine)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+"""Pipelined stack of GRU layers: every layer of a stack of L unidirectional GRUs (linear_before_reset=1,
+the same hidden size) in ONE persistent kernel, layer l on its own subset of blocks, so layer l+1 works on
+step t while layer l works on step t+1 (and layer l-1 on t+2, ...). Without it the layers run one after
+the other and each waits for the whole sequence of the one below.
+
+Interface:
+  gate_i0 f32 [T, B, 3H]  layer 0's input projection (x W0^T + Wb0 + Rb0 for z, r; + Wb0 for h)
+  R  [L, 3H, H] (dtype)   recurrent weights of every layer (gates z, r, h)
+  W  [max(L-1,1), 3H, H]  input weights of layers 1..L-1 (their input is the layer below's state)
+  bias_i f32 [max(L-1,1), 3H]  input biases of layers 1..L-1 (Wb + Rb for z, r; Wb for h)
+  rb_h f32 [L, H], h0 f32 [L, B, H]
+  ->  Y [L, T, B, H], Y_h [L, B, H] (dtype): every layer's sequence and final state.
+
+Work split: layer l runs on blocks [l*G, (l+1)*G); block g owns units [g*U, (g+1)*U) and keeps their 3U
+rows of R and (l >= 1) 3U rows of W on chip (registers, then shared memory: the engine's smem_rows). A
+step of layer l >= 1 is two passes of the engine (`persistent_gru.make_engine_pass`): the input pass
+reads layer l-1's state after the same step (LL words with flag s+1), the recurrent pass its own state
+(flag s); then the gate math is local, as in the single-layer kernel.
+
+Hand-off between layers: each layer's state goes through a ring of S LL slots. Within a layer two slots
+suffice (see persistent_gru), but layer l does not wait for layer l+1, so it could lap it; before
+layer l publishes step s+1 into slot (s+1) % S, which held step s+1-S, it waits until every block of
+layer l+1 has finished iteration (s-S, c), the one that read that step. Blocks publish their progress
+(iterations finished) with st.release after the passes' barrier; the wait polls it with ld.acquire.
+With S = 8 the wait is almost never taken: it only bounds how far a faster lower layer runs ahead.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from ..errors import TvmseqError
+from ..targets import is_gpu, resolve
+from .activations import Activation
+
+_DTYPES = ("float32", "float16")
+DEFAULT_SLOTS = 8
+
+_PROGRESS_STORE_SRC = r"""
+// Progress of a block (iterations finished), published after the barrier that ends its passes.
+__forceinline__ __device__ void tvmseq_progress_store(int* p, int n) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(p), "r"(n) : "memory");
+}
+"""
+_PROGRESS_WAIT_SRC = r"""
+// Warp 0 of a block waits until blocks [0, count) of the next layer (progress words at p) have each
+// finished at least `need` iterations. Warp-uniform (__all_sync): the warp leaves together.
+__forceinline__ __device__ void tvmseq_progress_wait(const int* p, int count, int need) {
+  if (need <= 0) return;
+  for (int base = 0; base < count; base += 32) {  // the same trip count in every lane
+    const int i = base + (threadIdx.x & 31);
+    bool ok;
+    unsigned spins = 0;
+    do {
+      int v = need;
+      if (i < count) asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p + i) : "memory");
+      ok = __all_sync(0xffffffffu, v >= need);
+      if (!ok && ++spins == (1u << 22)) {
+        if ((threadIdx.x & 31) == 0)
+          printf("tvmseq progress timeout: block %d needs %d iterations of the next layer\n", (int)blockIdx.x, need);
+        break;
+      }
+    } while (!ok);
+  }
+}
+"""
+
+
+def stack_fits(geo, facts, L: int) -> str | None:
+    """Why a stack geometry cannot run resident, or None. The engine's own check counts accumulators for
+    all 6U rows; a pass here accumulates 3U rows (R or W) at a time."""
+    if geo.cfg.num_blocks * L > facts.num_sms:
+        return f"{geo.cfg.num_blocks * L} blocks > {facts.num_sms} SMs: not all resident"
+    vp = 1 << (3 * geo.U * geo.BC - 1).bit_length()
+    regs = geo.R_reg * geo.KT + geo.BC * geo.KT + vp + 48
+    cap = min(facts.max_regs_per_thread, facts.regs_per_sm // geo.NT)
+    if regs > cap:
+        return f"~{regs} registers per thread > {cap}"
+    smem = 4 * (geo.R_smem * geo.Hp + 2 * geo.W * vp)
+    if smem > facts.smem_per_block:
+        return f"{smem} B shared memory per block > {facts.smem_per_block}"
+    return None
+
+
+def default_stack_config(L: int, B: int, H: int, dtype: str, target):
+    """Schedule of a stack: G = 128 // L blocks per layer, then the (warps, batch chunk, shared-memory rows)
+    with the fewest iterations per step (each costs two hand-offs) and, among those, the fewest rows in
+    shared memory. On CPU a small config that still has several blocks, threads and chunks."""
+    from . import recurrent_gemm as rg
+
+    target = resolve(target)
+    if not is_gpu(target):
+        return rg.PersistentConfig(num_blocks=min(3, H), num_warps=min(4, H), batch_chunk=min(2, B))
+    facts = rg.gpu_facts(target)
+    G = max(1, min(128, facts.num_sms) // L)
+    G = math.ceil(H / math.ceil(H / G))
+    best = None
+    for warps in (4, 8, 16):
+        for cap in (1, 2, 4, 8, 16):
+            cfg = rg.PersistentConfig(G, warps, rg._pick_batch_chunk(B, cap), 0)
+            geo0 = _geometry(B, H, cfg, True)
+            for smem_rows in range(0, geo0.R + 1, 3):
+                geo = _geometry(B, H, cfg.replace(smem_rows=smem_rows), True)
+                if stack_fits(geo, facts, L) is None:
+                    score = (geo.NC, smem_rows, -warps)
+                    if best is None or score < best[0]:
+                        best = (score, geo.cfg)
+                    break
+    if best is None:
+        raise TvmseqError(f"no pipelined configuration keeps {L} layers of {H}x{H} {dtype} GRU weights on chip")
+    return best[1]
+
+
+def _geometry(B, H, cfg, gpu):
+    from . import recurrent_gemm as rg
+
+    return rg.EngineGeometry(6 * H, H, B, cfg, 32 if gpu else 1, rows_per_unit=6)
+
+
+def fits_on_chip(L: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[bool, str]:
+    """Whether the R and W weights of all L layers stay on chip for the pipelined kernel, and why not."""
+    from . import recurrent_gemm as rg
+
+    target = resolve(target)
+    if not is_gpu(target):
+        return True, "CPU: the pipelined variant runs serially"
+    try:
+        config = config or default_stack_config(L, B, H, dtype, target)
+    except TvmseqError as err:
+        return False, str(err)
+    why = stack_fits(_geometry(B, H, config, True), rg.gpu_facts(target), L)
+    return (why is None), (why or f"fits: {config}")
+
+
+def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
+                     slots: int = DEFAULT_SLOTS):
+    """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) for a pipelined stack of L GRU layers (module doc).
+    acts: (f, g) Activations shared by every layer (default sigmoid, tanh); clip: shared cell clip."""
+    from tvm.script import tirx as T
+
+    from . import recurrent_gemm as rg
+    from .persistent_gru import make_engine_pass
+
+    target = resolve(target)
+    gpu = is_gpu(target)
+    if dtype not in _DTYPES:
+        raise TvmseqError(f"stacked GRU: dtype must be one of {_DTYPES}, got {dtype}")
+    if L < 1 or min(B, H) < 1:
+        raise TvmseqError(f"stacked GRU: layers, batch and hidden must be >= 1, got L={L} B={B} H={H}")
+    if slots < 2:
+        raise TvmseqError(f"stacked GRU: needs at least 2 LL slots, got {slots}")
+    f_act, g_act = acts or (Activation.make("Sigmoid"), Activation.make("Tanh"))
+    config = config or default_stack_config(L, B, H, dtype, target)
+    geo = _geometry(B, H, config, gpu)
+    why = stack_fits(geo, rg.gpu_facts(target), L) if gpu else geo.check(None, 0)
+    if why:
+        raise TvmseqError(f"stacked GRU L={L} B={B} H={H} {dtype}: {why}")
+    G, W_, NT, WS = geo.G, geo.W, geo.NT, geo.warp_size
+    U, R_reg, R_smem, KT, Hp = geo.U, geo.R_reg, geo.R_smem, geo.KT, geo.Hp
+    BC, NC, Bp = geo.BC, geo.NC, geo.Bp
+    if G * U < H:
+        raise TvmseqError(f"stacked GRU: {G} blocks x {U} units do not cover H={H}")
+    S, LW = slots, max(L - 1, 1)
+    slot_words = Bp * Hp
+    ll_words = L * S * slot_words
+    UV = U * BC
+    fin_iters = math.ceil(UV / NT)
+    unroll = T.unroll if gpu else T.serial
+    ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT, poll=rg.PollOptions(report="lane0"))
+    f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
+    if clip is None:
+        clipf = lambda x: x  # noqa: E731
+    else:
+        clipf = lambda x: T.min(T.max(x, T.float32(-float(clip))), T.float32(float(clip)))  # noqa: E731
+
+    def word(layer, slot):
+        return (layer * S + slot) * slot_words
+
+    pass_rec, vp = make_engine_pass(geo, H, B, 0, 3 * U, ll_wait, gpu)      # local rows [0, 3U): R
+    pass_inp, _ = make_engine_pass(geo, H, B, 3 * U, 3 * U, ll_wait, gpu)   # local rows [3U, 6U): W
+
+    def total(red, v):
+        return functools.reduce(lambda x, y: x + y, [red[w, v] for w in range(W_)])
+
+    def gate(red, q, v):
+        """Reduced sum of gate q of item v = bb * U + u over a 3U-row pass."""
+        return total(red, (v // U) * 3 * U + q * U + v % U)
+
+    @T.macro
+    def load_weights(Rw, Ww, a_reg, a_smem, l, g, t):
+        """Local row r < 3U: R row (r // U) * H + g*U + r % U; r >= 3U: the same row of W (layers >= 1)."""
+        for r in unroll(R_reg):
+            for j in unroll(KT):
+                unit = T.meta_var(g * U + r % U)
+                k = T.meta_var(t * KT + j)
+                row = T.meta_var(((r // U) % 3) * H + T.min(unit, H - 1))
+                a_reg[r * KT + j] = T.if_then_else(
+                    unit < H and k < H,
+                    T.if_then_else(r < 3 * U, f32(Rw[l, row, T.min(k, H - 1)]),
+                                   f32(Ww[T.max(l - 1, 0), row, T.min(k, H - 1)])), T.float32(0))
+        for r in range(R_smem):
+            for j in unroll(KT):
+                rr = T.meta_var(R_reg + r)
+                unit = T.meta_var(g * U + rr % U)
+                k = T.meta_var(t * KT + j)
+                row = T.meta_var(((rr // U) % 3) * H + T.min(unit, H - 1))
+                a_smem[r, k] = T.if_then_else(
+                    unit < H and k < H,
+                    T.if_then_else(rr < 3 * U, f32(Rw[l, row, T.min(k, H - 1)]),
+                                   f32(Ww[T.max(l - 1, 0), row, T.min(k, H - 1)])), T.float32(0))
+
+    def item(g, t, c, i):
+        v = i * NT + t
+        return v, c * BC + v // U, g * U + v % U
+
+    @T.macro
+    def seed(H0, ws, hs, hrow, l, g, t):
+        for c in range(NC):
+            for i in unroll(fin_iters):
+                v, b, j = T.meta_var(item(g, t, c, i))
+                hs[hrow, c * fin_iters + i] = T.if_then_else(
+                    v < UV and b < B and j < H, H0[l, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
+                if v < UV and b < B and j < H:
+                    ll_store(ws, word(l, 0) + b * Hp + j, H0[l, b, j], 0)
+                    for sl in unroll(S - 1):
+                        ll_store(ws, word(l, sl + 1) + b * Hp + j, T.float32(0), -1)
+
+    @T.macro
+    def finish(GI0, BI, RbH, Y, ws, hs, hrow, red_r, red_i, l, g, t, s, c):
+        for i in unroll(fin_iters):
+            v, b, j = T.meta_var(item(g, t, c, i))
+            if v < UV and b < B and j < H:
+                # the input part of the gates: layer 0's precomputed projection, else the input pass
+                gz = T.meta_var(T.if_then_else(l == 0, GI0[s, T.min(b, B - 1), T.min(j, H - 1)],
+                                               BI[T.max(l - 1, 0), j] + gate(red_i, 0, v)))
+                gr = T.meta_var(T.if_then_else(l == 0, GI0[s, T.min(b, B - 1), H + T.min(j, H - 1)],
+                                               BI[T.max(l - 1, 0), H + j] + gate(red_i, 1, v)))
+                gh = T.meta_var(T.if_then_else(l == 0, GI0[s, T.min(b, B - 1), 2 * H + T.min(j, H - 1)],
+                                               BI[T.max(l - 1, 0), 2 * H + j] + gate(red_i, 2, v)))
+                h = T.meta_var(hs[hrow, c * fin_iters + i])
+                z = T.meta_var(f_act.expr(clipf(gz + gate(red_r, 0, v))))
+                r = T.meta_var(f_act.expr(clipf(gr + gate(red_r, 1, v))))
+                hh = T.meta_var(g_act.expr(clipf(gh + r * (gate(red_r, 2, v) + RbH[l, j]))))
+                hn = (T.float32(1) - z) * hh + z * h
+                Y[l, s, b, j] = T.Cast(dtype, hn)
+                hs[hrow, c * fin_iters + i] = hn
+                ll_store(ws, word(l, (s + 1) % S) + b * Hp + j, hn, s + 1)
+
+    @T.macro
+    def final_state(Yh, hs, hrow, l, g, t, seq):
+        for c in range(NC):
+            for i in unroll(fin_iters):
+                v, b, j = T.meta_var(item(g, t, c, i))
+                if v < UV and b < B and j < H:
+                    Yh[l, b, j] = T.Cast(dtype, T.if_then_else(seq > 0, hs[hrow, c * fin_iters + i], T.float32(0)))
+
+    smem_shape, smem_scope = ((R_smem, Hp), "shared.dyn") if R_smem else ((1, 1), "local")
+    G3 = 3 * H
+
+    if gpu:
+        @T.prim_func
+        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
+                 h0: T.handle, y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+            BI = T.match_buffer(bias_i, (LW, G3), "float32")
+            RbH = T.match_buffer(rb_h, (L, H), "float32")
+            H0 = T.match_buffer(h0, (L, B, H), "float32")
+            Y = T.match_buffer(y, (L, seq, B, H), dtype)
+            Yh = T.match_buffer(y_h, (L, B, H), dtype)
+            ws = T.alloc_buffer((ll_words * 2 + L * G,), "int32", scope="global")
+            for gb in T.thread_binding(L * G, thread="blockIdx.x"):
+                for t in T.thread_binding(NT, thread="threadIdx.x"):
+                    a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32", scope="local")
+                    a_smem = T.alloc_buffer(smem_shape, "float32", scope=smem_scope)
+                    cval = T.alloc_buffer((BC * KT,), "float32", scope="local")
+                    acc = T.alloc_buffer((vp,), "float32", scope="local")
+                    red_r = T.alloc_buffer((W_, vp), "float32", scope="shared")
+                    red_i = T.alloc_buffer((W_, vp), "float32", scope="shared")
+                    hs = T.alloc_buffer((1, NC * fin_iters), "float32", scope="local")
+                    l = T.meta_var(gb // G)
+                    g = T.meta_var(gb % G)
+                    load_weights(Rw, Ww, a_reg, a_smem, l, g, t)
+                    seed(H0, ws, hs, 0, l, g, t)
+                    if t == 0:
+                        ws[ll_words * 2 + gb] = 0
+                    T.cuda.grid_sync()
+                    for it in T.serial(seq * NC):
+                        if l + 1 < L and t < 32:
+                            # before this iteration publishes step s+1 into slot (s+1) % S: layer l+1 has
+                            # read what that slot held (its iteration it - S*NC)
+                            T.evaluate(T.cuda.func_call(
+                                "tvmseq_progress_wait", T.address_of(ws[ll_words * 2 + (l + 1) * G]), G,
+                                it - S * NC + 1, source_code=_PROGRESS_WAIT_SRC))
+                        if l > 0:
+                            pass_inp(ws, word(l - 1, (it // NC + 1) % S), it // NC + 1, a_reg, a_smem, cval, acc,
+                                     red_i, t % WS, t // WS, t, it % NC)
+                        pass_rec(ws, word(l, (it // NC) % S), it // NC, a_reg, a_smem, cval, acc, red_r,
+                                 t % WS, t // WS, t, it % NC)
+                        T.tvm_storage_sync("shared")
+                        if t == 0:
+                            T.evaluate(T.cuda.func_call(
+                                "tvmseq_progress_store", T.address_of(ws[ll_words * 2 + gb]), it + 1,
+                                source_code=_PROGRESS_STORE_SRC))
+                        finish(GI0, BI, RbH, Y, ws, hs, 0, red_r, red_i, l, g, t, it // NC, it % NC)
+                        T.tvm_storage_sync("shared")
+                    final_state(Yh, hs, 0, l, g, t, seq)
+    else:
+        @T.prim_func
+        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
+                 h0: T.handle, y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+            BI = T.match_buffer(bias_i, (LW, G3), "float32")
+            RbH = T.match_buffer(rb_h, (L, H), "float32")
+            H0 = T.match_buffer(h0, (L, B, H), "float32")
+            Y = T.match_buffer(y, (L, seq, B, H), dtype)
+            Yh = T.match_buffer(y_h, (L, B, H), dtype)
+            ws = T.alloc_buffer((ll_words * 2,), "int32")
+            a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32")
+            a_smem = T.alloc_buffer((max(R_smem, 1), Hp), "float32")
+            cval = T.alloc_buffer((BC * KT,), "float32")
+            acc = T.alloc_buffer((vp,), "float32")
+            red_r = T.alloc_buffer((W_, vp), "float32")
+            red_i = T.alloc_buffer((W_, vp), "float32")
+            hs = T.alloc_buffer((L * G * NT, NC * fin_iters), "float32")
+            for l, g, t in T.grid(L, G, NT):
+                seed(H0, ws, hs, (l * G + g) * NT + t, l, g, t)
+            for it in T.serial(seq * NC):
+                # layer by layer, every block's passes before its gate math: each LL word is ready when read
+                for l, g in T.grid(L, G):
+                    for t in T.serial(NT):
+                        load_weights(Rw, Ww, a_reg, a_smem, l, g, t)
+                        if l > 0:
+                            pass_inp(ws, word(l - 1, (it // NC + 1) % S), it // NC + 1, a_reg, a_smem, cval,
+                                     acc, red_i, 0, t, t, it % NC)
+                        pass_rec(ws, word(l, (it // NC) % S), it // NC, a_reg, a_smem, cval, acc, red_r,
+                                 0, t, t, it % NC)
+                    for t in T.serial(NT):
+                        finish(GI0, BI, RbH, Y, ws, hs, (l * G + g) * NT + t, red_r, red_i, l, g, t,
+                               it // NC, it % NC)
+            for l, g, t in T.grid(L, G, NT):
+                final_state(Yh, hs, (l * G + g) * NT + t, l, g, t, seq)
+
+    return rg.scheduled(main, "gru_stack", cooperative=gpu)
