@@ -130,7 +130,7 @@ def test_on_chip_decision():
     assert not ok and "4096x4096" in why
     assert rg.choose_path(4096, 8, "float32", "cuda")[0] == "per_step"
     # a config that cannot be resident is refused with the reason
-    bad = rg.PersistentConfig(num_blocks=200, num_warps=8, batch_chunk=1)
+    bad = rg.PersistentConfig(num_blocks=300, num_warps=8, batch_chunk=1)  # > 2 blocks on each of 132 SMs
     ok, why = rg.fits_on_chip(1024, 1, "float32", "cuda", bad)
     assert not ok and "SMs" in why
     with pytest.raises(TvmseqError, match="SMs"):

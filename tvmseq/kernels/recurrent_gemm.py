@@ -70,6 +70,10 @@ def gpu_facts(target) -> GpuFacts:
 # Registers a thread needs besides its weight tile, state values and accumulators (indices, pointers,
 # loop state, the LL helper's temporaries): a budget estimate checked against ptxas in the tests.
 _REG_OVERHEAD = 40
+# Two blocks per SM (128 + 128 blocks of a bidirectional GRU) only where the estimate is this low: ptxas
+# measured 46-64 registers there (cap 128 at 256 threads); above ~120 estimated, ptxas went to 128-242.
+_TWO_PER_SM_REGS = 100
+_TWO_PER_SM_MAX_BATCH = 8  # above, the step cost model cannot tell chunking against sharing an SM
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -186,16 +190,21 @@ class EngineGeometry:
             return f"config {self.cfg}: smem_rows must be >= 0"
         if facts is None:
             return None
-        if blocks_total > facts.num_sms:
-            return f"{blocks_total} blocks > {facts.num_sms} SMs: not all resident"
-        if self.NT > facts.max_threads_per_block:
-            return f"{self.NT} threads per block > {facts.max_threads_per_block}"
-        regs_cap = min(facts.max_regs_per_thread, facts.regs_per_sm // self.NT)
+        # up to 2 blocks per SM (e.g. the two directions of a bidirectional GRU each on 128 blocks)
+        per_sm = math.ceil(blocks_total / facts.num_sms)
+        if per_sm > 2:
+            return f"{blocks_total} blocks > 2 x {facts.num_sms} SMs: not all resident"
+        if self.NT > facts.max_threads_per_block or self.NT * per_sm > 2048:
+            return f"{self.NT} threads per block x {per_sm} blocks per SM: too many threads"
+        regs_cap = min(facts.max_regs_per_thread, facts.regs_per_sm // (self.NT * per_sm))
+        if per_sm == 2:  # the estimate undercounts by up to ~70 registers at high counts (ptxas, H1024)
+            regs_cap = min(regs_cap, _TWO_PER_SM_REGS)
         if self.regs_estimate() > regs_cap:
             return (f"~{self.regs_estimate()} registers per thread needed (weights {self.R_reg}x{self.KT}, "
                     f"state {self.BC}x{self.KT}, sums {self.Vp}) > {regs_cap} available")
-        if self.smem_bytes() > facts.smem_per_block:
-            return f"{self.smem_bytes()} B shared memory per block > {facts.smem_per_block}"
+        smem_cap = facts.smem_per_block if per_sm == 1 else (228 * 1024) // per_sm - 1024
+        if self.smem_bytes() > smem_cap:
+            return f"{self.smem_bytes()} B shared memory per block > {smem_cap} ({per_sm} blocks per SM)"
         return None
 
 
@@ -527,21 +536,26 @@ def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, d
     if not is_gpu(target):
         return PersistentConfig(num_blocks=min(3, units), num_warps=min(4, H), batch_chunk=min(2, B))
     facts = gpu_facts(target)
-    per_dir = max(1, min(128, facts.num_sms) // directions)
-    num_blocks = min(per_dir, units)
-    num_blocks = math.ceil(units / math.ceil(units / num_blocks))  # no block without rows
-    max_rows = math.ceil(units / num_blocks) * rows_per_unit
     best = None
-    for warps in (1, 2, 4, 8, 16, 32):
-        for smem_rows in range(0, max_rows + 1, rows_per_unit):
-            for chunk_cap in (1, 2, 4, 8, 16, 32):
-                cfg = PersistentConfig(num_blocks, warps, _pick_batch_chunk(B, chunk_cap), smem_rows)
-                geo = EngineGeometry(rows_total, H, B, cfg, 32, rows_per_unit)
-                if geo.check(facts, num_blocks * directions) is not None:
-                    continue
-                score = (estimate_step_cycles(geo), smem_rows, warps)
-                if best is None or score < best[0]:
-                    best = (score, cfg)
+    # several recurrences (directions) share the SMs: 128/directions blocks each, one per SM; or 128 each,
+    # two per SM, when the registers allow it (then a direction runs as fast as a lone one)
+    spreads = {max(1, min(128, facts.num_sms) // directions)}
+    if B <= _TWO_PER_SM_MAX_BATCH:  # latency-bound: a direction on 128 blocks is as fast as a lone one
+        spreads.add(min(128, facts.num_sms))
+    for per_dir in sorted(spreads):
+        num_blocks = min(per_dir, units)
+        num_blocks = math.ceil(units / math.ceil(units / num_blocks))  # no block without rows
+        max_rows = math.ceil(units / num_blocks) * rows_per_unit
+        for warps in (1, 2, 4, 8, 16, 32):
+            for smem_rows in range(0, max_rows + 1, rows_per_unit):
+                for chunk_cap in (1, 2, 4, 8, 16, 32):
+                    cfg = PersistentConfig(num_blocks, warps, _pick_batch_chunk(B, chunk_cap), smem_rows)
+                    geo = EngineGeometry(rows_total, H, B, cfg, 32, rows_per_unit)
+                    if geo.check(facts, num_blocks * directions) is not None:
+                        continue
+                    score = (estimate_step_cycles(geo), smem_rows, warps)
+                    if best is None or score < best[0]:
+                        best = (score, cfg)
     if best is None:
         raise TvmseqError(f"no persistent configuration keeps the {rows_total}x{H} {dtype} weights on chip")
     return best[1]
