@@ -7,6 +7,8 @@ Pipeline of one GRU node (both directions in every launch):
    gate_h = h R^T (both directions in one launch) and one fused kernel for the gate math and the state
    update, grid (batch, directions) with 512-thread blocks. With linear_before_reset=0 the h-gate GEMM
    needs r*h first, so a step is GEMM(z,r) -> gates(r) -> GEMM(h) -> gates(update).
+   The step GEMM is a warp per output row for batch < `step_gemm.TILED_MIN_BATCH` and the shared-memory
+   tiled GEMM of `step_gemm.py` from there on (its split-K partial sums are added by the gate kernels).
 
 The state lives in a float32 workspace; Y and Y_h are written in the model's dtype. `sequence_lens` is
 honoured per batch row: the reverse direction starts at the row's last valid step, outputs past a row's
@@ -29,6 +31,7 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 
 from ..errors import TvmseqError
 from .activations import Activation
+from .step_gemm import TILED_MIN_BATCH, GemmTile, choose_tile, normalized, tiled_gemm_macro
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 
@@ -71,12 +74,19 @@ class StepSchedule:
     gemm_warps: int = 8        # output rows per GEMM block, one warp per row
     gemm_batch_tile: int = 4   # batch rows each warp accumulates at once (registers per lane)
     gate_threads: int = 512    # threads of the gate kernel block, grid (batch, directions)
+    # the tiled step GEMM (step_gemm.py): None = on CUDA from batch TILED_MIN_BATCH on (the CPU keeps its
+    # plain loop nest); True/False force it (True on the CPU runs its serialised variant, for tests)
+    tiled: bool | None = None
+    tile: GemmTile | None = None   # None: step_gemm.choose_tile per GEMM shape
 
     @classmethod
     def for_batch(cls, batch: int) -> "StepSchedule":
         # R is read once per batch tile each step: larger tiles for larger batches (16 accumulators per
         # lane still fit in registers); measured on the H100, tile 4 made batch 256 read R 64 times a step
         return cls(gemm_batch_tile=4 if batch <= 4 else 8 if batch <= 8 else 16)
+
+    def use_tiled(self, gpu: bool, batch: int) -> bool:
+        return (gpu and batch >= TILED_MIN_BATCH) if self.tiled is None else self.tiled
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -166,7 +176,8 @@ def reverse_fn(direction: str):
 
 
 def step_gemm_macro(gpu: bool, D: int, B: int, H: int, sched: StepSchedule):
-    """The per-step GEMM as a TVMScript macro: gh[d, b, row_offset + r] = src[d, b, :] . R[d, row_offset + r, :].
+    """The per-step GEMM at small batch as a TVMScript macro:
+    gh[0, d, b, row_offset + r] = src[d, b, :] . R[d, row_offset + r, :].
     CUDA: one warp per output row, BT batch rows accumulated per lane, shuffle reduction; grid
     (rows / warps, batch tiles, directions). CPU: a plain loop nest."""
     L = _loop_kinds(gpu)
@@ -175,7 +186,7 @@ def step_gemm_macro(gpu: bool, D: int, B: int, H: int, sched: StepSchedule):
 
     @T.macro
     def gemm(src, R, gh, row_offset: T.int32, rows: T.int32):
-        # gh[d, b, row_offset + r] = sum_k src[d, b, k] * R[d, row_offset + r, k] for r < rows
+        # gh[0, d, b, row_offset + r] = sum_k src[d, b, k] * R[d, row_offset + r, k] for r < rows
         if gpu:
             for d in L["blockIdx.z"](D):
                 for bt in L["blockIdx.y"](_ceildiv(B, BT)):
@@ -198,16 +209,41 @@ def step_gemm_macro(gpu: bool, D: int, B: int, H: int, sched: StepSchedule):
                                             acc[i] = acc[i] + T.tvm_warp_shuffle_down(
                                                 T.uint32(0xFFFFFFFF), acc[i], 16 >> sh, 32, 32)
                                         if lane == 0 and bt * BT + i < B:
-                                            gh[d, bt * BT + i, row_offset + row] = acc[i]
+                                            gh[0, d, bt * BT + i, row_offset + row] = acc[i]
         else:
             for d, b, r in T.grid(D, B, rows):
                 acc = T.alloc_buffer((1,), "float32", scope="local")
                 acc[0] = T.float32(0)
                 for k in range(H):
                     acc[0] = acc[0] + f32(R[d, row_offset + r, k]) * src[d, b, k]
-                gh[d, b, row_offset + r] = acc[0]
+                gh[0, d, b, row_offset + r] = acc[0]
 
     return gemm
+
+
+def step_gemm_plan(gpu: bool, D: int, B: int, H: int, dt: str, sched: StepSchedule, rows: int, row_offset: int,
+                   out_cols: int, target=None):
+    """One per-step GEMM, gh[s, d, b, row_offset + r] for r < rows (gh: [S, D, B, out_cols]): (macro
+    gemm(src, R, gh), S) where S is the number of partial-sum slices its consumers must add (1 unless the
+    tiled GEMM splits K)."""
+    if sched.use_tiled(gpu, B):
+        tile = normalized(sched.tile or choose_tile(B, rows, H, D, dt, target if gpu else None), H)
+        return tiled_gemm_macro(gpu, D, B, H, dt, tile, rows, row_offset, out_cols), tile.split_k
+    warp_gemm = step_gemm_macro(gpu, D, B, H, sched)
+
+    @T.macro
+    def gemm(src, R, gh):
+        warp_gemm(src, R, gh, row_offset, rows)
+
+    return gemm, 1
+
+
+def partial_sum(gh, S: int, d, b, col):
+    """gh[0, d, b, col] + ... + gh[S - 1, d, b, col]: the step GEMM's split-K partial sums (a TIR expression)."""
+    value = gh[0, d, b, col]
+    for s in range(1, S):
+        value = value + gh[s, d, b, col]
+    return value
 
 
 def row_length_fn(has_lens: bool):
@@ -262,7 +298,9 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
     has_lens = spec.has_seq_lens
     is_reverse = reverse_fn(spec.direction)
 
-    gemm = step_gemm_macro(gpu, D, B, H, sched)
+    # lbr=1: one GEMM over all 3H rows; lbr=0: z,r rows first, then the h rows on r*h
+    gemm_zr, S1 = step_gemm_plan(gpu, D, B, H, dt, sched, G if lbr else 2 * H, 0, G, target)
+    gemm_h, S2 = (gemm_zr, S1) if lbr else step_gemm_plan(gpu, D, B, H, dt, sched, H, 2 * H, G, target)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
     row_length = row_length_fn(has_lens)
 
@@ -279,11 +317,11 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
         Y = T.match_buffer(y, (seq, D, B, H), dt)
         Yh = T.match_buffer(y_h, (D, B, H), dt)
         state = T.alloc_buffer((D, B, H), "float32")
-        gh = T.alloc_buffer((D, B, G), "float32")
+        gh = T.alloc_buffer((max(S1, S2), D, B, G), "float32")   # split-K partial sums, added below
         rh = T.alloc_buffer((D, B, H), "float32")
         load_state(state, H0)
         for s in range(seq):
-            gemm(state, R, gh, 0, G if lbr else 2 * H)
+            gemm_zr(state, R, gh)
             if not lbr:
                 # r, then r*h for the h-gate GEMM
                 for b in L["blockIdx.x"](B):
@@ -295,8 +333,8 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                                     t = T.if_then_else(is_reverse(d), length - 1 - s, s)
                                     j = j0 * NT + tx
                                     if s < length:
-                                        rh[d, b, j] = f_act(d, clip(GateI[d, t, b, H + j] + gh[d, b, H + j])) * state[d, b, j]
-                gemm(rh, R, gh, 2 * H, H)
+                                        rh[d, b, j] = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j))) * state[d, b, j]
+                gemm_h(rh, R, gh)
             # fused gate math and state update, grid (batch, directions)
             for b in L["blockIdx.x"](B):
                 for d in L["blockIdx.y"](D):
@@ -307,10 +345,10 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                                 t = T.if_then_else(is_reverse(d), length - 1 - s, s)
                                 j = j0 * NT + tx
                                 if s < length:
-                                    z = f_act(d, clip(GateI[d, t, b, j] + gh[d, b, j]))
+                                    z = f_act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S1, d, b, j)))
                                     # lbr=1: r scales (h R_h^T + Rb_h); lbr=0: the GEMM already saw r*h
-                                    r = f_act(d, clip(GateI[d, t, b, H + j] + gh[d, b, H + j]))
-                                    h_lin = r * (gh[d, b, 2 * H + j] + RbH[d, j]) if lbr else gh[d, b, 2 * H + j]
+                                    r = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j)))
+                                    h_lin = r * (partial_sum(gh, S2, d, b, 2 * H + j) + RbH[d, j]) if lbr else partial_sum(gh, S2, d, b, 2 * H + j)
                                     hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + h_lin))
                                     hn = (T.float32(1) - z) * hh + z * state[d, b, j]
                                     state[d, b, j] = hn

@@ -1,6 +1,8 @@
 """ONNX RNN (h' = f(x W^T + h R^T + Wb + Rb)) on the per-step path, sharing the GRU's pieces:
 the input projection for all time steps is the GRU's one GEMM (with one gate), each step is one GEMM
-kernel (`gru.step_gemm_macro`) and one fused activation/update kernel, grid (batch, directions)."""
+kernel (`gru.step_gemm_plan`: warp per row at small batch, the tiled GEMM of `step_gemm.py` from
+`TILED_MIN_BATCH` on) and one fused activation/update kernel, grid (batch, directions), which also adds
+the GEMM's split-K partial sums."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +18,8 @@ except ImportError:  # runtime-only TVM: nothing is built here
 
 from ..errors import TvmseqError
 from .activations import Activation
-from .gru import (DIRECTIONS, StepSchedule, _ceildiv, _clip_fn, _loop_kinds, reverse_fn, row_length_fn,
-                  state_macros, step_gemm_macro)
+from .gru import (DIRECTIONS, StepSchedule, _ceildiv, _clip_fn, _loop_kinds, partial_sum, reverse_fn,
+                  row_length_fn, state_macros, step_gemm_plan)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         act = lambda d, x: acts[0].expr(x)  # noqa: E731
     else:
         act = lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))  # noqa: E731
-    gemm = step_gemm_macro(gpu, D, B, H, sched)
+    gemm, S = step_gemm_plan(gpu, D, B, H, dt, sched, H, 0, H, target)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
     row_length = row_length_fn(has_lens)
 
@@ -78,10 +80,10 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         Y = T.match_buffer(y, (seq, D, B, H), dt)
         Yh = T.match_buffer(y_h, (D, B, H), dt)
         state = T.alloc_buffer((D, B, H), "float32")
-        gh = T.alloc_buffer((D, B, H), "float32")
+        gh = T.alloc_buffer((S, D, B, H), "float32")   # split-K partial sums, added below
         load_state(state, H0)
         for s in range(seq):
-            gemm(state, R, gh, 0, H)
+            gemm(state, R, gh)
             for b in L["blockIdx.x"](B):
                 for d in L["blockIdx.y"](D):
                     for tx in L["threadIdx.x"](NT):
@@ -91,7 +93,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
                                 t = T.if_then_else(is_reverse(d), length - 1 - s, s)
                                 j = j0 * NT + tx
                                 if s < length:
-                                    hn = act(d, clip(GateI[d, t, b, j] + gh[d, b, j]))
+                                    hn = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
                                     state[d, b, j] = hn
                                     Y[t, d, b, j] = T.Cast(dt, hn)
                                 else:

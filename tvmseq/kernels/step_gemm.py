@@ -1,0 +1,402 @@
+"""The per-step recurrent GEMM at large batch: a shared-memory tiled SIMT GEMM in TensorIR (TIRx).
+
+One time step of the per-step GRU/RNN path computes gh[d, b, n] = sum_k h[d, b, k] R[d, off + n, k]
+(M = batch, N = gate rows, K = hidden), float32 accumulation, R stored in the model's dtype. The warp-per-row
+kernel of `gru.step_gemm_macro` re-reads h for every output row (~3.2 GB of L2 traffic a step at batch 256,
+hidden 1024); this kernel is the classic SIMT SGEMM instead:
+
+* a block computes a `bm x bn` tile of (batch rows x gate rows); its `(bm/tm) x (bn/tn)` threads each hold a
+  `tm x tn` float32 accumulator tile in registers, made of `wm x wn` chunks (wm = min(4, tm)) spaced a
+  thread-grid apart, so fragments are read from shared memory as float4 vectors without bank conflicts
+  (the layout of `tvmseq.tune.space`'s template);
+* K is walked in `bk`-deep slices: h and R tiles are staged in shared memory transposed to [bk][bm] and
+  [bk][bn] (float32; fp16 R is converted as it is loaded), double buffered with the next slice's global
+  loads (float4 / 4 x fp16 when K allows) held in registers while the current slice is computed, one
+  __syncthreads per slice;
+* `split_k` > 1 splits K over blocks too (more blocks for small M x N); split s writes its partial sums to
+  slice s of the workspace gh[S, D, B, N], and the gate kernel that reads gh adds the S partials.
+
+Why not `tune.space.TiledGemm` itself: it is an s_tir schedule of a standalone PrimFunc that needs tiles
+dividing M, N and K (batch 17, hidden 37 do not), and the recurrence is one TIRx function with a host time
+loop (s_tir refuses it), into which this kernel is emitted as a macro. Its layout choices are reused.
+
+Tile sizes are data (`GemmTile`), picked per problem by `choose_tile` (a dlight-style rule: a small family
+of tiles ranked by a cost model of the H100: waves over the SMs, warps per SM, shared-memory traffic per FMA,
+L2 traffic, split-K partial sums). On the CPU the same macro runs with the thread loop serialised phase by
+phase (`gpu=False`), so CI checks the tiling, bounds and pipelining numerically.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+try:
+    from tvm.script import tirx as T
+except ImportError:  # runtime-only TVM: nothing is built here
+    T = None
+
+from ..errors import TvmseqError
+
+# Batch sizes from which the per-step path uses this tiled GEMM (below it the warp-per-row kernel wins:
+# with batch <= 8 every R row is read once per step anyway and the GEMM is latency-bound).
+TILED_MIN_BATCH = 16
+
+# floats added to each shared-memory row: the transposed stores then have 2-way bank conflicts instead of
+# 4-way (bk 16), and rows stay float4-aligned for the fragment loads
+_PAD = 4
+_MAX_STATIC_SMEM = 48 * 1024
+# registers besides accumulators, fragments and staged loads (addresses, indices, loop state); the estimate
+# also sets __launch_bounds__' blocks per SM, so ptxas may use up to 65536 / (threads x blocks)
+_REG_OVERHEAD = 64
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    """Tile sizes of the tiled step GEMM (what a tuner would search)."""
+
+    bm: int = 64       # batch rows per block
+    bn: int = 64       # gate rows per block
+    bk: int = 16       # K slice staged in shared memory per main-loop step
+    tm: int = 4        # batch rows per thread (accumulator tile rows)
+    tn: int = 4        # gate rows per thread
+    split_k: int = 1   # blocks sharing one output tile's K (partial sums added by the gate kernel)
+    vec: int = 4       # global load width in elements (used when K is a multiple of it)
+
+    @property
+    def wm(self) -> int:
+        return min(4, self.tm)
+
+    @property
+    def wn(self) -> int:
+        return min(4, self.tn)
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def shared_bytes(self) -> int:
+        return 2 * self.bk * (self.bm + _PAD + self.bn + _PAD) * 4
+
+    def load_width(self, K: int) -> int:
+        return self.vec if K % self.vec == 0 and self.bk % self.vec == 0 else 1
+
+    def registers(self, K: int = 4) -> int:
+        v = self.load_width(K)
+        staged = v * (math.ceil(self.bm * self.bk / v / self.threads) + math.ceil(self.bn * self.bk / v / self.threads))
+        return self.tm * self.tn + self.tm + self.tn + staged + _REG_OVERHEAD
+
+    def k_tiles(self, K: int) -> tuple[int, int]:
+        """(slices per split, splits actually used): every split gets the same number of slices."""
+        total = math.ceil(K / self.bk)
+        per = math.ceil(total / self.split_k)
+        return per, math.ceil(total / per)
+
+    def check(self) -> str | None:
+        """Why this tile cannot be built (None when it can)."""
+        for name, tile, thread in (("m", self.bm, self.tm), ("n", self.bn, self.tn)):
+            if tile % thread:
+                return f"t{name}={thread} does not divide b{name}={tile}"
+        if self.tm % self.wm or self.tn % self.wn:
+            return "tm and tn must be multiples of 4 (or below 4)"
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            return f"{self.threads} threads per block (a multiple of 32, at most 1024)"
+        if self.split_k < 1 or self.vec not in (1, 2, 4):
+            return "split_k >= 1, vec in (1, 2, 4)"
+        if (self.bm + self.bn) * self.bk < self.threads * self.vec:
+            # most threads would only wait at the barrier
+            return f"a {self.bk}-deep slice of the tiles is less than one {self.vec}-vector per thread"
+        if self.shared_bytes() > _MAX_STATIC_SMEM:
+            return f"{self.shared_bytes()} bytes of shared memory"
+        if self.registers() > 255 or self.registers() * self.threads > 65536:
+            return f"about {self.registers()} registers per thread x {self.threads} threads"
+        return None
+
+
+# The family choose_tile ranks: (bm, bn, tm, tn); bk and split_k are chosen with them.
+TILE_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (16, 64, 2, 4), (16, 128, 2, 4), (32, 32, 4, 4), (32, 64, 4, 4), (32, 128, 4, 4), (32, 96, 4, 4),
+    (64, 32, 4, 4), (64, 64, 4, 4), (64, 96, 4, 4), (64, 128, 4, 8), (64, 64, 8, 4), (64, 128, 8, 8),
+    (64, 96, 8, 4), (128, 64, 8, 4), (128, 128, 8, 8), (128, 96, 8, 4),
+)
+SPLITS = (1, 2, 3, 4, 6, 8)
+BK_CHOICES = (8, 16)
+
+
+@dataclass(frozen=True)
+class _Machine:
+    """The H100 numbers the cost model uses (per SM unless said otherwise)."""
+
+    sms: int = 132
+    fma_per_clk: int = 128            # fp32 lanes
+    regs: int = 65536
+    smem: int = 228 * 1024
+    threads: int = 2048
+    l2_bytes_per_clk: float = 3500.0  # whole chip (~6 TB/s at 1.75 GHz)
+    l2_latency: int = 350             # cycles: a K slice's global loads must hide behind one slice of FMAs
+    barrier: int = 40                 # cycles per K slice: __syncthreads + the first shared loads after it
+    saturating_warps: int = 8         # warps per SM that keep its FMA pipes busy (the tile's ILP does the rest)
+
+
+def _machine(target=None) -> _Machine:
+    if target is None:
+        return _Machine()
+    try:
+        from .recurrent_gemm import gpu_facts
+
+        return _Machine(sms=gpu_facts(target).num_sms)
+    except Exception:  # noqa: BLE001 - a target without an arch: the H100 numbers
+        return _Machine()
+
+
+def resident_blocks(tile: GemmTile, K: int = 4, machine: _Machine | None = None) -> int:
+    """Blocks of this tile an SM holds at once (registers by the estimate, shared memory, threads). The
+    kernel declares it as __launch_bounds__(threads, this), so ptxas keeps to the registers it implies."""
+    mc = machine or _Machine()
+    regs = 8 * math.ceil(tile.registers(K) / 8)
+    return min(mc.regs // (regs * tile.threads), mc.smem // (tile.shared_bytes() + 1024),
+               mc.threads // tile.threads, 32)
+
+
+def estimate_cycles(tile: GemmTile, M: int, N: int, K: int, D: int = 1, r_bytes: int = 4,
+                    machine: _Machine | None = None) -> float:
+    """Cost model: GPU cycles of one step GEMM plus the extra split-K partial-sum traffic; inf if infeasible.
+    The busiest SM runs ceil(blocks / SMs) blocks, min(that, resident) at once; each K slice costs its
+    FMAs (issue efficiency: shared loads, staging and the barrier per FMA of the thread tile; occupancy:
+    warps per SM) but at least the global-load latency it must hide; L2 operand traffic overlaps it."""
+    mc = machine or _Machine()
+    if tile.check():
+        return math.inf
+    per, splits = tile.k_tiles(K)
+    nbm, nbn = math.ceil(M / tile.bm), math.ceil(N / tile.bn)
+    blocks = nbm * nbn * D * splits
+    resident = resident_blocks(tile, K, mc)
+    if resident < 1:
+        return math.inf
+    per_sm = math.ceil(blocks / mc.sms)
+    concurrent = min(per_sm, resident)
+    rounds = math.ceil(per_sm / concurrent)
+    # per thread and K slice: FMAs vs vector shared loads, staging (global loads, shared stores), loop
+    fma = tile.bk * tile.tm * tile.tn
+    lds = tile.bk * (tile.tm // tile.wm + tile.tn // tile.wn)
+    staged = (tile.bm + tile.bn) * tile.bk / tile.threads
+    issue_eff = fma / (fma + 1.5 * lds + staged / tile.load_width(K) + 2 * staged + 24)
+    occupancy_eff = min(1.0, concurrent * tile.threads / 32 / mc.saturating_warps)
+    slice_fma = concurrent * tile.bm * tile.bn * tile.bk / (mc.fma_per_clk * issue_eff * occupancy_eff)
+    compute = rounds * per * (max(slice_fma, mc.l2_latency) + mc.barrier)
+    l2 = D * K * (M * nbn * 4 + N * nbm * r_bytes) / mc.l2_bytes_per_clk
+    partials = 2 * (splits - 1) * D * M * N * 4 / mc.l2_bytes_per_clk   # written here, read by the gates
+    return max(compute, l2) + partials
+
+
+def choose_tile(M: int, N: int, K: int, D: int = 1, dtype: str = "float32", target=None) -> GemmTile:
+    """The cheapest tile of TILE_SHAPES x BK_CHOICES x SPLITS for this problem by `estimate_cycles`."""
+    mc = _machine(target)
+    r_bytes = 2 if dtype == "float16" else 4
+    best, best_cost = None, math.inf
+    for bm, bn, tm, tn in TILE_SHAPES:
+        for bk in BK_CHOICES:
+            for split in SPLITS:
+                tile = GemmTile(bm, bn, bk, tm, tn, split)
+                if split > 1 and tile.k_tiles(K)[1] < split:
+                    continue  # fewer slices than splits: the same tile with a smaller split exists
+                cost = estimate_cycles(tile, M, N, K, D, r_bytes, mc)
+                if cost < best_cost * 0.999:   # ties: the earlier (smaller, unsplit) tile
+                    best, best_cost = tile, cost
+    if best is None:
+        raise TvmseqError(f"no feasible step-GEMM tile for M={M} N={N} K={K}")
+    return best
+
+
+def normalized(tile: GemmTile, K: int) -> GemmTile:
+    """The tile with split_k reduced to the splits that get K slices."""
+    return replace(tile, split_k=tile.k_tiles(K)[1])
+
+
+def tiled_gemm_macro(gpu: bool, D: int, M: int, K: int, dt: str, tile: GemmTile, rows: int, row_offset: int,
+                     out_cols: int | None = None):
+    """TVMScript macro `gemm(src, R, gh)`: gh[s, d, m, row_offset + n] = sum over split s's K slices of
+    src[d, m, k] * R[d, row_offset + n, k] for m < M, n < rows (s < tile.split_k, which must be normalized).
+    src: float32 [D, M, K]; R: dt [D, *, K]; gh: float32 [>= split_k, D, M, out_cols] (out_cols defaults to
+    row_offset + rows)."""
+    reason = tile.check()
+    if reason:
+        raise TvmseqError(f"step GEMM tile {tile}: {reason}")
+    bm, bn, bk, tm, tn = tile.bm, tile.bn, tile.bk, tile.tm, tile.tn
+    wm, wn = tile.wm, tile.wn
+    TY, TX = bm // tm, bn // tn
+    NT = TY * TX
+    per, S = tile.k_tiles(K)
+    if S != tile.split_k:
+        raise TvmseqError(f"step GEMM tile {tile}: normalize split_k for K={K} first ({S} splits get slices)")
+    V = tile.load_width(K)
+    KV = bk // V                                       # vectors per staged row
+    nA, nR = bm * KV, bn * KV                          # vectors per staged tile
+    LA, LR = math.ceil(nA / NT), math.ceil(nR / NT)    # per thread
+    SA, SR = bm + _PAD, bn + _PAD
+    nbm, nbn = math.ceil(M / bm), math.ceil(rows / bn)
+    N = rows
+    out_cols = row_offset + rows if out_cols is None else out_cols
+    # vector stores of the accumulators when every wn-chunk is inside N and aligned in gh's rows
+    vec_store = gpu and wn > 1 and N % wn == 0 and row_offset % wn == 0 and out_cols % wn == 0
+    NTL = 1 if gpu else NT                 # thread-local buffers get a thread dimension on the CPU
+    min_blocks = max(1, resident_blocks(tile, K))
+    scope_s, scope_l = ("shared", "local") if gpu else ("global", "global")
+    vec = T.vectorized if gpu else T.serial
+    unroll = T.unroll if gpu else T.serial   # registers need constant indices; the CPU compiles faster rolled
+    f32 = lambda v: T.Cast("float32", v)  # noqa: E731
+
+    def block_loop(name, extent):
+        return T.thread_binding(extent, thread=name) if gpu else T.serial(extent)
+
+    @T.macro
+    def init(acc, t0):
+        for tt in T.serial(NTL):
+            for e in unroll(tm * tn):
+                acc[tt, e] = T.float32(0)
+
+    @T.macro
+    def fetch(src, R, stA, stR, z, bym, bxn, t0, kt):
+        # slice kt of this split: global -> registers (zero outside M, N, K)
+        for tt in T.serial(NTL):
+            for l in unroll(LA):
+                idx = T.meta_var(l * NT + t0 + tt)
+                m = T.meta_var(bym * bm + idx // KV)
+                k = T.meta_var(((z % S) * per + kt) * bk + (idx % KV) * V)
+                if idx < nA and m < M and k < K:
+                    for v in vec(V):
+                        stA[tt, l * V + v] = src[z // S, m, k + v]
+                else:
+                    for v in vec(V):
+                        stA[tt, l * V + v] = T.float32(0)
+            for l in unroll(LR):
+                idx = T.meta_var(l * NT + t0 + tt)
+                n = T.meta_var(bxn * bn + idx // KV)
+                k = T.meta_var(((z % S) * per + kt) * bk + (idx % KV) * V)
+                if idx < nR and n < N and k < K:
+                    for v in vec(V):
+                        stR[tt, l * V + v] = f32(R[z // S, row_offset + n, k + v])
+                else:
+                    for v in vec(V):
+                        stR[tt, l * V + v] = T.float32(0)
+
+    @T.macro
+    def stash(stA, stR, As, Rs, t0):
+        # registers -> shared, transposed to [k][row]
+        for tt in T.serial(NTL):
+            for l in unroll(LA):
+                idx = T.meta_var(l * NT + t0 + tt)
+                if idx < nA:
+                    for v in unroll(V):
+                        As[((idx % KV) * V + v) * SA + idx // KV] = stA[tt, l * V + v]
+            for l in unroll(LR):
+                idx = T.meta_var(l * NT + t0 + tt)
+                if idx < nR:
+                    for v in unroll(V):
+                        Rs[((idx % KV) * V + v) * SR + idx // KV] = stR[tt, l * V + v]
+
+    @T.macro
+    def compute(As, Rs, acc, fa, fb, t0):
+        for tt in T.serial(NTL):
+            for kk in unroll(bk):
+                for c in unroll(tm // wm):
+                    for v in vec(wm):
+                        fa[tt, c * wm + v] = As[kk * SA + c * (TY * wm) + ((t0 + tt) // TX) * wm + v]
+                for c in unroll(tn // wn):
+                    for v in vec(wn):
+                        fb[tt, c * wn + v] = Rs[kk * SR + c * (TX * wn) + ((t0 + tt) % TX) * wn + v]
+                for i in unroll(tm):
+                    for j in unroll(tn):
+                        acc[tt, i * tn + j] = acc[tt, i * tn + j] + fa[tt, i] * fb[tt, j]
+
+    @T.macro
+    def store(gh, acc, z, bym, bxn, t0):
+        for tt in T.serial(NTL):
+            for i in unroll(tm):
+                m = T.meta_var(bym * bm + (i // wm) * (TY * wm) + ((t0 + tt) // TX) * wm + i % wm)
+                for c in unroll(tn // wn):
+                    n = T.meta_var(bxn * bn + c * (TX * wn) + ((t0 + tt) % TX) * wn)
+                    if vec_store:
+                        if m < M and n < N:
+                            for v in vec(wn):
+                                gh[z % S, z // S, m, row_offset + n + v] = acc[tt, i * tn + c * wn + v]
+                    else:
+                        for v in unroll(wn):
+                            if m < M and n + v < N:
+                                gh[z % S, z // S, m, row_offset + n + v] = acc[tt, i * tn + c * wn + v]
+
+    @T.macro
+    def sync():
+        if gpu:
+            T.tvm_storage_sync("shared")
+
+    @T.macro
+    def kernel(src, R, gh, z, bym, bxn, t0):
+        # two buffers per operand (distinct buffers: TVM's sync planner then keeps one
+        # barrier per K slice); tile j of the split sits in buffer j % 2. Flat [bk][SA]
+        # with explicit strides: a 2-D buffer would be compacted to [bk][bm], losing the pad
+        As0 = T.alloc_buffer((bk * SA,), "float32", scope=scope_s)
+        As1 = T.alloc_buffer((bk * SA,), "float32", scope=scope_s)
+        Rs0 = T.alloc_buffer((bk * SR,), "float32", scope=scope_s)
+        Rs1 = T.alloc_buffer((bk * SR,), "float32", scope=scope_s)
+        acc = T.alloc_buffer((NTL, tm * tn), "float32", scope=scope_l)
+        fa = T.alloc_buffer((NTL, tm), "float32", scope=scope_l)
+        fb = T.alloc_buffer((NTL, tn), "float32", scope=scope_l)
+        stA = T.alloc_buffer((NTL, LA * V), "float32", scope=scope_l)
+        stR = T.alloc_buffer((NTL, LR * V), "float32", scope=scope_l)  # converted on load
+        init(acc, t0)
+        fetch(src, R, stA, stR, z, bym, bxn, t0, 0)
+        stash(stA, stR, As0, Rs0, t0)
+        sync()
+        for p in range(per // 2):
+            fetch(src, R, stA, stR, z, bym, bxn, t0, 2 * p + 1)
+            compute(As0, Rs0, acc, fa, fb, t0)
+            stash(stA, stR, As1, Rs1, t0)
+            sync()
+            if 2 * p + 2 < per:
+                fetch(src, R, stA, stR, z, bym, bxn, t0, 2 * p + 2)
+            compute(As1, Rs1, acc, fa, fb, t0)
+            if 2 * p + 2 < per:
+                stash(stA, stR, As0, Rs0, t0)
+            sync()
+        if per % 2 == 1:
+            compute(As0, Rs0, acc, fa, fb, t0)
+        store(gh, acc, z, bym, bxn, t0)
+
+    @T.macro
+    def gemm(src, R, gh):
+        for z in block_loop("blockIdx.z", D * S):
+            for bym in block_loop("blockIdx.y", nbm):
+                for bxn in block_loop("blockIdx.x", nbn):
+                    for t0 in block_loop("threadIdx.x", NT if gpu else 1):
+                        if gpu:
+                            # __launch_bounds__(NT, blocks per SM of the cost model): with (NT) alone
+                            # ptxas capped some 384-thread tiles at 56 registers and spilled
+                            with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", min_blocks):
+                                kernel(src, R, gh, z, bym, bxn, t0)
+                        else:
+                            kernel(src, R, gh, z, bym, bxn, t0)
+
+    return gemm
+
+
+def gemm_func(D: int, M: int, N: int, K: int, dtype: str = "float32", tile: GemmTile | None = None,
+              target=None, name: str = "step_gemm"):
+    """The tiled step GEMM alone as a PrimFunc (tests, ptxas checks, GEMM-only timing):
+    gh[s, d, m, n] (float32 partial sums, s < split_k) = h[d, m, :] . R[d, n, :] over split s's K slices.
+    Arguments: h float32 [D, M, K], R dtype [D, N, K], gh float32 [split_k, D, M, N]."""
+    from tvm import tirx  # noqa: F401 - the compiler must be importable
+
+    gpu = target is not None and getattr(getattr(target, "kind", None), "name", "") == "cuda"
+    tile = normalized(tile or choose_tile(M, N, K, D, dtype, target if gpu else None), K)
+    S = tile.split_k
+    gemm = tiled_gemm_macro(gpu, D, M, K, dtype, tile, N, 0)
+
+    @T.prim_func
+    def step_gemm(h: T.handle, r_w: T.handle, g: T.handle):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        Hs = T.match_buffer(h, (D, M, K), "float32")
+        R = T.match_buffer(r_w, (D, N, K), dtype)
+        GH = T.match_buffer(g, (S, D, M, N), "float32")
+        gemm(Hs, R, GH)
+
+    return step_gemm.with_attr("tirx.is_scheduled", True)
