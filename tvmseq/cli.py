@@ -7,7 +7,7 @@ import time
 
 from .errors import TvmseqError
 
-BENCHMARKS = ("gru", "persistent_gru", "recurrent_gemm", "spmm", "topk")
+BENCHMARKS = ("gru", "persistent_gru", "gru_stack", "recurrent_gemm", "spmm", "topk")
 
 
 def _parse_shapes(items) -> dict:
@@ -90,6 +90,16 @@ def cmd_tune(args):
         raise SystemExit(code)
 
 
+def cmd_build(args):
+    from . import prebuild
+
+    report = prebuild.build(args.models, shapes=_parse_shapes(args.shape), tuned=args.tuned, arch=args.arch,
+                            out=args.out, db=args.db)
+    if report.failed:
+        raise TvmseqError(f"{len(report.failed)} kernel(s) not built: "
+                          + "; ".join(f"{k}: {why}" for k, why in report.failed))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvmseq", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +126,17 @@ def main(argv=None) -> int:
     p.add_argument("op", choices=["gemm"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for schedules/tune_<op>.py")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("build", help="prebuild kernels (a model's, and/or the tuned GEMMs) into "
+                       "artifacts/<arch>/ + manifest.json, for the importer and direct use")
+    p.add_argument("models", nargs="*", metavar="MODEL.onnx", help="ONNX model(s) whose tvmseq kernels to build")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix an input's shape")
+    p.add_argument("--tuned", action="store_true", help="also build the tuned GEMMs of schedules/gemm/")
+    p.add_argument("--arch", default="sm_90a", help="sm_90a (default), sm_80, ... or cpu (this machine, llvm)")
+    p.add_argument("--out", default=None, metavar="ROOT",
+                   help="artifact root: files go to ROOT/<arch>/ (default: $TVMSEQ_ARTIFACTS or artifacts/)")
+    p.add_argument("--db", default=None, help="tuning database for --tuned (default: schedules/gemm)")
+    p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("bench", help="benchmark a kernel against its peer (needs a GPU and torch)")
     bench_sub = p.add_subparsers(dest="op", required=True)

@@ -33,7 +33,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
 from ..errors import TvmseqError, UnsupportedOnnxError
 from ..sparse import CSR
-from .importer import OnnxOpConverter, register_converter
+from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converter
 
 OPERANDS_OPTION = "sparse_operands"  # node name -> {input index: CSR}
 THRESHOLD_OPTION = "sparse_threshold"
@@ -252,7 +252,7 @@ def _is(dim, value: int) -> bool:
 
 
 def _emit(bb, S: CSR, dense, transposed: bool, target, node: str, op: str):
-    """call_tir of spmm / spmm_t on S and the 2-D relax expression `dense` (its columns may be
+    """The spmm / spmm_t call (importer.emit_kernel) on S and the 2-D relax expression `dense` (its columns may be
     symbolic: the kernel is then built for any number of columns)."""
     from ..kernels.spmm import SpmmShape, spmm_func
 
@@ -263,10 +263,30 @@ def _emit(bb, S: CSR, dense, transposed: bool, target, node: str, op: str):
         shape.check()
     except TvmseqError as err:
         raise UnsupportedOnnxError(node, op, str(err)) from err
-    gv = bb.add_func(spmm_func(shape, target), shape.name)
     out_rows = S.shape[1] if transposed else S.shape[0]
     args = [relax.const(a) for a in S.kernel_arrays(transposed)] + [dense]
-    return bb.emit(relax.call_tir(gv, args, relax.TensorType([out_rows, n], S.dtype)))
+    # the kernel: prebuilt (tvmseq build) when an artifact fits, else this TIR function compiled
+    key = KernelKey({"rows": shape.rows, "cols": shape.cols, **({"n": n} if shape.n_cols is not None else {})},
+                    shape.dtype, {"index_dtype": shape.index_dtype, "map_dtype": shape.map_dtype},
+                    () if shape.n_cols is not None else ("n",))
+    return emit_kernel(bb, "spmm_t" if transposed else "spmm", key, lambda: spmm_func(shape, target), args,
+                       relax.TensorType([out_rows, n], S.dtype), name_hint=shape.name,
+                       signature=_kernel_signature(shape))
+
+
+def _kernel_signature(shape) -> dict:
+    """What the spmm / spmm_t kernels take (any nnz; any number of D columns when n_cols is None), in
+    the artifact manifest's form (tvmseq.kernels.spmm.spmm_func's parameter order)."""
+    n = "n" if shape.n_cols is None else shape.n_cols
+    idx, mdt, dt = shape.index_dtype, shape.map_dtype, shape.dtype
+    spec = lambda name, dims, dtype: {"name": name, "shape": list(dims), "dtype": dtype}  # noqa: E731
+    if shape.transposed:
+        inputs = [spec("indptr", [shape.rows + 1], idx), spec("data", ["nnz"], dt),
+                  spec("col_ptr", [shape.cols + 1], mdt), spec("entries", ["nnz"], mdt), spec("D", [shape.rows, n], dt)]
+    else:
+        inputs = [spec("indptr", [shape.rows + 1], idx), spec("indices", ["nnz"], idx), spec("data", ["nnz"], dt),
+                  spec("D", [shape.cols, n], dt)]
+    return {"inputs": inputs, "outputs": [spec("out", [shape.out_rows, n], dt)]}
 
 
 def _dense_const(S: CSR):

@@ -1,4 +1,4 @@
-"""ONNX TopK (opsets 1, 10, 11, 24) -> tvmseq top-k kernels via call_tir.
+"""ONNX TopK (opsets 1, 10, 11, 24) -> tvmseq top-k kernels (importer.emit_kernel: call_tir, or a prebuilt artifact).
 
 The selected axis is moved last and the other axes flattened into rows (they may be symbolic); the
 axis itself must be static. K:
@@ -19,7 +19,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import get_constant
 
 from ..errors import UnsupportedOnnxError
 from ..kernels import topk as topk_kernels
-from .importer import OnnxOpConverter, add_input_check, register_converter
+from .importer import KernelKey, OnnxOpConverter, add_input_check, emit_kernel, register_converter
 
 _ATTRS = {1: {"k", "axis"}, 10: {"axis"}, 11: {"axis", "largest", "sorted"}}
 
@@ -87,16 +87,17 @@ def convert_topk(bb, data, k, k_expr, attr, axis: int, largest: int):
     moved = data if axis == len(dims) - 1 else bb.emit(relax.op.permute_dims(data, perm))
     x2 = bb.emit(relax.op.reshape(moved, relax.ShapeExpr([rows, n])))
     kind = "cuda" if target.kind.name == "cuda" else "llvm"
-    if k is None:
-        k_dim = _symbolic_k(bb, k_expr, attr, node, n)
-        func = topk_kernels.topk_func(static_rows, n, None, dtype, bool(largest), kind)
-    else:
-        k_dim = k
-        func = topk_kernels.topk_func(static_rows, n, k, dtype, bool(largest), kind)
-    gv = bb.add_func(func.without_attr("global_symbol"), "tvmseq_topk")
+    k_dim = _symbolic_k(bb, k_expr, attr, node, n) if k is None else k
     rows_dim = rows if static_rows is None else static_rows
-    outs = bb.emit(relax.call_tir(gv, [x2], [relax.TensorType([rows_dim, k_dim], dtype),
-                                             relax.TensorType([rows_dim, k_dim], "int64")]))
+    # the kernel: prebuilt (tvmseq build) when an artifact fits, else this TIR function compiled
+    shapes = {"n": n, **({"rows": static_rows} if static_rows is not None else {}),
+              **({"k": k} if k is not None else {})}
+    dynamic = tuple(d for d, v in (("rows", static_rows), ("k", k)) if v is None)
+    key = KernelKey(shapes, dtype, {"largest": bool(largest)}, dynamic)
+    outs = emit_kernel(bb, "topk", key,
+                       lambda: topk_kernels.topk_func(static_rows, n, k, dtype, bool(largest), kind),
+                       [x2], [relax.TensorType([rows_dim, k_dim], dtype), relax.TensorType([rows_dim, k_dim], "int64")],
+                       name_hint="tvmseq_topk")
     out_shape = relax.ShapeExpr(lead + [k_dim])
     values = bb.emit(relax.op.reshape(bb.emit(relax.TupleGetItem(outs, 0)), out_shape))
     indices = bb.emit(relax.op.reshape(bb.emit(relax.TupleGetItem(outs, 1)), out_shape))
