@@ -16,15 +16,20 @@ from pathlib import Path
 from .common import print_table, ratio_bar_plot, save, time_cuda
 
 NAME = "gru_stack"
-# (layers, hidden, batch, seq, dtype); the first is the issue's target (>= 2x over layer by layer)
+# (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the issue's target (>= 2x over layer
+# by layer); the variants with knobs try 64 blocks per layer (two blocks per SM) and other chunkings
 CONFIGS = [(4, 512, 8, 200, "float32"), (4, 512, 8, 200, "float16"), (4, 512, 1, 200, "float32"),
            (4, 512, 64, 200, "float32"), (2, 256, 8, 200, "float32"), (4, 256, 8, 200, "float32"),
-           (3, 1024, 8, 200, "float32")]
+           (4, 512, 8, 200, "float32", dict(num_blocks=64, num_warps=8, batch_chunk=2, smem_rows=42)),
+           (4, 512, 8, 200, "float32", dict(num_blocks=64, num_warps=8, batch_chunk=1, smem_rows=27)),
+           (4, 512, 8, 200, "float32", dict(num_blocks=32, num_warps=16, batch_chunk=1, smem_rows=84)),
+           (4, 512, 1, 200, "float32", dict(num_blocks=64, num_warps=8, batch_chunk=1, smem_rows=27))]
 
 
 def _suffix(c) -> str:
-    L, H, B, seq, dtype = c
-    return f"l{L}_h{H}_b{B}_{dtype}"
+    L, H, B, seq, dtype = c[:5]
+    knobs = "" if len(c) < 6 else "_g{num_blocks}w{num_warps}c{batch_chunk}s{smem_rows}".format(**c[5])
+    return f"l{L}_h{H}_b{B}_{dtype}{knobs}"
 
 
 def build(out_dir, target: str = "cuda") -> Path:
@@ -41,21 +46,25 @@ def build(out_dir, target: str = "cuda") -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     funcs, index = {}, {"benchmark": NAME, "configs": []}
+    from ..kernels.recurrent_gemm import PersistentConfig
+
     for c in CONFIGS:
-        L, H, B, seq, dtype = c
-        ok, why = ps.fits_on_chip(L, B, H, dtype, tgt)
+        L, H, B, seq, dtype = c[:5]
+        cfg = PersistentConfig(**c[5]) if len(c) > 5 else None
+        ok, why = ps.fits_on_chip(L, B, H, dtype, tgt, cfg)
         if not ok:
             print(f"skip {_suffix(c)}: {why}")
             continue
         sfx = _suffix(c)
         spec = gru.GruSpec(1, B, H, H, dtype, linear_before_reset=1, direction="forward")
         rec, path, _ = pg.recurrence_func_auto(spec, tgt)
-        funcs[f"stack_{sfx}"] = ps.stacked_gru_func(L, B, H, dtype, tgt).with_attr("global_symbol", f"stack_{sfx}")
+        funcs[f"stack_{sfx}"] = ps.stacked_gru_func(L, B, H, dtype, tgt, config=cfg).with_attr(
+            "global_symbol", f"stack_{sfx}")
         funcs[f"proj_{sfx}"] = gru.schedule_input_projection(gru.input_projection_func(spec), tgt)["main"].with_attr(
             "global_symbol", f"proj_{sfx}")
         funcs[f"rec_{sfx}"] = rec.with_attr("global_symbol", f"rec_{sfx}")
         index["configs"].append(dict(layers=L, hidden=H, batch=B, seq=seq, dtype=dtype, suffix=sfx, layer_path=path,
-                                     stack_config=str(ps.default_stack_config(L, B, H, dtype, tgt))))
+                                     stack_config=str(cfg or ps.default_stack_config(L, B, H, dtype, tgt))))
     t0 = time.time()
     with artifacts.device_binaries(("sm_90a",)):
         ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
@@ -156,7 +165,7 @@ COLUMNS = ["layers", "hidden", "batch", "seq", "dtype", "stacked_us_step", "sequ
            "vs_sequential", "vs_cudnn", "err_stacked", "err_sequential", "err_cudnn", "agree"]
 
 
-def run(prebuilt, out=None) -> list[dict]:
+def run_prebuilt(prebuilt, out=None) -> list[dict]:
     import tvm
 
     from .. import artifacts
@@ -182,16 +191,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="directory for the JSON and plot (default artifacts/bench)")
 
 
+def run(args) -> list[dict]:
+    """`tvmseq bench gru_stack`: --build DIR here, --prebuilt DIR on the GPU; with neither, build into a
+    scratch directory and run (a GPU machine with the full TVM compiler)."""
+    if args.build:
+        build(args.build)
+        return []
+    root = args.prebuilt
+    if root is None:
+        import tempfile
+
+        root = build(tempfile.mkdtemp(prefix="tvmseq_stack_"))
+    return run_prebuilt(root, args.out)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.build:
-        build(args.build)
-    elif args.prebuilt:
-        run(args.prebuilt, args.out)
-    else:
-        parser.error("give --build DIR (here) or --prebuilt DIR (on the GPU machine)")
+    run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -492,10 +492,13 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
 # ----------------------------------------------------------------------------------------------------
 
 
-# Above this batch the per-step path (tiled step GEMM) can be the faster one even where the weights fit:
-# the persistent kernel's per-thread accumulators grow with the batch chunk, so large batches take many
-# chunks (hand-offs) per step. Measured on the H100 (notes/persistent.md); a tuner would refine it.
-PERSISTENT_MAX_BATCH = 64
+# Where the weights fit, the persistent kernel wins at small batch (H100, session 2, recurrence alone,
+# us a step: B8 H1024 3.5 vs 12.9 per-step) but not at large batch, where its per-thread accumulators
+# force many batch chunks (hand-offs) per step and the per-step path's tiled GEMM wins (B64 H1024 27.9
+# vs 20.9, B64 H512 10.9 vs 10.2, B64 H256 5.2 vs 8.2). Persistent when B <= PERSISTENT_MAX_BATCH or
+# B x H <= PERSISTENT_MAX_BATCH_X_HIDDEN.
+PERSISTENT_MAX_BATCH = 16
+PERSISTENT_MAX_BATCH_X_HIDDEN = 64 * 256
 
 
 def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru") -> tuple[str, str]:
@@ -505,8 +508,9 @@ def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None, ce
     if not is_gpu(target):
         return "per_step", "CPU target: the per-step kernels (the persistent variant is a serial check only)"
     ok, why = fits_on_chip(D, B, H, dtype, target, config, cell)
-    if ok and B > PERSISTENT_MAX_BATCH and config is None:
-        return "per_step", f"batch {B} > {PERSISTENT_MAX_BATCH}: the per-step path's tiled GEMM is faster there"
+    if ok and B > PERSISTENT_MAX_BATCH and B * H > PERSISTENT_MAX_BATCH_X_HIDDEN and config is None:
+        return "per_step", (f"batch {B} x hidden {H}: the per-step path's tiled step GEMM was measured faster "
+                            "there than the persistent kernel")
     return ("persistent" if ok else "per_step"), why
 
 

@@ -69,16 +69,18 @@ __forceinline__ __device__ void tvmseq_progress_wait(const int* p, int count, in
 def stack_fits(geo, facts, L: int) -> str | None:
     """Why a stack geometry cannot run resident, or None. The engine's own check counts accumulators for
     all 6U rows; a pass here accumulates 3U rows (R or W) at a time."""
-    if geo.cfg.num_blocks * L > facts.num_sms:
-        return f"{geo.cfg.num_blocks * L} blocks > {facts.num_sms} SMs: not all resident"
+    per_sm = math.ceil(geo.cfg.num_blocks * L / facts.num_sms)
+    if per_sm > 2:
+        return f"{geo.cfg.num_blocks * L} blocks > 2 x {facts.num_sms} SMs: not all resident"
     vp = 1 << (3 * geo.U * geo.BC - 1).bit_length()
     regs = geo.R_reg * geo.KT + geo.BC * geo.KT + vp + 48
-    cap = min(facts.max_regs_per_thread, facts.regs_per_sm // geo.NT)
+    cap = min(facts.max_regs_per_thread, facts.regs_per_sm // (geo.NT * per_sm))
     if regs > cap:
-        return f"~{regs} registers per thread > {cap}"
+        return f"~{regs} registers per thread > {cap} ({per_sm} blocks per SM)"
     smem = 4 * (geo.R_smem * geo.Hp + 2 * geo.W * vp)
-    if smem > facts.smem_per_block:
-        return f"{smem} B shared memory per block > {facts.smem_per_block}"
+    smem_cap = facts.smem_per_block if per_sm == 1 else (228 * 1024) // per_sm - 1024
+    if smem > smem_cap:
+        return f"{smem} B shared memory per block > {smem_cap} ({per_sm} blocks per SM)"
     return None
 
 

@@ -524,6 +524,15 @@ def estimate_step_cycles(geo: EngineGeometry) -> float:
     return max(geo.NC * one_pass, _HANDOFF_CYCLES + one_pass)
 
 
+# Schedules measured fastest on the H100 (`tvmseq bench recurrent_gemm --sweep`, session 2; the cost
+# model below picked 128 blocks x 8 warps there: 1.52-1.78 us a step at H1024 B1 against 0.92 us):
+# (H, B, dtype) of a single recurrent GEMM (1 row per unit, one direction) -> config
+MEASURED_BEST = {
+    (1024, 1, "float32"): PersistentConfig(num_blocks=64, num_warps=16, batch_chunk=1),
+    (512, 1, "float32"): PersistentConfig(num_blocks=64, num_warps=8, batch_chunk=1),
+}
+
+
 def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, directions: int = 1,
                    rows_total: int | None = None) -> PersistentConfig:
     """Schedule for `directions` independent recurrences of `rows_total` weight rows (default H) and
@@ -535,6 +544,8 @@ def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, d
     units = rows_total // rows_per_unit
     if not is_gpu(target):
         return PersistentConfig(num_blocks=min(3, units), num_warps=min(4, H), batch_chunk=min(2, B))
+    if rows_per_unit == 1 and directions == 1 and rows_total == H and (H, B, dtype) in MEASURED_BEST:
+        return MEASURED_BEST[(H, B, dtype)]
     facts = gpu_facts(target)
     best = None
     # several recurrences (directions) share the SMs: 128/directions blocks each, one per SM; or 128 each,
