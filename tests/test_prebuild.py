@@ -379,3 +379,31 @@ def test_gpu_import_uses_artifacts_from_env():
         model, w1, w2 = sparse_model()
         assert _kinds(tvmseq.from_onnx(model, target="cuda", artifacts=root)) == (0, 2)
         _check_sparse(tvmseq.compile_onnx(model, target="cuda", artifacts=root), w1, w2)
+
+
+@needs_compiler
+@pytest.mark.parametrize("op", ["GRU", "RNN"])
+def test_recurrent_nodes_build_and_import_from_artifacts(op, tmp_path):
+    """`tvmseq build` on a GRU/RNN model writes its input-projection and recurrence kernels; the importer
+    then calls them (no TIR left) and the outputs match onnxruntime."""
+    import onnx
+
+    import tvmseq
+    from tvmseq import models
+    from tvmseq.cli import main
+
+    ort = pytest.importorskip("onnxruntime")
+    model, feeds = models.rnn_node_model(op, seq=5, batch=3, input_size=4, hidden=6, direction="bidirectional",
+                                         with_seq_lens=True, with_initial_h=True, seed=4)
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(model, path)
+    assert main(["build", str(path), "--arch", "cpu", "--out", str(tmp_path / "root")]) == 0
+    ops = sorted(e.op for e in _entries(tmp_path / "root"))
+    assert ops == [f"{op.lower()}_input_projection", f"{op.lower()}_recurrence"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _kinds(tvmseq.from_onnx(model, target="llvm", artifacts=tmp_path / "root")) == (0, 2)
+        got = tvmseq.compile_onnx(model, target="llvm", artifacts=tmp_path / "root")(**feeds)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

@@ -48,6 +48,26 @@ def build_kernels(spec, target_json: str, path: str = "auto"):
     return proj, rec, path
 
 
+def emit_recurrent_kernels(bb, cell: str, spec, c, proj, rec, path, bias_i, rec_args):
+    """Emit the input projection and the recurrence of a GRU/RNN node (a prebuilt artifact when one
+    matches, see `importer.emit_kernel`): (gate_i, (Y, Y_h) tuple)."""
+    from .importer import KernelKey, emit_kernel
+
+    D, B, H, seq = c["D"], c["batch"], c["hidden"], c["seq"]
+    gates = 3 if cell == "gru" else 1
+    sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": gates}
+    gate_i = emit_kernel(bb, f"{cell}_input_projection", KernelKey(sizes, c["dtype"], dynamic=("seq",)),
+                         lambda: proj, [c["x"], c["w"], bias_i],
+                         relax.TensorType([D, seq, B, gates * H], "float32"), name_hint=f"{cell}_input_projection")
+    # path is in the key: the persistent and the per-step kernels differ (and the persistent RNN takes rb_h)
+    outs = emit_kernel(bb, f"{cell}_recurrence", KernelKey(sizes, c["dtype"], {"spec": repr(spec), "path": path},
+                                                           ("seq",)),
+                       lambda: rec, [gate_i, *rec_args],
+                       [relax.TensorType([seq, D, B, H], c["dtype"]), relax.TensorType([D, B, H], c["dtype"])],
+                       name_hint=f"{cell}_recurrence")
+    return gate_i, outs
+
+
 def recurrence_path_option(attr, node, op) -> str:
     """The importer option `recurrence` ('auto', 'persistent' or 'per_step'), checked."""
     path = attr["tvm_custom"]["importer_options"].get("recurrence", "auto")
@@ -169,7 +189,7 @@ class GRU(OnnxOpConverter):
         acts = parse_onnx_activations(attr, 2, c["D"], ["Sigmoid", "Tanh"], f"ONNX node '{node}' (GRU)")
         spec = gru_kernels.GruSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"], lbr,
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        proj, rec, _path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "GRU"))
+        proj, rec, path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "GRU"))
         H, D, B = c["hidden"], c["D"], c["batch"]
         bias, sl = c["bias"], relax.op.strided_slice
         # biases that do not depend on r join the input GEMM: Wb + [Rb_z, Rb_r, Rb_h if lbr == 0]
@@ -178,13 +198,7 @@ class GRU(OnnxOpConverter):
         rb_fold = bb.emit(relax.op.concat([rb_zr, relax.op.multiply(rb_h, relax.const(float(1 - lbr)))], 1))
         bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[3 * H]), rb_fold))
         lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
-        # without their global_symbol, so several GRU nodes get unique names in one module
-        proj_gv = bb.add_func(proj.without_attr("global_symbol"), "gru_input_projection")
-        rec_gv = bb.add_func(rec.without_attr("global_symbol"), "gru_recurrence")
-        gate_i = bb.emit(relax.call_tir(proj_gv, [c["x"], c["w"], bias_i],
-                                        relax.TensorType([D, c["seq"], B, 3 * H], "float32")))
-        outs = bb.emit(relax.call_tir(rec_gv, [gate_i, c["r"], rb_h, lens, c["h0"]],
-                                      [relax.TensorType([c["seq"], D, B, H], c["dtype"]),
-                                       relax.TensorType([D, B, H], c["dtype"])]))
+        gate_i, outs = emit_recurrent_kernels(bb, "gru", spec, c, proj, rec, path, bias_i,
+                                              [c["r"], rb_h, lens, c["h0"]])
         return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),
                               c["layout"])

@@ -6,7 +6,8 @@ from tvm import relax
 
 from ..kernels import rnn as rnn_kernels
 from ..kernels.activations import parse_onnx_activations
-from .gru import _SUPPORTED_ATTRS, build_kernels, finish_outputs, prepare_common, recurrence_path_option
+from .gru import (_SUPPORTED_ATTRS, build_kernels, emit_recurrent_kernels, finish_outputs, prepare_common,
+                  recurrence_path_option)
 from .importer import OnnxOpConverter, register_converter
 
 _RNN_ATTRS = _SUPPORTED_ATTRS - {"linear_before_reset"}
@@ -30,14 +31,8 @@ class RNN(OnnxOpConverter):
         bias = c["bias"]
         bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[H]), sl(bias, axes=[1], begin=[H], end=[2 * H])))
         lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
-        proj_gv = bb.add_func(proj.without_attr("global_symbol"), "rnn_input_projection")
-        rec_gv = bb.add_func(rec.without_attr("global_symbol"), "rnn_recurrence")
-        gate_i = bb.emit(relax.call_tir(proj_gv, [c["x"], c["w"], bias_i],
-                                        relax.TensorType([D, c["seq"], B, H], "float32")))
         # the persistent kernel shares the GRU's signature: a (zero) rb_h after R
         extra = [relax.const(np.zeros((D, H), "float32"))] if path == "persistent" else []
-        outs = bb.emit(relax.call_tir(rec_gv, [gate_i, c["r"], *extra, lens, c["h0"]],
-                                      [relax.TensorType([c["seq"], D, B, H], c["dtype"]),
-                                       relax.TensorType([D, B, H], c["dtype"])]))
+        _, outs = emit_recurrent_kernels(bb, "rnn", spec, c, proj, rec, path, bias_i, [c["r"], *extra, lens, c["h0"]])
         return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),
                               c["layout"])
