@@ -530,6 +530,7 @@ def estimate_step_cycles(geo: EngineGeometry) -> float:
 MEASURED_BEST = {
     (1024, 1, "float32"): PersistentConfig(num_blocks=64, num_warps=16, batch_chunk=1),
     (512, 1, "float32"): PersistentConfig(num_blocks=64, num_warps=8, batch_chunk=1),
+    (1024, 64, "float32"): PersistentConfig(num_blocks=128, num_warps=16, batch_chunk=8, smem_rows=4),
 }
 
 
@@ -564,9 +565,14 @@ def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, d
                     geo = EngineGeometry(rows_total, H, B, cfg, 32, rows_per_unit)
                     if geo.check(facts, num_blocks * directions) is not None:
                         continue
+                    # two blocks per SM only without more batch chunks per step than one block per SM
+                    # needs (measured: bi H1024 B8 on 2 x 128 blocks with 8 chunks took 2.4x uni)
+                    if best is not None and per_dir > min(spreads) and geo.NC > best_nc:
+                        continue
                     score = (estimate_step_cycles(geo), smem_rows, warps)
                     if best is None or score < best[0]:
                         best = (score, cfg)
+        best_nc = EngineGeometry(rows_total, H, B, best[1], 32, rows_per_unit).NC if best else 0
     if best is None:
         raise TvmseqError(f"no persistent configuration keeps the {rows_total}x{H} {dtype} weights on chip")
     return best[1]
