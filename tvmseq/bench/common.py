@@ -105,3 +105,23 @@ def ratio_bar_plot(rows: list[dict], label_keys: Sequence[str], ratio_key: str, 
         plt.close(fig)
 
     return plot
+
+
+def compile_for_gpu(funcs: dict, tgt):
+    """tvm.compile of prim_funcs with nvcc-compiled sm_90a SASS embedded (the GPU machine then loads the
+    module in well under a second instead of compiling CUDA source); returns (executable, ptxas report per
+    kernel). A CPU target (smoke tests of the benchmark scripts) compiles plainly, with no report."""
+    import tvm
+
+    from .. import artifacts
+
+    if tgt.kind.name != "cuda":
+        return tvm.compile(tvm.IRModule(funcs), target=tgt), {}
+    with artifacts.device_binaries(("sm_90a",)) as binary:
+        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
+        report = dict(artifacts.NVCC.last_report) if binary else {}
+    if not binary:
+        from .recurrent_gemm import ptxas_report
+
+        report = ptxas_report(ex.mod.imports[0].inspect_source())
+    return ex, report

@@ -20,9 +20,8 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 
-from .common import print_table, ratio_bar_plot, save, time_cuda
+from .common import compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
 
 NAME = "gru"
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
@@ -152,24 +151,6 @@ def build_module(c, target):
     return tvm.compile(mod, target=target)
 
 
-def _compile_group(funcs, tgt):
-    """tvm.compile with nvcc-compiled sm_90a SASS embedded (the GPU box loads it without compiling);
-    returns (executable, ptxas report per kernel)."""
-    import tvm
-
-    from .. import artifacts
-
-    if tgt.kind.name != "cuda":   # a CPU build (smoke tests of this script)
-        return tvm.compile(tvm.IRModule(funcs), target=tgt), {}
-    with artifacts.device_binaries(("sm_90a",)) as binary:
-        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
-        report = dict(artifacts.NVCC.last_report) if binary else {}
-    if not binary:
-        from .recurrent_gemm import ptxas_report
-
-        report = ptxas_report(ex.mod.imports[0].inspect_source())
-    return ex, report
-
 
 def _kernels_of(report: dict, func: str) -> dict:
     return {k: v for k, v in report.items() if k == f"{func}_kernel" or k.startswith(f"{func}_kernel_")}
@@ -235,7 +216,7 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
     spills = []
     for group, funcs in groups.items():
         t0 = time.time()
-        ex, report = _compile_group(funcs, tgt)
+        ex, report = compile_for_gpu(funcs, tgt)
         path = out_dir / f"{NAME}_{group}.so"
         ex.export_library(str(path))
         entries = [e for e in index["configs"] + index["sweep"] + index["tests"] if e["file"] == path.name]

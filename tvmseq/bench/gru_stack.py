@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from .common import print_table, ratio_bar_plot, save, time_cuda
+from .common import compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
 
 NAME = "gru_stack"
 # (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the issue's target (>= 2x over layer
@@ -34,9 +34,6 @@ def _suffix(c) -> str:
 
 def build(out_dir, target: str = "cuda") -> Path:
     """Stack kernel + (input projection, single-layer persistent recurrence) per config, one .so."""
-    import tvm
-
-    from .. import artifacts
     from ..kernels import gru
     from ..kernels import persistent_gru as pg
     from ..kernels import persistent_stack as ps
@@ -66,9 +63,7 @@ def build(out_dir, target: str = "cuda") -> Path:
         index["configs"].append(dict(layers=L, hidden=H, batch=B, seq=seq, dtype=dtype, suffix=sfx, layer_path=path,
                                      stack_config=str(cfg or ps.default_stack_config(L, B, H, dtype, tgt))))
     t0 = time.time()
-    with artifacts.device_binaries(("sm_90a",)):
-        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
-        report = dict(artifacts.NVCC.last_report)
+    ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out_dir / f"{NAME}.so"))
     for e in index["configs"]:
         e["ptxas_stack"] = report.get(f"stack_{e['suffix']}_kernel", {})

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import print_table, ratio_bar_plot, save
+from .common import compile_for_gpu, print_table, ratio_bar_plot, save
 
 NAME = "persistent_gru"
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
@@ -124,22 +124,6 @@ def _rec_launch(c, target):
     return geo.NT, 4 * geo.R_smem * geo.Hp, cfg.num_blocks * D
 
 
-def _compile_group(funcs, tgt):
-    """tvm.compile with nvcc-compiled SASS embedded when possible (the GPU box then loads in well under a
-    second instead of compiling source for ~17 s); returns (executable, ptxas report per kernel)."""
-    import tvm
-
-    from .. import artifacts
-
-    with artifacts.device_binaries(("sm_90a",)) as binary:
-        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
-        report = dict(artifacts.NVCC.last_report) if binary else {}
-    if not binary:
-        from .recurrent_gemm import ptxas_report
-
-        report = ptxas_report(ex.mod.imports[0].inspect_source())
-    return ex, report
-
 
 def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str = "cuda",
                   ptxas: bool = False) -> Path:
@@ -172,7 +156,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
                                        has_seq_lens=lens, config=cfg))
     for group, funcs in groups.items():
         t0 = time.time()
-        ex, report = _compile_group(funcs, tgt)
+        ex, report = compile_for_gpu(funcs, tgt)
         retry = []
         for e in index["configs"]:
             if _group(e) != group or e["path"] != "persistent":
@@ -193,7 +177,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
             e.update(path="per_step", reason=e["residency"]["why"])
             print(f"  {e['suffix']}: {e['reason']} -> per-step path", flush=True)
         if retry:
-            ex, report = _compile_group(funcs, tgt)
+            ex, report = compile_for_gpu(funcs, tgt)
         ex.export_library(str(out_dir / f"{NAME}_{group}.so"))
         print(f"built {group}: {len(funcs)} functions in {time.time() - t0:.1f}s "
               f"({(out_dir / f'{NAME}_{group}.so').stat().st_size / 1e6:.1f} MB)", flush=True)
