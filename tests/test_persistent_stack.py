@@ -68,15 +68,21 @@ def test_stack_config_and_errors():
         ps.stacked_gru_func(2, 2, 8, "int8", "llvm")
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_stack_cuda_builds_without_spills():
-    from tvmseq import artifacts
+    """CUDA codegen for the H100 without a GPU: cooperative launch, the LL and progress primitives, and
+    (when nvcc is installed) ptxas reports no spills for sm_90a. The source is compiled by nvcc here,
+    not through TVM's compile callback (registering that in the test process breaks later CUDA builds)."""
+    from tvmseq.bench.recurrent_gemm import ptxas_report
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
     f = ps.stacked_gru_func(4, 8, 512, "float32", tgt)
-    with artifacts.device_binaries(("sm_90a",)):
-        tvm.compile(tvm.IRModule({"gru_stack": f}), target=tgt)
-        report = dict(artifacts.NVCC.last_report)
-    info = report["gru_stack_kernel"]
-    assert info["spill_stores"] == 0 and info["registers"] <= 255, info
+    assert "tirx.use_cooperative_launch" in list(f.attrs["tirx.kernel_launch_params"])
+    src = tvm.compile(tvm.IRModule({"gru_stack": f}), target=tgt).mod.imports[0].inspect_source()
+    for needle in ("cg::this_grid().sync()", "st.release.gpu.global.b32", "ld.acquire.gpu.global.b32",
+                   "__all_sync", "st.relaxed.gpu.global.b64"):
+        assert needle in src, needle
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: ptxas not checked")
+    (info,) = ptxas_report(src).values()
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0 and info["registers"] <= 255, info
