@@ -125,3 +125,40 @@ def demo_model(seq: int = 50, batch: int = 4, input_size: int = 64, hidden: int 
     return rnn_node_model("GRU", seq=seq, batch=batch, input_size=input_size, hidden=hidden,
                           direction="bidirectional", linear_before_reset=1, with_initial_h=True,
                           weight_scale=hidden ** -0.5, seed=1)  # PyTorch's default init range
+
+
+def gru_stack_model(layers: int = 3, *, seq: int | str = 5, batch: int = 2, input_size: int = 4, hidden: int = 6,
+                    with_initial_h: bool = True, linear_before_reset: int = 1, opset: int = 14,
+                    seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A multi-layer GRU as exporters write it: X -> GRU -> Squeeze(Y, axes=[1]) -> GRU -> ... Outputs: the last
+    layer's squeezed Y and every layer's Y_h. Returns the model and random feeds (X, initial_h_l)."""
+    rng = np.random.default_rng(seed)
+    H, k = hidden, hidden ** -0.5
+    inits, nodes, feeds, inputs = [], [], {}, []
+    x = "X"
+    inputs.append(helper.make_tensor_value_info("X", TensorProto.FLOAT, [seq, batch, input_size]))
+    feeds["X"] = rng.standard_normal((5 if isinstance(seq, str) else seq, batch, input_size)).astype(np.float32)
+    outputs = []
+    for l in range(layers):
+        size = input_size if l == 0 else H
+        for name, shape in ((f"W{l}", (1, 3 * H, size)), (f"R{l}", (1, 3 * H, H)), (f"B{l}", (1, 6 * H))):
+            inits.append(numpy_helper.from_array(rng.uniform(-k, k, shape).astype(np.float32), name))
+        h0 = ""
+        if with_initial_h:
+            h0 = f"initial_h{l}"
+            inputs.append(helper.make_tensor_value_info(h0, TensorProto.FLOAT, [1, batch, H]))
+            feeds[h0] = (rng.standard_normal((1, batch, H)) * 0.5).astype(np.float32)
+        nodes.append(helper.make_node("GRU", [x, f"W{l}", f"R{l}", f"B{l}", "", h0], [f"Y{l}", f"Y_h{l}"],
+                                      name=f"gru{l}", hidden_size=H, linear_before_reset=linear_before_reset))
+        outputs.append(helper.make_tensor_value_info(f"Y_h{l}", TensorProto.FLOAT, [1, batch, H]))
+        x = f"S{l}"
+        if opset >= 13:
+            inits.append(numpy_helper.from_array(np.array([1], np.int64), f"axes{l}"))
+            nodes.append(helper.make_node("Squeeze", [f"Y{l}", f"axes{l}"], [x]))
+        else:
+            nodes.append(helper.make_node("Squeeze", [f"Y{l}"], [x], axes=[1]))
+    outputs.insert(0, helper.make_tensor_value_info(x, TensorProto.FLOAT, [seq, batch, H]))
+    graph = helper.make_graph(nodes, "gru_stack", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model, feeds

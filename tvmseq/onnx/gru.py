@@ -101,18 +101,20 @@ def check_attributes(attr, node, op, supported=_SUPPORTED_ATTRS):
         raise UnsupportedOnnxError(node, op, f"attribute 'clip' = {clip} must be positive")
 
 
-def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS):
-    """Shared by GRU and RNN: validated shapes, layout-0 X and h0 (float32), int32 lengths."""
+def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS, x_like=None):
+    """Shared by GRU and RNN: validated shapes, layout-0 X and h0 (float32), int32 lengths.
+    x_like=(dims, dtype) stands in for a missing X (a layer of a pipelined stack takes the layer below)."""
     check_attributes(attr, node, op, supported)
     x, w, r = inputs[0], inputs[1], inputs[2]
-    for name, val in (("X", x), ("W", w), ("R", r)):
+    for name, val in (("X", x if x_like is None else True), ("W", w), ("R", r)):
         if val is None:
             raise UnsupportedOnnxError(node, op, f"required input '{name}' is missing")
     layout = attr.get("layout", 0)
-    dtype = x.ty.dtype
+    dtype = x.ty.dtype if x_like is None else x_like[1]
     if dtype not in ("float32", "float16"):
         raise UnsupportedOnnxError(node, op, f"input 'X' has dtype {dtype}; tvmseq supports float32 and float16")
-    x_dims = _static_dims(x, "X", node, op)
+    x_dims = (_static_dims(x, "X", node, op) if x_like is None else
+              [tirx.IntImm("int64", d) if isinstance(d, int) else d for d in x_like[0]])
     if len(x_dims) != 3:
         raise UnsupportedOnnxError(node, op, f"input 'X' must have rank 3, got {len(x_dims)}")
     if layout == 1:
@@ -174,6 +176,26 @@ def finish_outputs(bb, y, y_h, layout):
     return relax.Tuple([y, y_h])
 
 
+def fold_biases(bb, bias, H: int, lbr: int):
+    """(bias_i [D, 3H], rb_h [D, H]): the biases that do not depend on r join the input GEMM,
+    Wb + [Rb_z, Rb_r, Rb_h if lbr == 0]; Rb_h stays in the recurrence when lbr == 1."""
+    sl = relax.op.strided_slice
+    rb_zr = bb.emit(sl(bias, axes=[1], begin=[3 * H], end=[5 * H]))
+    rb_h = bb.emit(sl(bias, axes=[1], begin=[5 * H], end=[6 * H]))
+    rb_fold = bb.emit(relax.op.concat([rb_zr, relax.op.multiply(rb_h, relax.const(float(1 - lbr)))], 1))
+    return bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[3 * H]), rb_fold)), rb_h
+
+
+def emit_gru_layer(bb, c, spec, target, path_option: str = "auto"):
+    """One GRU node's kernels on the prepared inputs `c` (`prepare_common`): the (Y, Y_h) tuple, layout 0."""
+    proj, rec, path = build_kernels(spec, str(target), path_option)
+    H, B = c["hidden"], c["batch"]
+    bias_i, rb_h = fold_biases(bb, c["bias"], H, spec.linear_before_reset)
+    lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
+    _, outs = emit_recurrent_kernels(bb, "gru", spec, c, proj, rec, path, bias_i, [c["r"], rb_h, lens, c["h0"]])
+    return outs
+
+
 @register_converter("GRU")
 class GRU(OnnxOpConverter):
     """ONNX GRU -> gru_input_projection (one GEMM) + gru_recurrence (host time loop of step kernels)."""
@@ -189,16 +211,6 @@ class GRU(OnnxOpConverter):
         acts = parse_onnx_activations(attr, 2, c["D"], ["Sigmoid", "Tanh"], f"ONNX node '{node}' (GRU)")
         spec = gru_kernels.GruSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"], lbr,
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        proj, rec, path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "GRU"))
-        H, D, B = c["hidden"], c["D"], c["batch"]
-        bias, sl = c["bias"], relax.op.strided_slice
-        # biases that do not depend on r join the input GEMM: Wb + [Rb_z, Rb_r, Rb_h if lbr == 0]
-        rb_zr = bb.emit(sl(bias, axes=[1], begin=[3 * H], end=[5 * H]))
-        rb_h = bb.emit(sl(bias, axes=[1], begin=[5 * H], end=[6 * H]))
-        rb_fold = bb.emit(relax.op.concat([rb_zr, relax.op.multiply(rb_h, relax.const(float(1 - lbr)))], 1))
-        bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[3 * H]), rb_fold))
-        lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
-        gate_i, outs = emit_recurrent_kernels(bb, "gru", spec, c, proj, rec, path, bias_i,
-                                              [c["r"], rb_h, lens, c["h0"]])
+        outs = emit_gru_layer(bb, c, spec, target, recurrence_path_option(attr, node, "GRU"))
         return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),
                               c["layout"])

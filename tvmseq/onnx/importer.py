@@ -278,6 +278,9 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict=None, target=Non
     if model.ir_version < 3:
         raise TvmseqError(f"ONNX IR version {model.ir_version} is too old (need 3 or newer)")
     options["target"] = targets.resolve(target)
+    from .stack import fuse_gru_stacks
+
+    model = fuse_gru_stacks(model, options)   # GRU -> Squeeze -> GRU chains -> one pipelinable node
     options[ARTIFACTS_OPTION] = resolve_artifacts_root(options["target"], artifacts)
     importer = TvmseqGraphImporter(shape_dict, dtype_dict if dtype_dict is not None else {}, options=options)
     try:

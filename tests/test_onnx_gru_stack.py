@@ -1,0 +1,51 @@
+"""Stacked ONNX GRU layers (GRU -> Squeeze -> GRU ...) fused into one node: the pipelined stack kernel
+(its serial CPU variant, forced with gru_stack="on") and the layer-by-layer fallback against onnxruntime."""
+import numpy as np
+import pytest
+
+import tvmseq
+from tvmseq import models
+from tvmseq.onnx import stack
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _names(mod):
+    return [gv.name_hint for gv in mod.get_global_vars()]
+
+
+@pytest.mark.parametrize("layers,batch,hidden,seq,opset,initial_h", [
+    (2, 1, 5, 4, 14, True), (3, 2, 7, 6, 11, False), (4, 3, 6, "seq", 17, True)])
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_stack_matches_onnxruntime(layers, batch, hidden, seq, opset, initial_h, mode):
+    model, feeds = models.gru_stack_model(layers, seq=seq, batch=batch, hidden=hidden, opset=opset,
+                                          with_initial_h=initial_h, seed=layers)
+    mod = tvmseq.from_onnx(model, target="llvm", gru_stack=mode)
+    assert any("gru_stack" in n for n in _names(mod)) == (mode == "on")
+    got = tvmseq.compile_onnx(model, target="llvm", gru_stack=mode)(**feeds)
+    for g, w in zip(got, _ort(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_what_is_fused():
+    model, _ = models.gru_stack_model(3)
+    chains = stack.find_gru_stacks(model.graph)
+    assert [[n.name for n in c] for c in chains] == [["gru0", "gru1", "gru2"]]
+    lbr0, _ = models.gru_stack_model(3, linear_before_reset=0)      # the kernel is lbr=1 only
+    assert stack.find_gru_stacks(lbr0.graph) == []
+    fused = stack.fuse_gru_stacks(model, {"target": tvmseq.targets.resolve("llvm"), "gru_stack": "on"})
+    assert [n.op_type for n in fused.graph.node].count(stack.STACK_OP) == 1
+    assert "GRU" not in [n.op_type for n in fused.graph.node]
+    # auto: only GPU targets fuse; a CPU build keeps the GRU nodes
+    kept = stack.fuse_gru_stacks(model, {"target": tvmseq.targets.resolve("llvm")})
+    assert [n.op_type for n in kept.graph.node].count("GRU") == 3
+
+
+def test_bad_option_is_an_error():
+    model, _ = models.gru_stack_model(2)
+    with pytest.raises(tvmseq.TvmseqError, match="gru_stack"):
+        tvmseq.from_onnx(model, target="llvm", gru_stack="maybe")

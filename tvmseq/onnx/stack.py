@@ -1,0 +1,213 @@
+"""Stacked GRU layers in an ONNX graph -> one node, so they can run pipelined in one persistent kernel.
+
+A stack is what exporters write for a multi-layer GRU: GRU -> Squeeze(Y, axes=[1]) -> GRU -> ... with every
+layer unidirectional (forward), linear_before_reset=1, layout 0, default activations, no clip, no
+sequence_lens, the same hidden size, and W, R, B initializers. `fuse_gru_stacks` (run by `from_onnx`
+before TVM's importer) replaces such a chain by one `TvmseqGruStack` node with every layer's inputs and
+outputs (the Squeeze nodes stay: they read the layers' Y). Its converter runs the chain through
+`kernels/persistent_stack.py` (layer l+1 on step t while layer l is on step t+1) where that was measured
+faster, i.e. on a GPU at batch <= STACK_MAX_BATCH when the weights fit on chip, and layer by layer
+(`gru.emit_gru_layer`, the same kernels as separate GRU nodes) otherwise.
+
+Importer option `gru_stack`: "auto" (fuse on GPU targets), "on" (also on CPU, where the pipelined kernel
+runs its serial variant: for tests), "off".
+"""
+from __future__ import annotations
+
+import functools
+
+import onnx
+import tvm
+from onnx import helper, numpy_helper
+from tvm import relax
+
+from ..errors import UnsupportedOnnxError
+from ..kernels import gru as gru_kernels
+from ..kernels import persistent_stack
+from ..kernels.activations import Activation
+from ..targets import is_gpu
+from .gru import build_kernels, emit_gru_layer, fold_biases, prepare_common
+from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converter
+
+STACK_OP = "TvmseqGruStack"
+STACK_OPTION = "gru_stack"
+STACK_MODES = ("auto", "on", "off")
+# H100, session 2 (tvmseq bench gru_stack): pipelined vs layer by layer 1.66-1.94x at batch <= 8 for
+# hidden <= 512 (1.09x at 4 x 512, batch 8), 0.63x at batch 64
+STACK_MAX_BATCH = 8
+
+
+# ---- the graph pass ----------------------------------------------------------------------------------
+
+def _attrs(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _text(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _pipelinable(node, init) -> bool:
+    """A GRU node the pipelined kernel computes exactly."""
+    if node.op_type != "GRU":
+        return False
+    a = _attrs(node)
+    ins = list(node.input) + [""] * (6 - len(node.input))
+    acts = [_text(x) for x in a.get("activations", [])]
+    return (_text(a.get("direction", "forward")) == "forward" and a.get("linear_before_reset", 0) == 1
+            and a.get("layout", 0) == 0 and "clip" not in a and acts in ([], ["Sigmoid", "Tanh"])
+            and "activation_alpha" not in a and "activation_beta" not in a and not ins[4]
+            and ins[1] in init and ins[2] in init and (not ins[3] or ins[3] in init))
+
+
+def _squeeze_axis1_input(node, init) -> str | None:
+    """The input of a Squeeze(x, axes=[1]) node (axes as attribute or as a constant input), else None."""
+    if node.op_type != "Squeeze":
+        return None
+    axes = _attrs(node).get("axes")
+    if axes is None and len(node.input) > 1 and node.input[1] in init:
+        axes = numpy_helper.to_array(init[node.input[1]]).tolist()
+    return node.input[0] if list(axes or []) == [1] else None
+
+
+def find_gru_stacks(graph) -> list[list]:
+    """Chains of >= 2 pipelinable GRU nodes, each fed by Squeeze(axes=[1]) of the previous one's Y."""
+    init = {t.name: t for t in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output if out}
+    after = {}
+    for n in graph.node:
+        if not _pipelinable(n, init):
+            continue
+        squeeze = producer.get(n.input[0])
+        y = _squeeze_axis1_input(squeeze, init) if squeeze is not None else None
+        prev = producer.get(y) if y else None
+        if prev is not None and _pipelinable(prev, init) and prev.output[0] == y and \
+                init[prev.input[2]].dims == init[n.input[2]].dims:
+            after[prev.name] = n
+    followers = {n.name for n in after.values()}
+    chains = []
+    for n in graph.node:
+        if n.name in after and n.name not in followers:
+            chain = [n]
+            while chain[-1].name in after:
+                chain.append(after[chain[-1].name])
+            chains.append(chain)
+    return chains
+
+
+def _topological(nodes, graph_inputs) -> list:
+    """Nodes in an order where every input is produced before it is read (Kahn)."""
+    ready = set(graph_inputs) | {""}
+    pending, ordered = list(nodes), []
+    while pending:
+        progress = [n for n in pending if all(i in ready for i in n.input)]
+        if not progress:
+            raise UnsupportedOnnxError(pending[0].name, pending[0].op_type, "the graph has a cycle")
+        for n in progress:
+            ordered.append(n)
+            ready.update(n.output)
+        pending = [n for n in pending if n not in progress]
+    return ordered
+
+
+def fuse_gru_stacks(model: onnx.ModelProto, options: dict) -> onnx.ModelProto:
+    """The model with every GRU stack replaced by one TvmseqGruStack node (module doc); unchanged when
+    there is none or the option says no."""
+    mode = options.get(STACK_OPTION, "auto")
+    if mode not in STACK_MODES:
+        raise UnsupportedOnnxError("(importer)", STACK_OP, f"option {STACK_OPTION}={mode!r}: must be one of {STACK_MODES}")
+    if mode == "off" or (mode == "auto" and not is_gpu(options["target"])):
+        return model
+    for i, n in enumerate(model.graph.node):  # chains are keyed by node name
+        if not n.name:
+            n.name = f"{n.op_type.lower()}_{i}"
+    chains = find_gru_stacks(model.graph)
+    if not chains:
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    fused = {n.name for chain in chains for n in chain}
+    nodes = [n for n in graph.node if n.name not in fused]
+    for chain in chains:
+        inputs, outputs = [chain[0].input[0]], []
+        for n in chain:
+            ins = list(n.input) + [""] * (6 - len(n.input))
+            inputs += [ins[1], ins[2], ins[3], ins[5]]
+            outs = list(n.output) + [""] * (2 - len(n.output))
+            outputs += outs[:2]
+        hidden = next(t for t in graph.initializer if t.name == chain[0].input[2]).dims[-1]   # R [1, 3H, H]
+        nodes.append(helper.make_node(STACK_OP, inputs, outputs, name=f"{chain[0].name}_stack{len(chain)}",
+                                      layers=len(chain), hidden_size=int(hidden)))
+    known = [i.name for i in graph.input] + [t.name for t in graph.initializer]
+    del graph.node[:]
+    graph.node.extend(_topological(nodes, known))
+    return model
+
+
+# ---- the converter -------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=16)
+def _stack_kernel(L: int, B: int, H: int, dtype: str, target_json: str):
+    return persistent_stack.stacked_gru_func(L, B, H, dtype, tvm.target.Target(target_json))
+
+
+def pipelined(L: int, B: int, H: int, dtype: str, target, mode: str) -> bool:
+    """Whether the stack runs as one pipelined kernel (module doc)."""
+    if mode == "auto" and (not is_gpu(target) or B > STACK_MAX_BATCH):
+        return False
+    return persistent_stack.fits_on_chip(L, B, H, dtype, target)[0]
+
+
+@register_converter(STACK_OP)
+class GruStack(OnnxOpConverter):
+    """TvmseqGruStack (fuse_gru_stacks) -> the pipelined stack kernel, or the layers one by one."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        node = cls.node_name(attr)
+        options = attr["tvm_custom"]["importer_options"]
+        target, L = options["target"], int(attr["layers"])
+        layer_attr = {"tvm_custom": attr["tvm_custom"], "hidden_size": int(attr["hidden_size"])}
+        layers = [inputs[1 + 4 * l: 5 + 4 * l] for l in range(L)]          # W, R, B, initial_h per layer
+        c0 = prepare_common(bb, [inputs[0], *layers[0][:3], None, layers[0][3]], layer_attr, node, "GRU", 3)
+        seq, B, H, dtype = c0["seq"], c0["batch"], c0["hidden"], c0["dtype"]
+        like = ([seq, B, H], dtype)
+        cs = [c0] + [prepare_common(bb, [None, *layers[l][:3], None, layers[l][3]], layer_attr, node, "GRU", 3,
+                                    x_like=like) for l in range(1, L)]
+        acts = (Activation.make("Sigmoid"), Activation.make("Tanh"))
+        if not pipelined(L, B, H, dtype, target, options.get(STACK_OPTION, "auto")):
+            return cls._layer_by_layer(bb, cs, acts, target)
+        spec0 = gru_kernels.GruSpec(1, B, H, c0["input_size"], dtype, 1, "forward", acts)
+        proj = build_kernels(spec0, str(target), "per_step")[0]
+        folded = [fold_biases(bb, c["bias"], H, 1) for c in cs]
+        sizes = {"directions": 1, "batch": B, "hidden": H, "input_size": c0["input_size"], "gates": 3}
+        gate_i = emit_kernel(bb, "gru_input_projection", KernelKey(sizes, dtype, dynamic=("seq",)), lambda: proj,
+                             [c0["x"], c0["w"], folded[0][0]], relax.TensorType([1, seq, B, 3 * H], "float32"),
+                             name_hint="gru_input_projection")
+        cat = lambda xs: bb.emit(relax.op.concat(xs, axis=0))  # noqa: E731
+        args = [bb.emit(relax.op.squeeze(gate_i, axis=[0])), cat([c["r"] for c in cs]),
+                cat([c["w"] for c in cs[1:]]), cat([b for b, _ in folded[1:]]), cat([rb for _, rb in folded]),
+                cat([c["h0"] for c in cs])]
+        outs = emit_kernel(bb, "gru_stack", KernelKey({"layers": L, "batch": B, "hidden": H}, dtype, dynamic=("seq",)),
+                           lambda: _stack_kernel(L, B, H, dtype, str(target)), args,
+                           [relax.TensorType([L, seq, B, H], dtype), relax.TensorType([L, B, H], dtype)],
+                           name_hint="gru_stack")
+        y, y_h = bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1))
+        result = []
+        for l in range(L):
+            result.append(bb.emit(relax.op.expand_dims(relax.op.take(y, relax.const(l, "int64"), axis=0), axis=1)))
+            result.append(bb.emit(relax.op.strided_slice(y_h, axes=[0], begin=[l], end=[l + 1])))
+        return relax.Tuple(result)
+
+    @staticmethod
+    def _layer_by_layer(bb, cs, acts, target):
+        """The same kernels as separate GRU nodes, each layer's Y (squeezed) feeding the next."""
+        result, x = [], cs[0]["x"]
+        for c in cs:
+            c = dict(c, x=x, input_size=int(x.struct_info.shape[2]))
+            spec = gru_kernels.GruSpec(1, c["batch"], c["hidden"], c["input_size"], c["dtype"], 1, "forward", acts)
+            outs = emit_gru_layer(bb, c, spec, target)
+            y = bb.emit(relax.TupleGetItem(outs, 0))
+            result += [y, bb.emit(relax.TupleGetItem(outs, 1))]
+            x = bb.emit(relax.op.squeeze(y, axis=[1]))
+        return relax.Tuple(result)
