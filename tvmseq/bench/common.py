@@ -125,3 +125,40 @@ def compile_for_gpu(funcs: dict, tgt):
 
         report = ptxas_report(ex.mod.imports[0].inspect_source())
     return ex, report
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU (False without torch)."""
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+class PrebuiltModules:
+    """The modules a benchmark's --build wrote to `root`, each loaded once. With cuda=True TVM's CUDA
+    runtime is made loadable first (runtime-only TVM does not load it by itself)."""
+
+    def __init__(self, root, cuda: bool = True):
+        self.root, self.cuda, self.loaded = Path(root), cuda, {}
+
+    def get(self, file: str):
+        import time
+
+        import tvm
+
+        if file not in self.loaded:
+            if self.cuda:
+                from .. import artifacts
+
+                artifacts.ensure_cuda_runtime()
+            t0 = time.time()
+            self.loaded[file] = tvm.runtime.load_module(str(self.root / file))
+            print(f"loaded {file} in {time.time() - t0:.1f}s", flush=True)
+        return self.loaded[file]
+
+    def func(self, entry: dict):
+        """entry {"file", "func"} of an index.json -> the function."""
+        return self.get(entry["file"])[entry["func"]]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 
-from .common import compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
+from .common import PrebuiltModules, compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
 
 NAME = "gru"
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
@@ -238,25 +238,6 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
     return out_dir
 
 
-class _Modules:
-    """Prebuilt group modules, loaded once each (runtime-only TVM: its CUDA backend is loaded first)."""
-
-    def __init__(self, root: Path):
-        self.root, self.loaded = Path(root), {}
-
-    def get(self, file):
-        import tvm
-
-        if file not in self.loaded:
-            from .. import artifacts
-
-            artifacts.ensure_cuda_runtime()
-            t0 = time.time()
-            self.loaded[file] = tvm.runtime.load_module(str(self.root / file))
-            print(f"loaded {file} in {time.time() - t0:.1f}s", flush=True)
-        return self.loaded[file]
-
-
 class _Renamed:
     """A config's two functions in a group module, under the names run_one calls."""
 
@@ -274,7 +255,7 @@ def _load(c, prebuilt):
     if prebuilt:
         root = Path(prebuilt)
         if (root / "index.json").exists():
-            mods = _MODULES.setdefault(str(root), _Modules(root))
+            mods = _MODULES.setdefault(str(root), PrebuiltModules(root))
             mod = mods.get(f"{NAME}_{_group(c)}.so")
             return _Renamed(mod, f"proj_{_suffix(c)}", mod, f"rec_{_suffix(c)}")
         return tvm.runtime.load_module(str(root / f"{_name(c)}.so"))  # an old per-config build
@@ -283,7 +264,7 @@ def _load(c, prebuilt):
     return build_module(c, targets.resolve("cuda"))
 
 
-_MODULES: dict[str, _Modules] = {}
+_MODULES: dict[str, PrebuiltModules] = {}
 
 
 def _torch_weights_from_onnx(W, R, B, H):
@@ -388,7 +369,7 @@ def _wanted(c, args) -> bool:
 
 def _run_sweep(root: Path, index: dict, args) -> list[dict]:
     """Every sweep tile's recurrence (with the config's own input projection), timed and checked."""
-    mods = _MODULES.setdefault(str(root), _Modules(root))
+    mods = _MODULES.setdefault(str(root), PrebuiltModules(root))
     rows = []
     cols = ["hidden", "batch", "rank", "tile", "model_us", "tvmseq_us_step", "recurrence_us_step", "cudnn_us_step",
             "err_tvmseq", "agree"]

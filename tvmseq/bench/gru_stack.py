@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from .common import compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
+from .common import PrebuiltModules, compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
 
 NAME = "gru_stack"
 # (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the issue's target (>= 2x over layer
@@ -161,14 +161,9 @@ COLUMNS = ["layers", "hidden", "batch", "seq", "dtype", "stacked_us_step", "sequ
 
 
 def run_prebuilt(prebuilt, out=None) -> list[dict]:
-    import tvm
-
-    from .. import artifacts
-
-    artifacts.ensure_cuda_runtime()
     root = Path(prebuilt)
     index = json.loads((root / "index.json").read_text())
-    mod = tvm.runtime.load_module(str(root / f"{NAME}.so"))
+    mod = PrebuiltModules(root).get(f"{NAME}.so")
     rows = []
     for e in index["configs"]:
         rows.append(run_one(mod, e))

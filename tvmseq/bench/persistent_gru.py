@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import compile_for_gpu, print_table, ratio_bar_plot, save
+from .common import PrebuiltModules, compile_for_gpu, cuda_available, print_table, ratio_bar_plot, save
 
 NAME = "persistent_gru"
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
@@ -195,20 +195,6 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
 # ----------------------------------------------------------------------------------------------------
 
 
-class _Modules:
-    def __init__(self, root: Path):
-        self.root, self.loaded = Path(root), {}
-
-    def get(self, file):
-        import tvm
-
-        if file not in self.loaded:
-            t0 = time.time()
-            self.loaded[file] = tvm.runtime.load_module(str(self.root / file))
-            print(f"loaded {file} in {time.time() - t0:.1f}s", flush=True)
-        return self.loaded[file]
-
-
 class _Renamed:
     """Looks like the per-step benchmark's module: ['gru_input_projection'], ['gru_recurrence']."""
 
@@ -278,7 +264,7 @@ def _worker(index, root, suffixes, rows_file: Path, progress: Path, out, deadlin
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    mods = _Modules(root)
+    mods = PrebuiltModules(root)
     by_suffix = {e["suffix"]: e for e in index["configs"]}
     for sfx in suffixes:
         if time.time() > deadline:
@@ -447,15 +433,6 @@ def _numpy_recurrence(gate_i, R, rb_h, h0, lbr):
     return Y
 
 
-def _gpu_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help=f"only (hidden, batch) in {QUICK}")
     parser.add_argument("--prebuilt", metavar="DIR", help="kernels from build_for_gpu (index.json + .so)")
@@ -480,7 +457,7 @@ def run(args) -> list[dict]:
     if args.build:
         build_for_gpu(args.build, quick=args.quick, tests=not args.no_tests, ptxas=args.ptxas)
         return []
-    if not _gpu_available():
+    if not cuda_available():
         print("no CUDA GPU: running the llvm variant on tiny sizes")
         return _run_cpu(args)
     root = Path(args.prebuilt) if args.prebuilt else None

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..reference.recurrent import recurrent_gemm as reference
-from .common import print_table, ratio_bar_plot, save
+from .common import PrebuiltModules, cuda_available, print_table, ratio_bar_plot, save
 
 NAME = "recurrent_gemm"
 STEPS = 100
@@ -179,22 +179,6 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
 # ----------------------------------------------------------------------------------------------------
 # Run side (TVM runtime only)
 # ----------------------------------------------------------------------------------------------------
-
-
-class _Modules:
-    """Loads each .so once (on a GPU machine the CUDA source is compiled at load)."""
-
-    def __init__(self, root: Path):
-        self.root, self.loaded = root, {}
-
-    def func(self, entry):
-        import tvm
-
-        if entry["file"] not in self.loaded:
-            t0 = time.time()
-            self.loaded[entry["file"]] = tvm.runtime.load_module(str(self.root / entry["file"]))
-            print(f"loaded {entry['file']} in {time.time() - t0:.1f}s", flush=True)
-        return self.loaded[entry["file"]][entry["func"]]
 
 
 def _inputs(H, B, dtype, seed=0):
@@ -371,15 +355,6 @@ def _cfg_str(e) -> str:
     return f"blk{c['num_blocks']}w{c['num_warps']}bc{c['batch_chunk']}s{c['smem_rows']}"
 
 
-def _gpu_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help=f"only (H, B) in {QUICK}")
     parser.add_argument("--prebuilt", metavar="DIR", help="kernels from build_for_gpu (index.json + .so)")
@@ -400,7 +375,7 @@ def run(args) -> list[dict]:
         build_for_gpu(args.build, quick=args.quick, tests=not args.no_tests, target=args.target or "cuda",
                       ptxas=args.ptxas)
         return []
-    gpu = _gpu_available()
+    gpu = cuda_available()
     root = args.prebuilt
     if root is None:  # build now (needs the compiler) into a scratch directory
         import tempfile
@@ -414,7 +389,7 @@ def run(args) -> list[dict]:
         raise SystemExit(f"{root} holds {index['target']} kernels but this machine "
                          f"{'has' if gpu else 'has no'} CUDA GPU usable from torch")
     entries = _select(index["entries"], args)
-    mods = _Modules(root)
+    mods = PrebuiltModules(root, cuda=gpu)
     rows = _run_gpu(entries, mods, args) if gpu else _run_cpu(entries, mods, args)
     meta = dict(steps=index["entries"][0]["steps"] if index["entries"] else None, arch=index.get("arch"),
                 peers="torch CUDA-graph addmm+tanh loop; cuDNN RNN-tanh (nn.RNN, zero input)")
