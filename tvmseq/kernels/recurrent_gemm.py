@@ -231,8 +231,8 @@ __forceinline__ __device__ void tvmseq_ll_store(int* p, float v, int flag) {
 
 
 # Polls of one LL wait before it gives up (and carries on): ~2^22 L2 round trips, seconds, where a
-# real wait takes microseconds. A deadlock becomes a wrong result (with report=True a printf line saying
-# which word is missing) instead of a hung GPU.
+# real wait takes microseconds. A deadlock becomes a wrong result (with PollOptions.report a printf line
+# saying which word is missing) instead of a hung GPU.
 _POLL_LIMIT = 1 << 22
 
 
@@ -267,14 +267,13 @@ class PollOptions:
                 f"{self.limit.bit_length() - 1}")
 
 
-def _ll_wait_source(nb: int, nw: int, report: bool | str = False,
-                    poll: PollOptions | None = None) -> tuple[str, str]:
+def _ll_wait_source(nb: int, nw: int, poll: PollOptions | None = None) -> tuple[str, str]:
     """Helper that polls nb rows x nw consecutive LL words (row stride in words) until every valid word
     carries `flag`, then writes their values to out[nb * nw] (0 for invalid words). All loads of one
     poll are issued before any is checked, so a thread waits one L2 round trip, not nb * nw of them.
     Loads are 64-bit elements (two per 16-byte vector load when nw is even): each element is
     single-copy atomic, so a value is never paired with another step's flag."""
-    poll = poll or PollOptions(report="lane0" if report is True else (report or ""))
+    poll = poll or PollOptions()
     name = f"tvmseq_ll_wait_{nb}x{nw}_{poll.tag()}"
     sem = "acquire" if poll.order == "acqrel" else "relaxed"
     vec = 2 if nw % 2 == 0 and sem == "relaxed" else 1  # ld.acquire has no vector form
@@ -284,7 +283,8 @@ def _ll_wait_source(nb: int, nw: int, report: bool | str = False,
     else:
         load = (f"        asm volatile(\"ld.{sem}.gpu.global.b64 %0, [%1];\"\n"
                 "                     : \"=l\"(wd[i]) : \"l\"(q) : \"memory\");")
-    # report=True: lane 0 of each warp printf's the first missing word (printf costs ~40 B of stack)
+    # poll.report: "lane0" (lane 0 of each warp) or "all" (any lane, the first 32) printf the first
+    # missing word
     who = ("(threadIdx.x & 31) == 0" if poll.report == "lane0"
            else f"atomicAdd(&{name}_reports, 1u) < 32u")
     report_src = """      if (WHO) {
@@ -349,16 +349,16 @@ def _ll_wait_source(nb: int, nw: int, report: bool | str = False,
     return name, src
 
 
-def make_ll_ops(gpu: bool, nb: int, nw: int, report: bool | str = False, poll: PollOptions | None = None):
+def make_ll_ops(gpu: bool, nb: int, nw: int, poll: PollOptions | None = None):
     """(ll_store, ll_wait) TVMScript macros for the target.
 
     ll_store(ws, word, value_f32, flag): publish one value.
     ll_wait(ws, word0, row_stride, flag, nw_valid, nb_valid, out): read nb rows x nw words starting at
     `word0` into the local buffer `out` (the CPU variant reads them directly: with the step loop
     outermost they are always ready)."""
-    wait_name, wait_src = _ll_wait_source(nb, nw, report, poll)
-    release = poll is not None and poll.order == "acqrel"
-    store_name, store_src = ((_LL_STORE_RELEASE_NAME, _LL_STORE_RELEASE_SRC) if release
+    poll = poll or PollOptions()
+    wait_name, wait_src = _ll_wait_source(nb, nw, poll)
+    store_name, store_src = ((_LL_STORE_RELEASE_NAME, _LL_STORE_RELEASE_SRC) if poll.order == "acqrel"
                              else (_LL_STORE_NAME, _LL_STORE_SRC))
 
     if gpu:
@@ -548,16 +548,13 @@ def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, d
     if rows_per_unit == 1 and directions == 1 and rows_total == H and (H, B, dtype) in MEASURED_BEST:
         return MEASURED_BEST[(H, B, dtype)]
     facts = gpu_facts(target)
-    best = None
-    # several recurrences (directions) share the SMs: 128/directions blocks each, one per SM; or 128 each,
-    # two per SM, when the registers allow it (then a direction runs as fast as a lone one)
-    spreads = {max(1, min(128, facts.num_sms) // directions)}
-    if B <= _TWO_PER_SM_MAX_BATCH:  # latency-bound: a direction on 128 blocks is as fast as a lone one
-        spreads.add(min(128, facts.num_sms))
-    for per_dir in sorted(spreads):
+
+    def best_on(per_dir: int, max_chunks: int | None = None):
+        """(score, config) with the lowest estimate when each recurrence gets `per_dir` blocks."""
         num_blocks = min(per_dir, units)
         num_blocks = math.ceil(units / math.ceil(units / num_blocks))  # no block without rows
         max_rows = math.ceil(units / num_blocks) * rows_per_unit
+        found = None
         for warps in (1, 2, 4, 8, 16, 32):
             for smem_rows in range(0, max_rows + 1, rows_per_unit):
                 for chunk_cap in (1, 2, 4, 8, 16, 32):
@@ -565,14 +562,24 @@ def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, d
                     geo = EngineGeometry(rows_total, H, B, cfg, 32, rows_per_unit)
                     if geo.check(facts, num_blocks * directions) is not None:
                         continue
-                    # two blocks per SM only without more batch chunks per step than one block per SM
-                    # needs (measured: bi H1024 B8 on 2 x 128 blocks with 8 chunks took 2.4x uni)
-                    if best is not None and per_dir > min(spreads) and geo.NC > best_nc:
+                    if max_chunks is not None and geo.NC > max_chunks:
                         continue
                     score = (estimate_step_cycles(geo), smem_rows, warps)
-                    if best is None or score < best[0]:
-                        best = (score, cfg)
-        best_nc = EngineGeometry(rows_total, H, B, best[1], 32, rows_per_unit).NC if best else 0
+                    if found is None or score < found[0]:
+                        found = (score, cfg)
+        return found
+
+    # several recurrences (directions) share the SMs: 128/directions blocks each, one per SM ...
+    one_per_sm, all_blocks = max(1, min(128, facts.num_sms) // directions), min(128, facts.num_sms)
+    best = best_on(one_per_sm)
+    if B <= _TWO_PER_SM_MAX_BATCH and all_blocks > one_per_sm:
+        # ... or, latency-bound, 128 each at two per SM (a direction then runs as fast as a lone one), but
+        # not with more batch chunks per step than one per SM needs (measured: bi H1024 B8 on 2 x 128
+        # blocks with 8 chunks took 2.4x uni)
+        max_chunks = EngineGeometry(rows_total, H, B, best[1], 32, rows_per_unit).NC if best else None
+        shared = best_on(all_blocks, max_chunks)
+        if shared is not None and (best is None or shared[0] < best[0]):
+            best = shared
     if best is None:
         raise TvmseqError(f"no persistent configuration keeps the {rows_total}x{H} {dtype} weights on chip")
     return best[1]
