@@ -45,6 +45,29 @@ def test_what_is_fused():
     assert [n.op_type for n in kept.graph.node].count("GRU") == 3
 
 
+def test_unnamed_nodes_fuse_and_the_callers_model_is_untouched():
+    model, feeds = models.gru_stack_model(3, seed=5)
+    for n in model.graph.node:
+        n.name = ""
+    before = model.SerializeToString()
+    fused = stack.fuse_gru_stacks(model, {"target": tvmseq.targets.resolve("llvm"), "gru_stack": "on"})
+    assert model.SerializeToString() == before
+    assert [n.op_type for n in fused.graph.node].count(stack.STACK_OP) == 1
+    got = tvmseq.compile_onnx(model, target="llvm", gru_stack="on")(**feeds)
+    for g, w in zip(got, _ort(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_graph_that_cannot_be_ordered_is_left_unfused():
+    """A node reading a value no node, input or initializer provides (outer scope): no rewrite."""
+    from onnx import helper
+
+    model, _ = models.gru_stack_model(2)
+    model.graph.node.append(helper.make_node("Add", ["S1", "from_outer_scope"], ["Z"]))
+    fused = stack.fuse_gru_stacks(model, {"target": tvmseq.targets.resolve("llvm"), "gru_stack": "on"})
+    assert fused is model
+
+
 def test_bad_option_is_an_error():
     model, _ = models.gru_stack_model(2)
     with pytest.raises(tvmseq.TvmseqError, match="gru_stack"):

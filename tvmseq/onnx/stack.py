@@ -83,26 +83,27 @@ def find_gru_stacks(graph) -> list[list]:
         prev = producer.get(y) if y else None
         if prev is not None and _pipelinable(prev, init) and prev.output[0] == y and \
                 init[prev.input[2]].dims == init[n.input[2]].dims:
-            after[prev.name] = n
-    followers = {n.name for n in after.values()}
+            after[y] = n           # keyed by the previous layer's Y: unique, unlike node names
+    followers = {id(n) for n in after.values()}
     chains = []
     for n in graph.node:
-        if n.name in after and n.name not in followers:
+        if n.op_type == "GRU" and n.output and n.output[0] in after and id(n) not in followers:
             chain = [n]
-            while chain[-1].name in after:
-                chain.append(after[chain[-1].name])
+            while chain[-1].output and chain[-1].output[0] in after:
+                chain.append(after[chain[-1].output[0]])
             chains.append(chain)
     return chains
 
 
-def _topological(nodes, graph_inputs) -> list:
-    """Nodes in an order where every input is produced before it is read (Kahn)."""
+def _topological(nodes, graph_inputs) -> list | None:
+    """Nodes in an order where every input is produced before it is read (Kahn), or None when some input
+    is never produced (a graph that names outer-scope values: left to TVM's importer as it is)."""
     ready = set(graph_inputs) | {""}
     pending, ordered = list(nodes), []
     while pending:
         progress = [n for n in pending if all(i in ready for i in n.input)]
         if not progress:
-            raise UnsupportedOnnxError(pending[0].name, pending[0].op_type, "the graph has a cycle")
+            return None
         for n in progress:
             ordered.append(n)
             ready.update(n.output)
@@ -115,19 +116,17 @@ def fuse_gru_stacks(model: onnx.ModelProto, options: dict) -> onnx.ModelProto:
     there is none or the option says no."""
     mode = options.get(STACK_OPTION, "auto")
     if mode not in STACK_MODES:
-        raise UnsupportedOnnxError("(importer)", STACK_OP, f"option {STACK_OPTION}={mode!r}: must be one of {STACK_MODES}")
+        raise UnsupportedOnnxError("(importer)", STACK_OP,
+                                   f"option {STACK_OPTION}={mode!r}: must be one of {STACK_MODES}")
     if mode == "off" or (mode == "auto" and not is_gpu(options["target"])):
         return model
-    for i, n in enumerate(model.graph.node):  # chains are keyed by node name
-        if not n.name:
-            n.name = f"{n.op_type.lower()}_{i}"
-    chains = find_gru_stacks(model.graph)
-    if not chains:
+    if not find_gru_stacks(model.graph):
         return model
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    original, model = model, onnx.ModelProto.FromString(model.SerializeToString())  # the caller's stays as is
     graph = model.graph
-    fused = {n.name for chain in chains for n in chain}
-    nodes = [n for n in graph.node if n.name not in fused]
+    chains = find_gru_stacks(graph)
+    fused = {id(n) for chain in chains for n in chain}
+    nodes = [n for n in graph.node if id(n) not in fused]
     for chain in chains:
         inputs, outputs = [chain[0].input[0]], []
         for n in chain:
@@ -136,11 +135,13 @@ def fuse_gru_stacks(model: onnx.ModelProto, options: dict) -> onnx.ModelProto:
             outs = list(n.output) + [""] * (2 - len(n.output))
             outputs += outs[:2]
         hidden = next(t for t in graph.initializer if t.name == chain[0].input[2]).dims[-1]   # R [1, 3H, H]
-        nodes.append(helper.make_node(STACK_OP, inputs, outputs, name=f"{chain[0].name}_stack{len(chain)}",
+        nodes.append(helper.make_node(STACK_OP, inputs, outputs, name=f"{chain[0].name or 'gru'}_stack{len(chain)}",
                                       layers=len(chain), hidden_size=int(hidden)))
-    known = [i.name for i in graph.input] + [t.name for t in graph.initializer]
+    ordered = _topological(nodes, [i.name for i in graph.input] + [t.name for t in graph.initializer])
+    if ordered is None:
+        return original
     del graph.node[:]
-    graph.node.extend(_topological(nodes, known))
+    graph.node.extend(ordered)
     return model
 
 
