@@ -41,16 +41,19 @@ def test_compile_run_round_trip(tmp_path, capsys):
     (["run", "missing.so"], "not found"),
     (["run", "{so}", "--input", "Q={npy}"], "no input named 'Q'"),
     (["run", "{so}", "--input", "X={bad}"], "cannot read"),
+    (["run", "{so}", "--input", "X={empty}"], "empty file"),
 ])
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
     model, feeds = models.rnn_node_model("GRU")
     onnx.save(model, tmp_path / "m.onnx")
     (tmp_path / "bad.onnx").write_bytes(b"garbage")
+    (tmp_path / "empty.npy").write_bytes(b"")
     np.save(tmp_path / "x.npy", feeds["X"])
     if any("{so}" in a for a in argv):
         assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.so"), "--target", "llvm"]) == 0
     subst = {"{model}": str(tmp_path / "m.onnx"), "{bad}": str(tmp_path / "bad.onnx"),
-             "{so}": str(tmp_path / "m.so"), "{npy}": str(tmp_path / "x.npy")}
+             "{so}": str(tmp_path / "m.so"), "{npy}": str(tmp_path / "x.npy"),
+             "{empty}": str(tmp_path / "empty.npy")}
     argv = [a for a in argv]
     for i, a in enumerate(argv):
         for k, v in subst.items():

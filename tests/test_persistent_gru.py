@@ -354,3 +354,16 @@ def test_path_choice_and_option_errors():
     model, _ = models.rnn_node_model("GRU")
     with pytest.raises(TvmseqError, match="gru0.*recurrence='fast'"):
         tvmseq.from_onnx(model, target="llvm", recurrence="fast")
+
+
+@needs_compiler
+def test_persistent_knob_errors():
+    from tvmseq.kernels.activations import Activation
+
+    with pytest.raises(TvmseqError, match="at least 2 LL slots"):
+        pg.persistent_gru_func(1, 2, 8, "float32", 1, "forward", None, None, False, "llvm", slots=1)
+    with pytest.raises(TvmseqError, match="cell must be one of"):
+        pg.persistent_gru_func(1, 2, 8, "float32", 1, "forward", None, None, False, "llvm", cell="lstm")
+    with pytest.raises(TvmseqError, match="needs 1 Activation"):
+        pg.persistent_gru_func(1, 2, 8, "float32", 1, "forward", [Activation.make("Tanh")] * 2, None, False,
+                               "llvm", cell="rnn")
