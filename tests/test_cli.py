@@ -41,7 +41,7 @@ def test_compile_run_round_trip(tmp_path, capsys):
     (["run", "missing.so"], "not found"),
     (["run", "{so}", "--input", "Q={npy}"], "no input named 'Q'"),
     (["run", "{so}", "--input", "X={bad}"], "cannot read"),
-    (["run", "{so}", "--input", "X={empty}"], "empty file"),
+    (["run", "{so}", "--input", "X={empty}"], "the file is empty or truncated"),
 ])
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
     model, feeds = models.rnn_node_model("GRU")

@@ -45,8 +45,10 @@ def cmd_run(args):
             raise TvmseqError(f"--input {item!r}: expected name=file.npy")
         try:
             feeds[name] = np.load(path)
-        except (OSError, ValueError, EOFError) as err:  # EOFError: an empty file
-            raise TvmseqError(f"--input {name}: cannot read {path}: {err or 'empty file'}") from None
+        except EOFError:
+            raise TvmseqError(f"--input {name}: cannot read {path}: the file is empty or truncated") from None
+        except (OSError, ValueError) as err:
+            raise TvmseqError(f"--input {name}: cannot read {path}: {err}") from None
     outputs = model(**feeds)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     for i, out in enumerate(outputs):
