@@ -86,3 +86,71 @@ def test_stack_cuda_builds_without_spills():
         pytest.skip("nvcc not installed: ptxas not checked")
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0 and info["registers"] <= 255, info
+
+
+# ----------------------------------------------------------------------------------------------------
+# Row-split schedule (kernels/persistent_rows.py): same interface, warps own units, lanes split k
+# ----------------------------------------------------------------------------------------------------
+from tvmseq.kernels import persistent_rows as pr  # noqa: E402
+
+_RS = pr.RowSplitConfig
+
+
+@pytest.mark.parametrize("L,B,H,T_,cfg", [
+    (1, 3, 5, 4, None), (4, 2, 9, 5, None),
+    (2, 5, 11, 5, _RS(2, 3, 2, 0)),        # all weights in "shared memory", ragged batch chunks
+    (3, 4, 10, 4, _RS(4, 1, 3, 5)),        # one warp per block, units past H in the last block
+    (2, 3, 16, 3, _RS(1, 4, 1, 100)),      # one block per layer, every row in registers
+    (1, 7, 9, 6, _RS(5, 2, 7, 1)),         # one layer (the single-layer GRU), one chunk of 7
+])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rows_stack_matches_numpy(L, B, H, T_, cfg, dtype):
+    f = ps.stacked_gru_func(L, B, H, dtype, "llvm", config=cfg or pr.default_rows_config(L, B, H, "llvm"))
+    mod = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+    inputs = make_inputs(L, B, H, T_, dtype, seed=L + B)
+    outs = [np.zeros((L, T_, B, H), dtype), np.zeros((L, B, H), dtype)]
+    args = [tvm.runtime.tensor(a) for a in (*inputs, *outs)]
+    mod["gru_stack"](*args)
+    want = numpy_stack(*inputs)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(args[6].numpy(), want, **tol)
+    np.testing.assert_allclose(args[7].numpy(), want[:, -1], **tol)
+
+
+def test_rows_config_and_errors():
+    from tvmseq.targets import resolve
+
+    cuda = resolve("cuda")
+    cfg = pr.default_rows_config(4, 8, 512, cuda)
+    geo = pr.RowGeometry(4, 8, 512, cfg, 32)
+    assert cfg.blocks_per_layer * 4 <= 132 and geo.G * geo.U >= 512 and geo.check(pr_facts(cuda)) is None
+    assert ps.fits_on_chip(4, 8, 512, "float32", cuda, cfg)[0]
+    ok, why = pr.rows_fit(4, 8, 512, cuda, _RS(32, 16, 8, 6))     # 512 threads: 128 registers each
+    assert not ok and "registers" in why
+    ok, why = pr.rows_fit(4, 8, 512, cuda, _RS(40, 8, 8, 0))      # 160 blocks > 132 SMs
+    assert not ok and "resident" in why
+    with pytest.raises(TvmseqError, match="non-positive"):
+        ps.stacked_gru_func(2, 2, 64, "float32", "llvm", config=_RS(2, 0, 2, 0))
+
+
+def pr_facts(target):
+    from tvmseq.kernels import recurrent_gemm as rg
+
+    return rg.gpu_facts(target)
+
+
+@pytest.mark.parametrize("L,B,H", [(4, 8, 512), (1, 8, 1024)])
+def test_rows_cuda_builds_without_spills(L, B, H):
+    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.targets import resolve
+
+    tgt = resolve("cuda")
+    f = ps.stacked_gru_func(L, B, H, "float32", tgt, config=pr.default_rows_config(L, B, H, tgt))
+    src = tvm.compile(tvm.IRModule({"gru_stack": f}), target=tgt).mod.imports[0].inspect_source()
+    for needle in ("cg::this_grid().sync()", "__syncwarp", "__all_sync", "st.relaxed.gpu.global.b64",
+                   "__shfl_xor_sync"):
+        assert needle in src, needle
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: ptxas not checked")
+    (info,) = ptxas_report(src).values()
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0 and info["registers"] <= 255, info

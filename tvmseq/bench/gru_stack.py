@@ -17,22 +17,55 @@ from .common import PrebuiltModules, compile_for_gpu, print_table, ratio_bar_plo
 
 NAME = "gru_stack"
 # (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the issue's target (>= 2x over layer
-# by layer); the variants with knobs try 64 blocks per layer (two blocks per SM) and other chunkings
-CONFIGS = [(4, 512, 8, 200, "float32"), (4, 512, 8, 200, "float16"), (4, 512, 1, 200, "float32"),
-           (4, 512, 64, 200, "float32"), (2, 256, 8, 200, "float32"), (4, 256, 8, 200, "float32"),
+# by layer). KSPLIT: the k-split engine (persistent_stack's own schedule), its default and (not built by
+# default: all slower on the H100, session 2) 64 blocks per layer (two per SM) and other chunkings
+KSPLIT = [(4, 512, 8, 200, "float32"), (4, 512, 8, 200, "float16"), (4, 512, 1, 200, "float32"),
+          (4, 512, 64, 200, "float32"), (2, 256, 8, 200, "float32"), (4, 256, 8, 200, "float32")]
+KSPLIT_VARIANTS = [
            (4, 512, 8, 200, "float32", dict(num_blocks=64, num_warps=8, batch_chunk=2, smem_rows=42)),
            (4, 512, 8, 200, "float32", dict(num_blocks=64, num_warps=8, batch_chunk=1, smem_rows=27)),
            (4, 512, 8, 200, "float32", dict(num_blocks=32, num_warps=16, batch_chunk=1, smem_rows=84)),
            (4, 512, 1, 200, "float32", dict(num_blocks=64, num_warps=8, batch_chunk=1, smem_rows=27))]
+# the row-split schedule (kernels/persistent_rows.py): warps own units, lanes split k; {} = its default
+_ROWS = dict(rows=True)
+ROWS_CONFIGS = [(4, 512, 8, 200, "float32", _ROWS), (4, 512, 8, 200, "float16", _ROWS),
+                (4, 512, 8, 200, "float32", dict(rows=True, blocks_per_layer=32, num_warps=8, batch_chunk=8, reg_rows=4)),
+                (4, 512, 8, 200, "float32", dict(rows=True, blocks_per_layer=32, num_warps=16, batch_chunk=4, reg_rows=2)),
+                (4, 512, 8, 200, "float32", dict(rows=True, blocks_per_layer=32, num_warps=8, batch_chunk=4, reg_rows=8)),
+                (4, 512, 1, 200, "float32", _ROWS), (4, 512, 64, 200, "float32", _ROWS),
+                (2, 256, 8, 200, "float32", _ROWS), (4, 256, 8, 200, "float32", _ROWS),
+                (4, 256, 8, 200, "float32", dict(rows=True, blocks_per_layer=32, num_warps=4, batch_chunk=8, reg_rows=12)),
+                # one layer: the row-split kernel against the k-split persistent GRU ("sequential") and cuDNN
+                (1, 1024, 8, 200, "float32", _ROWS), (1, 1024, 1, 200, "float32", _ROWS),
+                (1, 1024, 64, 200, "float32", _ROWS), (1, 512, 64, 200, "float32", _ROWS),
+                (1, 256, 64, 200, "float32", _ROWS), (1, 512, 8, 200, "float32", _ROWS),
+                (1, 1024, 8, 200, "float16", _ROWS), (1, 1024, 64, 200, "float16", _ROWS)]
+CONFIGS = KSPLIT + ROWS_CONFIGS
 
 
 def _suffix(c) -> str:
     L, H, B, seq, dtype = c[:5]
-    knobs = "" if len(c) < 6 else "_g{num_blocks}w{num_warps}c{batch_chunk}s{smem_rows}".format(**c[5])
-    return f"l{L}_h{H}_b{B}_{dtype}{knobs}"
+    knobs = c[5] if len(c) > 5 else {}
+    if knobs.get("rows"):
+        tag = "_rows" + "".join(f"_{k[0]}{v}" for k, v in knobs.items() if k != "rows")
+    else:
+        tag = "_g{num_blocks}w{num_warps}c{batch_chunk}s{smem_rows}".format(**knobs) if knobs else ""
+    return f"l{L}_h{H}_b{B}_{dtype}{tag}"
 
 
-def build(out_dir, target: str = "cuda") -> Path:
+def _config(c, target):
+    """The schedule of a config: None (the k-split default), a PersistentConfig or a RowSplitConfig."""
+    from ..kernels.persistent_rows import RowSplitConfig, default_rows_config
+    from ..kernels.recurrent_gemm import PersistentConfig
+
+    knobs = dict(c[5]) if len(c) > 5 else {}
+    if knobs.pop("rows", False):
+        L, H, B = c[:3]
+        return RowSplitConfig(**knobs) if knobs else default_rows_config(L, B, H, target)
+    return PersistentConfig(**knobs) if knobs else None
+
+
+def build(out_dir, target: str = "cuda", configs=None) -> Path:
     """Stack kernel + (input projection, single-layer persistent recurrence) per config, one .so."""
     from ..kernels import gru
     from ..kernels import persistent_gru as pg
@@ -43,11 +76,9 @@ def build(out_dir, target: str = "cuda") -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     funcs, index = {}, {"benchmark": NAME, "configs": []}
-    from ..kernels.recurrent_gemm import PersistentConfig
-
-    for c in CONFIGS:
+    for c in configs or CONFIGS:
         L, H, B, seq, dtype = c[:5]
-        cfg = PersistentConfig(**c[5]) if len(c) > 5 else None
+        cfg = _config(c, tgt)
         ok, why = ps.fits_on_chip(L, B, H, dtype, tgt, cfg)
         if not ok:
             print(f"skip {_suffix(c)}: {why}")

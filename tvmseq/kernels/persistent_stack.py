@@ -122,7 +122,10 @@ def _geometry(B, H, cfg, gpu):
 def fits_on_chip(L: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[bool, str]:
     """Whether the R and W weights of all L layers stay on chip for the pipelined kernel, and why not."""
     from . import recurrent_gemm as rg
+    from .persistent_rows import RowSplitConfig, rows_fit
 
+    if isinstance(config, RowSplitConfig):
+        return rows_fit(L, B, H, target, config)
     target = resolve(target)
     if not is_gpu(target):
         return True, "CPU: the pipelined variant runs serially"
@@ -137,11 +140,14 @@ def fits_on_chip(L: int, B: int, H: int, dtype: str, target=None, config=None) -
 def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
                      slots: int = DEFAULT_SLOTS):
     """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) for a pipelined stack of L GRU layers (module doc).
-    acts: (f, g) Activations shared by every layer (default sigmoid, tanh); clip: shared cell clip."""
+    acts: (f, g) Activations shared by every layer (default sigmoid, tanh); clip: shared cell clip.
+    config: a recurrent_gemm.PersistentConfig (this module's k-split engine) or a
+    persistent_rows.RowSplitConfig (the row-split schedule, same interface)."""
     from tvm.script import tirx as T
 
     from . import recurrent_gemm as rg
     from .persistent_gru import make_engine_pass
+    from .persistent_rows import RowSplitConfig, stacked_gru_rows_func
 
     target = resolve(target)
     gpu = is_gpu(target)
@@ -151,6 +157,8 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
         raise TvmseqError(f"stacked GRU: layers, batch and hidden must be >= 1, got L={L} B={B} H={H}")
     if slots < 2:
         raise TvmseqError(f"stacked GRU: needs at least 2 LL slots, got {slots}")
+    if isinstance(config, RowSplitConfig):
+        return stacked_gru_rows_func(L, B, H, dtype, target, acts, clip, config, slots)
     f_act, g_act = acts or (Activation.make("Sigmoid"), Activation.make("Tanh"))
     config = config or default_stack_config(L, B, H, dtype, target)
     geo = _geometry(B, H, config, gpu)

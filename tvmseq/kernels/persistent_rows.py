@@ -1,0 +1,375 @@
+"""Row-split schedule of the pipelined GRU stack: the same interface and hand-off as
+`persistent_stack.stacked_gru_func`, a different split of the work inside a block.
+
+Why. The engine's k-split (every thread owns a k-slice of ALL the block's weight rows) ends every pass
+with a reduction of rows x batch-chunk partial sums per thread over the whole block. In the stack a block
+of layer l >= 1 owns 6U rows (R and W of its U units); at 4 x H512 B8 that is ~1000 shuffles per warp per
+step, as many as its FMAs, and the measured step took ~14 us against ~3.7 us for one layer alone.
+
+Here warp w of a block owns UW units outright (their z, r, h rows of R and, for l >= 1, of W) and its
+32 lanes split k (lane owns k = lane + 32 j). A step:
+  1. stage: every thread polls its k-slice of the layer's own state h_{s} (LL flag s) and of the layer
+     below's state after the same step (flag s+1), and writes them to shared memory (double-buffered by
+     iteration parity, so one __syncthreads per iteration suffices);
+  2. compute: each lane multiplies its weights (the first `reg_rows` rows of the warp in registers, the
+     rest in shared memory) with the staged vectors into 4 sums per (unit, batch column): z and r
+     (R h + W x fused: one reduction instead of two), R_h h and W_h x (kept apart: lbr=1);
+  3. a transposing warp reduction (~4 UW BC shuffles), __syncwarp, and the gate math of the warp's own
+     units, published as LL words. No reduction across warps, no second barrier.
+Layer 0's input part comes precomputed (gate_i0), so its W rows are zero and its staged input is zero.
+
+Flow control between layers (rings of S slots, progress counters) is persistent_stack's, unchanged.
+The CPU variant runs the same per-thread code with serial loops (a warp of one lane) for CI.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ..errors import TvmseqError
+from ..targets import is_gpu, resolve
+from .activations import Activation
+
+_SYNCWARP_SRC = r"""
+__forceinline__ __device__ void tvmseq_syncwarp() { __syncwarp(); }
+"""
+_REG_OVERHEAD = 48
+
+
+@dataclass(frozen=True)
+class RowSplitConfig:
+    """Knobs of the row-split stack kernel.
+
+    blocks_per_layer: blocks (SMs) of one layer
+    num_warps:        warps per block; the block's units are split over them
+    batch_chunk:      batch columns per iteration (sums per lane = 4 x units per warp x batch_chunk)
+    reg_rows:         weight rows of a warp held in registers; the rest live in shared memory
+    """
+
+    blocks_per_layer: int
+    num_warps: int = 8
+    batch_chunk: int = 8
+    reg_rows: int = 6
+
+    def replace(self, **kw) -> "RowSplitConfig":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class RowGeometry:
+    """Sizes derived from (L, B, H, config) that the kernel body and the host checks share."""
+
+    L: int
+    B: int
+    H: int
+    cfg: RowSplitConfig
+    warp_size: int  # 32 on CUDA, 1 for the CPU variant
+
+    G = property(lambda self: self.cfg.blocks_per_layer)
+    W = property(lambda self: self.cfg.num_warps)
+    NT = property(lambda self: self.W * self.warp_size)
+    UW = property(lambda self: math.ceil(math.ceil(self.H / self.G) / self.W))   # units per warp
+    U = property(lambda self: self.UW * self.W)                                   # units per block
+    NQ = property(lambda self: 6 if self.L > 1 else 3)     # weight rows per unit: R (z, r, h), W (z, r, h)
+    NRW = property(lambda self: self.NQ * self.UW)          # weight rows per warp
+    RR = property(lambda self: min(self.cfg.reg_rows, self.NRW))
+    RS = property(lambda self: self.NRW - self.RR)
+    Hp = property(lambda self: math.ceil(self.H / self.NT) * self.NT)
+    KT = property(lambda self: self.Hp // self.NT)          # words a thread polls per state row
+    KL = property(lambda self: self.Hp // self.warp_size)   # k values per lane
+    BC = property(lambda self: min(self.cfg.batch_chunk, self.B))
+    NC = property(lambda self: math.ceil(self.B / self.BC))
+    Bp = property(lambda self: self.NC * self.BC)
+    NA = property(lambda self: 4 * self.UW * self.BC)       # sums per lane: z, r, R_h h, W_h x
+    vp = property(lambda self: 1 << (self.NA - 1).bit_length())
+    XN = property(lambda self: 2 if self.L > 1 else 1)     # staged vectors: own state (and input)
+    FI = property(lambda self: math.ceil(self.UW * self.BC / self.warp_size))  # items a lane finishes
+
+    def regs_estimate(self) -> int:
+        return self.RR * self.KL + self.vp + 2 * self.BC * self.KT + _REG_OVERHEAD
+
+    def smem_bytes(self) -> int:
+        return 4 * (self.W * self.RS * self.Hp + 2 * self.XN * self.BC * self.Hp + self.W * self.vp)
+
+    def check(self, facts) -> str | None:
+        """Why this geometry cannot run resident (one block per SM), or None."""
+        c = self.cfg
+        if min(c.blocks_per_layer, c.num_warps, c.batch_chunk) < 1 or c.reg_rows < 0:
+            return f"config {c} has a non-positive knob"
+        if facts is None:
+            return None
+        if self.L * self.G > facts.num_sms:
+            return f"{self.L} layers x {self.G} blocks > {facts.num_sms} SMs: not all resident"
+        if self.NT > facts.max_threads_per_block:
+            return f"{self.NT} threads per block: too many"
+        cap = min(facts.max_regs_per_thread, facts.regs_per_sm // self.NT)
+        if self.regs_estimate() > cap:
+            return (f"~{self.regs_estimate()} registers per thread (weights {self.RR}x{self.KL}, sums {self.vp}) "
+                    f"> {cap}")
+        if self.smem_bytes() > facts.smem_per_block:
+            return f"{self.smem_bytes()} B shared memory per block > {facts.smem_per_block}"
+        return None
+
+
+def default_rows_config(L: int, B: int, H: int, target) -> RowSplitConfig:
+    """G = SMs // L blocks per layer (fewer if that covers H as well), 8 warps, the largest batch chunk
+    <= 8 that leaves registers for at least one weight row, then as many register rows as fit."""
+    from . import recurrent_gemm as rg
+
+    target = resolve(target)
+    if not is_gpu(target):
+        return RowSplitConfig(blocks_per_layer=min(3, H), num_warps=min(2, H), batch_chunk=min(2, B), reg_rows=2)
+    facts = rg.gpu_facts(target)
+    G = max(1, min(128, facts.num_sms) // L)
+    for warps in (8, 16, 4):
+        geo_g = RowGeometry(L, B, H, RowSplitConfig(G, warps, 1, 0), 32)
+        G_w = math.ceil(H / geo_g.U)          # no more blocks than the units need
+        for bc in (8, 4, 2, 1):
+            best = None
+            for reg_rows in range(geo_g.NRW, -1, -1):
+                geo = RowGeometry(L, B, H, RowSplitConfig(G_w, warps, bc, reg_rows), 32)
+                if geo.check(facts) is None:
+                    best = geo.cfg
+                    break
+            if best is not None:
+                return best
+    raise TvmseqError(f"no row-split configuration keeps {L} layers of {H}x{H} GRU weights on chip")
+
+
+def rows_fit(L: int, B: int, H: int, target, config: RowSplitConfig | None = None) -> tuple[bool, str]:
+    from . import recurrent_gemm as rg
+
+    target = resolve(target)
+    if not is_gpu(target):
+        return True, "CPU: the row-split variant runs serially"
+    try:
+        config = config or default_rows_config(L, B, H, target)
+    except TvmseqError as err:
+        return False, str(err)
+    why = RowGeometry(L, B, H, config, 32).check(rg.gpu_facts(target))
+    return (why is None), (why or f"fits: {config}")
+
+
+def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
+                          slots: int = 8):
+    """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) named "gru_stack": persistent_stack's interface
+    and numerics with the row-split work division (module doc)."""
+    from tvm.script import tirx as T
+
+    from . import recurrent_gemm as rg
+    from .persistent_stack import _PROGRESS_STORE_SRC, _PROGRESS_WAIT_SRC
+
+    target = resolve(target)
+    gpu = is_gpu(target)
+    f_act, g_act = acts or (Activation.make("Sigmoid"), Activation.make("Tanh"))
+    config = config or default_rows_config(L, B, H, target)
+    geo = RowGeometry(L, B, H, config, 32 if gpu else 1)
+    why = geo.check(rg.gpu_facts(target) if gpu else None)
+    if why:
+        raise TvmseqError(f"row-split GRU stack L={L} B={B} H={H} {dtype}: {why}")
+    G, W_, NT, WS, UW, U, NQ = geo.G, geo.W, geo.NT, geo.warp_size, geo.UW, geo.U, geo.NQ
+    RR, RS, Hp, KT, KL = geo.RR, geo.RS, geo.Hp, geo.KT, geo.KL
+    BC, NC, Bp, vp, FI, XN = geo.BC, geo.NC, geo.Bp, geo.vp, geo.FI, geo.XN
+    S, LW, G3 = slots, max(L - 1, 1), 3 * H
+    slot_words = Bp * Hp
+    ll_words = L * S * slot_words
+    unroll = T.unroll if gpu else T.serial
+    ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT, poll=rg.PollOptions(report="lane0"))
+    reduce = rg.make_warp_reduce(WS, vp)
+    f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
+    if clip is None:
+        clipf = lambda x: x  # noqa: E731
+    else:
+        clipf = lambda x: T.min(T.max(x, T.float32(-float(clip))), T.float32(float(clip)))  # noqa: E731
+
+    def word(layer, slot):
+        return (layer * S + slot) * slot_words
+
+    def weight(Rw, Ww, l, g, w, r, k):
+        """Local row r of warp w (r = q * UW + u; q < 3: R's z/r/h row of unit u, else W's), column k."""
+        q, u = r // UW, r % UW
+        unit = g * U + w * UW + u
+        row = (q % 3) * H + T.min(unit, H - 1)
+        kk = T.min(k, H - 1)
+        return T.if_then_else(
+            T.And(T.And(unit < H, k < H), T.Or(q < 3, l > 0)),
+            T.if_then_else(q < 3, f32(Rw[l, row, kk]), f32(Ww[T.max(l - 1, 0), row, kk])), T.float32(0))
+
+    def slot_of(q):
+        """Sum a row adds into: z (0) and r (1) take both R and W rows; R_h h is 2, W_h x is 3."""
+        return T.if_then_else(q == 5, 3, q % 3)
+
+    def item(g, w, lane, c, i):
+        v = i * WS + lane
+        return v, c * BC + v // UW, g * U + w * UW + v % UW
+
+    @T.macro
+    def load_weights(Rw, Ww, a_reg, a_smem, l, g, w, lane):
+        for r in unroll(RR):
+            for j in unroll(KL):
+                a_reg[r * KL + j] = weight(Rw, Ww, l, g, w, r, lane + WS * j)
+        for r in range(RS):
+            for j in unroll(KL):
+                a_smem[w, r, lane + WS * j] = weight(Rw, Ww, l, g, w, RR + r, lane + WS * j)
+
+    @T.macro
+    def seed(H0, ws, hs, hrow, l, g, w, lane):
+        for c in range(NC):
+            for i in unroll(FI):
+                v, b, j = T.meta_var(item(g, w, lane, c, i))
+                hs[hrow, c * FI + i] = T.if_then_else(
+                    v < UW * BC and b < B and j < H, H0[l, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
+                if v < UW * BC and b < B and j < H:
+                    ll_store(ws, word(l, 0) + b * Hp + j, H0[l, b, j], 0)
+                    for sl in unroll(S - 1):
+                        ll_store(ws, word(l, sl + 1) + b * Hp + j, T.float32(0), -1)
+
+    @T.macro
+    def stage(ws, xs, cval, l, s, c, p, t):
+        """Poll this thread's k-slice of the layer's own state (flag s) and the input (flag s+1) into xs."""
+        b0 = T.meta_var(c * BC)
+        nw_valid = T.meta_var(T.max(T.min(H - t * KT, KT), 0))
+        ll_wait(ws, word(l, s % S) + b0 * Hp + t * KT, Hp, s, nw_valid, T.min(B - b0, BC), cval)
+        for bb in unroll(BC):
+            for j in unroll(KT):
+                xs[p, 0, bb, t * KT + j] = cval[bb * KT + j]
+        if XN == 2 and l > 0:
+            ll_wait(ws, word(T.max(l - 1, 0), (s + 1) % S) + b0 * Hp + t * KT, Hp, s + 1, nw_valid,
+                    T.min(B - b0, BC), cval)
+            for bb in unroll(BC):
+                for j in unroll(KT):
+                    xs[p, 1, bb, t * KT + j] = cval[bb * KT + j]
+        elif XN == 2:
+            for bb in unroll(BC):
+                for j in unroll(KT):
+                    xs[p, 1, bb, t * KT + j] = T.float32(0)
+
+    @T.macro
+    def compute(xs, a_reg, a_smem, acc, p, w, lane):
+        for v in unroll(vp):
+            acc[v] = T.float32(0)
+        for j in unroll(KL):
+            for bb in unroll(BC):
+                for r in unroll(RR):
+                    a = T.meta_var((bb * UW + r % UW) * 4 + slot_of(r // UW))
+                    acc[a] = acc[a] + a_reg[r * KL + j] * xs[p, (r // UW) // 3, bb, lane + WS * j]
+                for r in unroll(RS):
+                    rr = T.meta_var(RR + r)
+                    a = T.meta_var((bb * UW + rr % UW) * 4 + slot_of(rr // UW))
+                    acc[a] = acc[a] + a_smem[w, r, lane + WS * j] * xs[p, (rr // UW) // 3, bb, lane + WS * j]
+
+    @T.macro
+    def finish(GI0, BI, RbH, Y, ws, hs, hrow, red, l, g, w, lane, s, c):
+        for i in unroll(FI):
+            v, b, j = T.meta_var(item(g, w, lane, c, i))
+            if v < UW * BC and b < B and j < H:
+                a = T.meta_var(v * 4)   # item v = bb * UW + u owns sums [4v, 4v + 4)
+                bq, jq, lq = T.meta_var((T.min(b, B - 1), T.min(j, H - 1), T.max(l - 1, 0)))
+                gz = T.meta_var(T.if_then_else(l == 0, GI0[s, bq, jq], BI[lq, jq]))
+                gr = T.meta_var(T.if_then_else(l == 0, GI0[s, bq, H + jq], BI[lq, H + jq]))
+                gh = T.meta_var(T.if_then_else(l == 0, GI0[s, bq, 2 * H + jq], BI[lq, 2 * H + jq] + red[w, a + 3]))
+                h = T.meta_var(hs[hrow, c * FI + i])
+                z = T.meta_var(f_act.expr(clipf(gz + red[w, a])))
+                r = T.meta_var(f_act.expr(clipf(gr + red[w, a + 1])))
+                hh = T.meta_var(g_act.expr(clipf(gh + r * (red[w, a + 2] + RbH[l, jq]))))
+                hn = (T.float32(1) - z) * hh + z * h
+                Y[l, s, b, j] = T.Cast(dtype, hn)
+                hs[hrow, c * FI + i] = hn
+                ll_store(ws, word(l, (s + 1) % S) + b * Hp + j, hn, s + 1)
+
+    @T.macro
+    def final_state(Yh, hs, hrow, l, g, w, lane, seq):
+        for c in range(NC):
+            for i in unroll(FI):
+                v, b, j = T.meta_var(item(g, w, lane, c, i))
+                if v < UW * BC and b < B and j < H:
+                    Yh[l, b, j] = T.Cast(dtype, T.if_then_else(seq > 0, hs[hrow, c * FI + i], T.float32(0)))
+
+    smem_shape, smem_scope = ((W_, RS, Hp), "shared.dyn") if RS else ((1, 1, 1), "local")
+
+    if gpu:
+        @T.prim_func
+        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
+                 h0: T.handle, y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+            BI = T.match_buffer(bias_i, (LW, G3), "float32")
+            RbH = T.match_buffer(rb_h, (L, H), "float32")
+            H0 = T.match_buffer(h0, (L, B, H), "float32")
+            Y = T.match_buffer(y, (L, seq, B, H), dtype)
+            Yh = T.match_buffer(y_h, (L, B, H), dtype)
+            ws = T.alloc_buffer((ll_words * 2 + L * G,), "int32", scope="global")
+            for gb in T.thread_binding(L * G, thread="blockIdx.x"):
+                for t in T.thread_binding(NT, thread="threadIdx.x"):
+                    a_reg = T.alloc_buffer((max(RR * KL, 1),), "float32", scope="local")
+                    a_smem = T.alloc_buffer(smem_shape, "float32", scope=smem_scope)
+                    xs = T.alloc_buffer((2, XN, BC, Hp), "float32", scope="shared.dyn")
+                    cval = T.alloc_buffer((BC * KT,), "float32", scope="local")
+                    acc = T.alloc_buffer((vp,), "float32", scope="local")
+                    red = T.alloc_buffer((W_, vp), "float32", scope="shared")
+                    hs = T.alloc_buffer((1, NC * FI), "float32", scope="local")
+                    l = T.meta_var(gb // G)
+                    g = T.meta_var(gb % G)
+                    load_weights(Rw, Ww, a_reg, a_smem, l, g, t // WS, t % WS)
+                    seed(H0, ws, hs, 0, l, g, t // WS, t % WS)
+                    if t == 0:
+                        ws[ll_words * 2 + gb] = 0
+                    T.cuda.grid_sync()
+                    for it in T.serial(seq * NC):
+                        if l + 1 < L and t < 32:
+                            # before this iteration publishes step s+1 into slot (s+1) % S: layer l+1 has
+                            # read what that slot held (its iteration it - S*NC)
+                            T.evaluate(T.cuda.func_call(
+                                "tvmseq_progress_wait", T.address_of(ws[ll_words * 2 + (l + 1) * G]), G,
+                                it - S * NC + 1, source_code=_PROGRESS_WAIT_SRC))
+                        stage(ws, xs, cval, l, it // NC, it % NC, it % 2, t)
+                        T.tvm_storage_sync("shared")
+                        if t == 0:  # every thread of the block has read this iteration's LL words
+                            T.evaluate(T.cuda.func_call(
+                                "tvmseq_progress_store", T.address_of(ws[ll_words * 2 + gb]), it + 1,
+                                source_code=_PROGRESS_STORE_SRC))
+                        compute(xs, a_reg, a_smem, acc, it % 2, t // WS, t % WS)
+                        reduce(acc, t % WS, red, t // WS)
+                        T.evaluate(T.cuda.func_call("tvmseq_syncwarp", source_code=_SYNCWARP_SRC))
+                        finish(GI0, BI, RbH, Y, ws, hs, 0, red, l, g, t // WS, t % WS, it // NC, it % NC)
+                    final_state(Yh, hs, 0, l, g, t // WS, t % WS, seq)
+    else:
+        @T.prim_func
+        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
+                 h0: T.handle, y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+            BI = T.match_buffer(bias_i, (LW, G3), "float32")
+            RbH = T.match_buffer(rb_h, (L, H), "float32")
+            H0 = T.match_buffer(h0, (L, B, H), "float32")
+            Y = T.match_buffer(y, (L, seq, B, H), dtype)
+            Yh = T.match_buffer(y_h, (L, B, H), dtype)
+            ws = T.alloc_buffer((ll_words * 2,), "int32")
+            a_reg = T.alloc_buffer((max(RR * KL, 1),), "float32")
+            a_smem = T.alloc_buffer((W_, max(RS, 1), Hp), "float32")
+            xs = T.alloc_buffer((2, XN, BC, Hp), "float32")
+            cval = T.alloc_buffer((BC * KT,), "float32")
+            acc = T.alloc_buffer((vp,), "float32")
+            red = T.alloc_buffer((W_, vp), "float32")
+            hs = T.alloc_buffer((L * G * W_, NC * FI), "float32")
+            for l, g, w in T.grid(L, G, W_):
+                seed(H0, ws, hs, (l * G + g) * W_ + w, l, g, w, 0)
+            for it in T.serial(seq * NC):
+                # layer by layer, block by block: every LL word a block reads is ready when it reads it
+                for l, g in T.grid(L, G):
+                    for t in T.serial(NT):
+                        stage(ws, xs, cval, l, it // NC, it % NC, it % 2, t)
+                    for w in T.serial(W_):
+                        load_weights(Rw, Ww, a_reg, a_smem, l, g, w, 0)
+                        compute(xs, a_reg, a_smem, acc, it % 2, w, 0)
+                        reduce(acc, 0, red, w)
+                        finish(GI0, BI, RbH, Y, ws, hs, (l * G + g) * W_ + w, red, l, g, w, 0, it // NC, it % NC)
+            for l, g, w in T.grid(L, G, W_):
+                final_state(Yh, hs, (l * G + g) * W_ + w, l, g, w, 0, seq)
+
+    return rg.scheduled(main, "gru_stack", cooperative=gpu)
