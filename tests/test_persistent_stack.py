@@ -1,42 +1,16 @@
 """Pipelined GRU stack (one persistent kernel for all layers): the serial CPU variant against a float64
 numpy stack of GRU layers, the schedule choice, and CUDA code generation (ptxas: no spills)."""
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 tvm = pytest.importorskip("tvm")
 from tvmseq.errors import TvmseqError  # noqa: E402
+from tvmseq.bench.gru_stack import numpy_stack, stack_inputs as make_inputs  # noqa: E402
 from tvmseq.kernels import persistent_stack as ps  # noqa: E402
-
-
-def numpy_stack(gi0, R, W, BI, rb_h, h0):
-    """float64 stack of GRU layers (linear_before_reset=1, sigmoid/tanh): every layer's sequence."""
-    L, T_, (_, B, H) = R.shape[0], gi0.shape[0], h0.shape
-    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
-    Y = np.zeros((L, T_, B, H))
-    for l in range(L):
-        gi = gi0.astype(np.float64) if l == 0 else Y[l - 1] @ W[l - 1].astype(np.float64).T + BI[l - 1]
-        Rz, Rr, Rh = np.split(R[l].astype(np.float64), 3)
-        h = h0[l].astype(np.float64)
-        for s in range(T_):
-            gz, gr, gh = np.split(gi[s], 3, axis=1)
-            z, r = sig(gz + h @ Rz.T), sig(gr + h @ Rr.T)
-            h = (1 - z) * np.tanh(gh + r * (h @ Rh.T + rb_h[l])) + z * h
-            Y[l, s] = h
-    return Y
-
-
-def make_inputs(L, B, H, T_, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    k = H ** -0.5
-    gi0 = rng.standard_normal((T_, B, 3 * H)).astype("float32")
-    R = rng.uniform(-k, k, (L, 3 * H, H)).astype(dtype)
-    W = rng.uniform(-k, k, (max(L - 1, 1), 3 * H, H)).astype(dtype)
-    BI = (rng.standard_normal((max(L - 1, 1), 3 * H)) * 0.1).astype("float32")
-    rb_h = (rng.standard_normal((L, H)) * 0.1).astype("float32")
-    h0 = (rng.standard_normal((L, B, H)) * 0.5).astype("float32")
-    return gi0, R, W, BI, rb_h, h0
 
 
 @pytest.mark.parametrize("L,B,H,T_", [(1, 3, 5, 4), (2, 1, 13, 7), (3, 5, 7, 6), (4, 2, 9, 5)])
@@ -154,3 +128,24 @@ def test_rows_cuda_builds_without_spills(L, B, H):
         pytest.skip("nvcc not installed: ptxas not checked")
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0 and info["registers"] <= 255, info
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: the odd-size kernels of the benchmark payload (python3 -m tvmseq.bench.gru_stack --build out/stack2)
+# ----------------------------------------------------------------------------------------------------
+STACK_PREBUILT = Path(os.environ.get("TVMSEQ_STACK_PREBUILT", Path(__file__).resolve().parents[1] / "out" / "stack2"))
+
+
+@pytest.mark.gpu
+def test_prebuilt_odd_stacks_on_gpu():
+    import json
+
+    from tvmseq.bench.common import PrebuiltModules
+    from tvmseq.bench.gru_stack import NAME, check_kernels
+
+    if not (STACK_PREBUILT / "index.json").exists():
+        pytest.skip(f"no prebuilt payload in {STACK_PREBUILT}")
+    index = json.loads((STACK_PREBUILT / "index.json").read_text())
+    assert any(e.get("odd") for e in index["configs"]), "payload has no odd-size kernels"
+    mod = PrebuiltModules(STACK_PREBUILT).get(f"{NAME}.so")
+    assert check_kernels(mod, index) == []

@@ -40,7 +40,75 @@ ROWS_CONFIGS = [(4, 512, 8, 200, "float32", _ROWS), (4, 512, 8, 200, "float16", 
                 (1, 1024, 64, 200, "float32", _ROWS), (1, 512, 64, 200, "float32", _ROWS),
                 (1, 256, 64, 200, "float32", _ROWS), (1, 512, 8, 200, "float32", _ROWS),
                 (1, 1024, 8, 200, "float16", _ROWS), (1, 1024, 64, 200, "float16", _ROWS)]
-CONFIGS = KSPLIT + ROWS_CONFIGS
+# odd sizes, short sequences: correctness on the GPU (bench rows and `check_kernels`, which the gpu test
+# and compute-sanitizer use: the stack kernel alone against the float64 numpy stack, launched twice)
+ODD_CONFIGS = [(3, 37, 5, 23, "float32", _ROWS), (2, 100, 3, 17, "float32", _ROWS),
+               (1, 257, 19, 11, "float32", _ROWS), (2, 64, 4, 9, "float16", _ROWS),
+               (2, 100, 3, 17, "float32")]
+CONFIGS = KSPLIT + ROWS_CONFIGS + ODD_CONFIGS
+
+
+def numpy_stack(gi0, R, W, BI, rb_h, h0):
+    """float64 stack of GRU layers (linear_before_reset=1, sigmoid/tanh) from the stack kernel's own inputs:
+    every layer's sequence [L, T, B, H]."""
+    import numpy as np
+
+    L, T_, (_, B, H) = R.shape[0], gi0.shape[0], h0.shape
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    Y = np.zeros((L, T_, B, H))
+    for l in range(L):
+        gi = gi0.astype(np.float64) if l == 0 else Y[l - 1] @ W[l - 1].astype(np.float64).T + BI[l - 1]
+        Rz, Rr, Rh = np.split(R[l].astype(np.float64), 3)
+        h = h0[l].astype(np.float64)
+        for s in range(T_):
+            gz, gr, gh = np.split(gi[s], 3, axis=1)
+            z, r = sig(gz + h @ Rz.T), sig(gr + h @ Rr.T)
+            h = (1 - z) * np.tanh(gh + r * (h @ Rh.T + rb_h[l])) + z * h
+            Y[l, s] = h
+    return Y
+
+
+def stack_inputs(L, B, H, T_, dtype, seed=0):
+    """Random inputs of the stack kernel (numpy): gate_i0, R, W, bias_i, rb_h, h0 (|R|, |W| <= 1/sqrt(H))."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    k = H ** -0.5
+    gi0 = rng.standard_normal((T_, B, 3 * H)).astype("float32")
+    R = rng.uniform(-k, k, (L, 3 * H, H)).astype(dtype)
+    W = rng.uniform(-k, k, (max(L - 1, 1), 3 * H, H)).astype(dtype)
+    BI = (rng.standard_normal((max(L - 1, 1), 3 * H)) * 0.1).astype("float32")
+    rb_h = (rng.standard_normal((L, H)) * 0.1).astype("float32")
+    h0 = (rng.standard_normal((L, B, H)) * 0.5).astype("float32")
+    return gi0, R, W, BI, rb_h, h0
+
+
+def check_kernels(mod, index, launches: int = 2) -> list[str]:
+    """Run every odd-size stack kernel of `index` alone on the GPU (no torch) `launches` times against the
+    float64 numpy stack; returns one line per problem (empty: all correct)."""
+    import numpy as np
+    import tvm
+
+    problems = []
+    for e in index["configs"]:
+        if not e.get("odd"):
+            continue
+        L, H, B, seq, dtype = e["layers"], e["hidden"], e["batch"], e["seq"], e["dtype"]
+        inputs = stack_inputs(L, B, H, seq, dtype, seed=H + B)
+        want = numpy_stack(*inputs)
+        dev = tvm.cuda(0)
+        tol = 2e-2 if dtype == "float16" else 1e-4
+        for launch in range(launches):
+            outs = [np.full((L, seq, B, H), np.nan, dtype), np.full((L, B, H), np.nan, dtype)]
+            args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in (*inputs, *outs)]
+            mod[f"stack_{e['suffix']}"](*args)
+            got_y, got_h = args[6].numpy().astype(np.float64), args[7].numpy().astype(np.float64)
+            err = max(np.nanmax(np.abs(got_y - want)) if not np.isnan(got_y).any() else np.inf,
+                      np.abs(got_h - want[:, -1]).max())
+            print(f"check {e['suffix']} launch {launch}: max abs err {err:.3g}", flush=True)
+            if not err <= tol:
+                problems.append(f"{e['suffix']} launch {launch}: max abs err {err:.3g} > {tol}")
+    return problems
 
 
 def _suffix(c) -> str:
@@ -92,6 +160,7 @@ def build(out_dir, target: str = "cuda", configs=None) -> Path:
             "global_symbol", f"proj_{sfx}")
         funcs[f"rec_{sfx}"] = rec.with_attr("global_symbol", f"rec_{sfx}")
         index["configs"].append(dict(layers=L, hidden=H, batch=B, seq=seq, dtype=dtype, suffix=sfx, layer_path=path,
+                                     odd=c in ODD_CONFIGS,
                                      stack_config=str(cfg or ps.default_stack_config(L, B, H, dtype, tgt))))
     t0 = time.time()
     ex, report = compile_for_gpu(funcs, tgt)

@@ -113,8 +113,8 @@ class RowGeometry:
 
 
 def default_rows_config(L: int, B: int, H: int, target) -> RowSplitConfig:
-    """G = SMs // L blocks per layer (fewer if that covers H as well), 8 warps, the largest batch chunk
-    <= 8 that leaves registers for at least one weight row, then as many register rows as fit."""
+    """The most blocks per layer (up to SMs // L) that the units need, then 8, 16, 4 or 2 warps (first
+    that reaches that block count), the largest batch chunk <= 8 that fits, as many register rows as fit."""
     from . import recurrent_gemm as rg
 
     target = resolve(target)
@@ -122,19 +122,18 @@ def default_rows_config(L: int, B: int, H: int, target) -> RowSplitConfig:
         return RowSplitConfig(blocks_per_layer=min(3, H), num_warps=min(2, H), batch_chunk=min(2, B), reg_rows=2)
     facts = rg.gpu_facts(target)
     G = max(1, min(128, facts.num_sms) // L)
-    for warps in (8, 16, 4):
-        geo_g = RowGeometry(L, B, H, RowSplitConfig(G, warps, 1, 0), 32)
-        G_w = math.ceil(H / geo_g.U)          # no more blocks than the units need
+    candidates = []
+    for rank, warps in enumerate((8, 16, 4, 2)):
+        geo = RowGeometry(L, B, H, RowSplitConfig(G, warps, 1, 0), 32)
         for bc in (8, 4, 2, 1):
-            best = None
-            for reg_rows in range(geo_g.NRW, -1, -1):
-                geo = RowGeometry(L, B, H, RowSplitConfig(G_w, warps, bc, reg_rows), 32)
-                if geo.check(facts) is None:
-                    best = geo.cfg
-                    break
-            if best is not None:
-                return best
-    raise TvmseqError(f"no row-split configuration keeps {L} layers of {H}x{H} GRU weights on chip")
+            fits = [cfg for cfg in (RowSplitConfig(math.ceil(H / geo.U), warps, bc, rr) for rr in range(geo.NRW, -1, -1))
+                    if RowGeometry(L, B, H, cfg, 32).check(facts) is None]
+            if fits:
+                candidates.append((-fits[0].blocks_per_layer, rank, fits[0]))
+                break
+    if not candidates:
+        raise TvmseqError(f"no row-split configuration keeps {L} layers of {H}x{H} GRU weights on chip")
+    return min(candidates, key=lambda c: c[:2])[2]
 
 
 def rows_fit(L: int, B: int, H: int, target, config: RowSplitConfig | None = None) -> tuple[bool, str]:
