@@ -1,8 +1,9 @@
 """GRU in TensorIR, the per-step path (the Ingenic patent's structure).
 
 Pipeline of one GRU node (both directions in every launch):
-1. `input_projection_func`: ONE GEMM for all time steps, gate_i[d, t, b, :] = X[t, b, :] W[d]^T + bias[d]
-   with W = [W_z, W_r, W_h] stored together and the biases that do not depend on r folded in.
+1. `input_projection_func` (input_projection.py): ONE GEMM for all time steps,
+   gate_i[d, t, b, :] = X[t, b, :] W[d]^T + bias[d] with W = [W_z, W_r, W_h] stored together and the
+   biases that do not depend on r folded in; on CUDA the tiled SGEMM template where it applies.
 2. `recurrence_func`: a host loop over the (symbolic) time steps; per step one GEMM kernel for
    gate_h = h R^T (both directions in one launch) and one fused kernel for the gate math and the state
    update, grid (batch, directions) with 512-thread blocks. With linear_before_reset=0 the h-gate GEMM
@@ -31,6 +32,7 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 
 from ..errors import TvmseqError
 from .activations import Activation
+from .input_projection import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
 from .step_gemm import TILED_MIN_BATCH, GemmTile, choose_tile, normalized, tiled_gemm_macro
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
@@ -92,47 +94,9 @@ class StepSchedule:
 # ---------------------------------------------------------------------------------------------------
 # 1. the input projection: one GEMM over all time steps
 # ---------------------------------------------------------------------------------------------------
-def input_projection_func(spec) -> tirx.PrimFunc:
-    """gate_i[d, t, b, j] = sum_k X[t, b, k] W[d, j, k] + bias[d, j] (float32 accumulation and output).
-    `spec` is a GruSpec or an RnnSpec: W has spec.gates * hidden rows per direction."""
-    D, B, I, G = spec.num_directions, spec.batch, spec.input_size, spec.gates * spec.hidden
-    dt = spec.dtype
-
-    @T.prim_func(s_tir=True)
-    def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
-        T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
-        seq = T.int32()
-        X = T.match_buffer(x, (seq, B, I), dt)
-        W = T.match_buffer(w, (D, G, I), dt)
-        Bias = T.match_buffer(bias, (D, G), "float32")
-        GateI = T.match_buffer(gate_i, (D, seq, B, G), "float32")
-        acc = T.sblock_alloc_buffer((D, seq * B, G), "float32")
-        for d, m, j, k in T.grid(D, seq * B, G, I):
-            with T.sblock("matmul"):
-                vd, vm, vj, vk = T.axis.remap("SSSR", [d, m, j, k])
-                with T.init():
-                    acc[vd, vm, vj] = T.float32(0)
-                acc[vd, vm, vj] = acc[vd, vm, vj] + T.Cast("float32", X[vm // B, vm % B, vk]) * T.Cast(
-                    "float32", W[vd, vj, vk])
-        for d, t, b, j in T.grid(D, seq, B, G):
-            with T.sblock("bias"):
-                vd, vt, vb, vj = T.axis.remap("SSSS", [d, t, b, j])
-                GateI[vd, vt, vb, vj] = acc[vd, vt * B + vb, vj] + Bias[vd, vj]
-
-    return gru_input_projection
-
-
-def schedule_input_projection(func: tirx.PrimFunc, target: tvm.target.Target) -> tvm.IRModule:
-    """Default schedules: dlight's GEMM rules on CUDA (MetaSchedule databases override them when tuned);
-    on the CPU the unscheduled loop nest is left to LLVM (it is correct, and CI only checks numerics)."""
-    mod = tvm.IRModule({"main": func})
-    if target.kind.name != "cuda":
-        return mod
-    from tvm.s_tir import dlight as dl
-
-    with target:
-        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Fallback())(mod)
-    return mod
+# input_projection_func / schedule_input_projection live in input_projection.py (imported above): the
+# GEMM block over (d, t, b, j, k) and, on CUDA, the tiled SGEMM template of tvmseq.tune.space where an
+# M tile divides the batch (dlight's Matmul rule otherwise).
 
 
 # ---------------------------------------------------------------------------------------------------

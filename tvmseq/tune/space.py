@@ -353,9 +353,18 @@ def _problem_of(func) -> GemmProblem | None:
     return problem if args[1][0] == problem.b_shape else None
 
 
-def _schedule(sch, g: dict, problem: GemmProblem, gpu: bool):
+def _schedule(sch, g: dict, problem: GemmProblem, gpu: bool, consumers: tuple[str, ...] | None = None,
+              inline_producers: bool = False):
     """The schedule itself. On the CPU (gpu=False) the same loops stay serial and 'shared' becomes an
-    ordinary buffer, so the tiling, layout transforms and pipelining can be checked numerically."""
+    ordinary buffer, so the tiling, layout transforms and pipelining can be checked numerically.
+
+    The "gemm" block may have leading spatial loops before (i, j, r) (a batch of GEMMs, e.g. directions
+    and time steps of an input projection): the innermost is fused into the block-row axis (blockIdx.y),
+    the others into blockIdx.z; the operands/output may then have leading dimensions too (the last two
+    are the tile's).
+    `consumers`: blocks reverse-inlined into the register -> global store, in order (default: the
+    "epilogue" block when problem.bias). `inline_producers`: compute-inline the producers of the staged
+    operands into the global -> shared copies (pad_einsum's zero-padding blocks)."""
     bind = sch.bind if gpu else (lambda loop, tag: None)
     shared = "shared" if gpu else "global"
     block = sch.get_sblock("gemm")
@@ -365,13 +374,19 @@ def _schedule(sch, g: dict, problem: GemmProblem, gpu: bool):
     warp_m = WARP // warp_n
 
     # Tile: i -> (block row, chunk, thread row, row in chunk); j likewise; k -> (step, slice).
-    i, j, r = sch.get_loops(block)
+    *lead, i, j, r = sch.get_loops(block)
     by, vy, ty, iy = sch.split(i, [None, g["tm"] // g["wm"], n_ty, g["wm"]])
     bx, vx, tx, ix = sch.split(j, [None, g["tn"] // g["wn"], n_tx, g["wn"]])
     ty_o, ty_i = sch.split(ty, [None, warp_m])
     tx_o, tx_i = sch.split(tx, [None, warp_n])
     ko, ki = sch.split(r, [None, g["bk"]])
-    sch.reorder(by, bx, vy, vx, ty_o, tx_o, ty_i, tx_i, ko, ki, iy, ix)
+    sch.reorder(*lead, by, bx, vy, vx, ty_o, tx_o, ty_i, tx_i, ko, ki, iy, ix)
+    if lead:
+        # the innermost leading loop joins the block rows; any others become blockIdx.z (fusing them
+        # all into blockIdx.y leaves an unprovable bound predicate when an extent is symbolic)
+        by = sch.fuse(lead[-1], by)
+        if len(lead) > 1:
+            bind(sch.fuse(*lead[:-1]) if len(lead) > 2 else lead[0], "blockIdx.z")
     thread = sch.fuse(ty_o, tx_o, ty_i, tx_i)   # lane = ty_i * warp_n + tx_i: a warp is warp_m x warp_n
     bind(by, "blockIdx.y")
     bind(bx, "blockIdx.x")
@@ -382,8 +397,10 @@ def _schedule(sch, g: dict, problem: GemmProblem, gpu: bool):
     # Registers -> global store (with the bias epilogue fused), vectorized along N.
     store = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(store, thread, preserve_unit_loops=True)
-    if problem.bias:
-        sch.reverse_compute_inline(sch.get_sblock("epilogue"))
+    if consumers is None:
+        consumers = ("epilogue",) if problem.bias else ()
+    for name in consumers:
+        sch.reverse_compute_inline(sch.get_sblock(name))
     _, store_vec = sch.split(sch.get_loops(store)[-1], [None, g["wn"]])
     if gpu:
         sch.vectorize(store_vec)
@@ -398,10 +415,14 @@ def _schedule(sch, g: dict, problem: GemmProblem, gpu: bool):
         bind(t, "threadIdx.x")
         if gpu:
             sch.vectorize(v)
+        ndim = len(sch.get(copy).writes[0].region)
         if transpose:
-            sch.transform_layout(copy, ("write", 0), lambda row, col: (col, row))
+            sch.transform_layout(copy, ("write", 0), lambda *idx: (*idx[:-2], idx[-1], idx[-2]))
         if g["pad"]:
-            sch.storage_align(copy, 0, axis=0, factor=32, offset=g["pad"])
+            sch.storage_align(copy, 0, axis=ndim - 2, factor=32, offset=g["pad"])
+        if inline_producers:
+            for producer in sch.get_producers(copy):
+                sch.compute_inline(producer)
         return copy
 
     stage(0, transpose=True)

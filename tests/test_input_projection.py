@@ -1,0 +1,120 @@
+"""The GRU/RNN input projection's tiled schedule (kernels/input_projection.py): the SGEMM template of
+tvmseq.tune.space in its serial CPU variant (same loops, no thread bindings) against numpy, over
+directions, batches with different M tiles, odd input/hidden sizes (zero-padded N and K) and float32 /
+float16, several sequence lengths from one module (seq symbolic); the dlight fallback where no M tile
+divides the batch; CUDA code generation for the H100 (no predicates on the divisible path; with nvcc,
+ptxas: no spills)."""
+import functools
+import shutil
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+pytest.importorskip("tvm.script")
+
+from tvmseq.kernels import gru, input_projection as ip  # noqa: E402
+from tvmseq.tune import space  # noqa: E402
+
+
+def numpy_projection(X, W, bias):
+    """gate_i[d, t, b, j] = sum_k X[t, b, k] W[d, j, k] + bias[d, j], in float64."""
+    return np.einsum("tbk,djk->dtbj", X.astype(np.float64), W.astype(np.float64)) + bias[:, None, None, :]
+
+
+LLVM = tvm.target.Target("llvm")
+H100 = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
+
+
+def _spec(D, B, H, I, dtype="float32"):  # noqa: E741
+    return gru.GruSpec(D, B, H, I, dtype, direction="bidirectional" if D == 2 else "forward")
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_module(D, B, H, I, dtype):  # noqa: E741
+    sch = ip.TiledInputProjection().apply(ip.input_projection_func(_spec(D, B, H, I, dtype)), LLVM)
+    assert sch is not None, "the rule must apply when an M tile divides the batch"
+    return tvm.compile(sch.mod, target=LLVM)["gru_input_projection"]
+
+
+# batches 16 (M tile 16, tm lowered to 4), 64 (the tuned tile), 96 (M tile 32); (I, H) = (48, 128) needs no
+# padding, the odd sizes pad N = 3H and K = I; float16 on fewer shapes (the loops do not depend on dtype)
+CPU_CASES = ([(D, B, I, H, "float32") for D in (1, 2) for B in (16, 64, 96)
+              for I, H in ((33, 24), (100, 50), (48, 128))]
+             + [(D, B, I, H, "float16") for D in (1, 2) for B, I, H in ((64, 33, 24), (16, 48, 128))])
+
+
+@pytest.mark.parametrize("D,B,I,H,dtype", CPU_CASES)
+def test_tiled_projection_matches_numpy_on_cpu(D, B, I, H, dtype):  # noqa: E741
+    func = _cpu_module(D, B, H, I, dtype)
+    rng = np.random.default_rng(D * 1000 + B + I + H)
+    W = rng.uniform(-1, 1, (D, 3 * H, I)).astype(dtype)
+    bias = rng.standard_normal((D, 3 * H)).astype(np.float32)
+    for seq in (1, 3, 7):  # one compiled module, seq symbolic
+        X = rng.standard_normal((seq, B, I)).astype(dtype)
+        out = tvm.runtime.tensor(np.full((D, seq, B, 3 * H), np.nan, np.float32))  # every element written
+        func(tvm.runtime.tensor(X), tvm.runtime.tensor(W), tvm.runtime.tensor(bias), out)
+        # float16 inputs are exact in float64; both dtypes accumulate in float32
+        np.testing.assert_allclose(out.numpy(), numpy_projection(X, W, bias), rtol=1e-4, atol=1e-4)
+
+
+def test_genes_per_batch():
+    """The largest M tile up to the tuned one that divides the batch, tm lowered until feasible, the copy
+    vector narrowed to divide the input size, N and K rounded up to the tiles."""
+    def chosen(B, H=1024, I=1024, dtype="float32", target=H100):  # noqa: E741
+        shape = ip.projection_shape(ip.input_projection_func(_spec(1, B, H, I, dtype)))
+        return ip.projection_genes(shape, ip.PROJECTION_GENES, target)
+
+    genes, problem = chosen(64)
+    assert genes == ip.PROJECTION_GENES and (problem.n, problem.k) == (3072, 1024)
+    assert chosen(256)[0]["bm"] == 64 and chosen(96)[0]["bm"] == 32
+    g16, _ = chosen(16)
+    assert (g16["bm"], g16["tm"]) == (16, 4)  # tm 8 would leave a 2x16 thread grid no 4x8 warp tiles
+    g, p = chosen(64, H=50, I=33)
+    assert g["vec"] == 1 and (p.n, p.k) == (256, 48)
+    assert chosen(64, dtype="float16")[0]["async_copy"] == 0
+    for B in (1, 7, 24, 100):  # no M tile of the template divides these
+        assert chosen(B) is None
+
+
+@pytest.mark.parametrize("B", [7, 24])
+def test_falls_back_to_dlight(B):
+    """No M tile divides the batch: the rule declines and dlight's Matmul rule schedules the function
+    (it binds threadIdx.y; the template binds threadIdx.x only)."""
+    func = ip.input_projection_func(_spec(2, B, 40, 33))
+    assert ip.TiledInputProjection().apply(func, H100) is None
+    script = ip.schedule_input_projection(func, H100).script()
+    assert "threadIdx.y" in script
+    # the CPU keeps the unscheduled loop nest
+    assert "thread_binding" not in ip.schedule_input_projection(func, LLVM).script()
+
+
+def test_rule_declines_other_functions():
+    problem = space.GemmProblem(64, 64, 64, "float32", "nk", bias=True)
+    assert ip.TiledInputProjection().apply(space.gemm_func(problem), H100) is None
+
+
+def _cuda_source(D, B, H, I, dtype):  # noqa: E741
+    """Codegen only: no CUDA compile callback is registered in this process, so tvm.compile keeps the
+    CUDA source in the module (as tests/test_persistent_gru.py does)."""
+    mod = gru.schedule_input_projection(gru.input_projection_func(_spec(D, B, H, I, dtype)), H100)
+    script = mod.script()
+    return tvm.compile(mod, target=H100).mod.imports[0].inspect_source(), script
+
+
+@pytest.mark.parametrize("D,B,H,I,dtype", [(1, 64, 1024, 1024, "float32"), (2, 256, 1024, 1024, "float32"),
+                                           (2, 64, 1024, 1024, "float16"), (1, 64, 50, 33, "float32")])
+def test_cuda_codegen(D, B, H, I, dtype):  # noqa: E741
+    """The H100 build uses the template (blockIdx.z = direction); divisible sizes need no predicate;
+    with nvcc, ptxas reports no register spills for sm_90a."""
+    src, script = _cuda_source(D, B, H, I, dtype)
+    assert "threadIdx.y" not in script
+    assert f'T.thread_binding({D}, thread="blockIdx.z")' in script
+    if (H * 3) % 128 == 0 and I % 16 == 0:
+        assert "T.where" not in script and "if_then_else" not in script
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: ptxas not checked")
+    from tvmseq.bench.recurrent_gemm import ptxas_report
+
+    (info,) = ptxas_report(src).values()
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
