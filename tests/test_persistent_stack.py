@@ -10,13 +10,15 @@ import pytest
 tvm = pytest.importorskip("tvm")
 from tvmseq.errors import TvmseqError  # noqa: E402
 from tvmseq.bench.gru_stack import numpy_stack, stack_inputs as make_inputs  # noqa: E402
+from tvmseq.kernels import persistent_rows as pr  # noqa: E402
 from tvmseq.kernels import persistent_stack as ps  # noqa: E402
 
 
 @pytest.mark.parametrize("L,B,H,T_", [(1, 3, 5, 4), (2, 1, 13, 7), (3, 5, 7, 6), (4, 2, 9, 5)])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_stack_matches_numpy(L, B, H, T_, dtype):
-    f = ps.stacked_gru_func(L, B, H, dtype, "llvm")
+    """The k-split engine (for two or more layers the default is the row-split schedule, tested below)."""
+    f = ps.stacked_gru_func(L, B, H, dtype, "llvm", config=ps.default_stack_config(L, B, H, dtype, "llvm"))
     mod = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
     inputs = make_inputs(L, B, H, T_, dtype)
     outs = [np.zeros((L, T_, B, H), dtype), np.zeros((L, B, H), dtype)]
@@ -31,6 +33,8 @@ def test_stack_matches_numpy(L, B, H, T_, dtype):
 def test_stack_config_and_errors():
     from tvmseq.targets import resolve
 
+    assert isinstance(ps.default_config(4, 8, 512, "float32", resolve("cuda")), pr.RowSplitConfig)
+    assert not isinstance(ps.default_config(1, 8, 512, "float32", resolve("cuda")), pr.RowSplitConfig)
     cfg = ps.default_stack_config(4, 8, 512, "float32", resolve("cuda"))
     assert cfg.num_blocks * 4 <= 132 and cfg.num_blocks * (ps._geometry(8, 512, cfg, True).U) >= 512
     assert ps.fits_on_chip(4, 8, 512, "float32", "cuda")[0]
@@ -65,8 +69,6 @@ def test_stack_cuda_builds_without_spills():
 # ----------------------------------------------------------------------------------------------------
 # Row-split schedule (kernels/persistent_rows.py): same interface, warps own units, lanes split k
 # ----------------------------------------------------------------------------------------------------
-from tvmseq.kernels import persistent_rows as pr  # noqa: E402
-
 _RS = pr.RowSplitConfig
 
 

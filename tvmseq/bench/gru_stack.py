@@ -173,6 +173,14 @@ def build(out_dir, target: str = "cuda", configs=None) -> Path:
     return out_dir
 
 
+def _schedule_tag(config: str) -> str:
+    """'rows b32 n8 b8 r6' / 'ksplit b32 w8 c2 s60' from a config's repr (a short plot label)."""
+    import re
+
+    kind = "rows" if config.startswith("RowSplit") else "ksplit"
+    return " ".join([kind] + [k[0] + v for k, v in re.findall(r"(\w+)=(\d+)", config)])
+
+
 def run_one(mod, e) -> dict:
     import torch
     import tvm
@@ -187,7 +195,7 @@ def run_one(mod, e) -> dict:
     X = torch.randn(seq, B, H, device=dev, generator=g)
     h0 = torch.randn(L, B, H, device=dev, generator=g) * 0.5
     bias_i = (Bias[:, :3 * H] + torch.cat([Bias[:, 3 * H:5 * H], torch.zeros(L, H, device=dev)], 1)).contiguous()
-    rb_h = Bias[:, 5 * H:].contiguous()
+    rb_h = Bias[:, 5 * H:].clone()
     Wt, Rt, Xt = W.to(tdt).contiguous(), R.to(tdt).contiguous(), X.to(tdt).contiguous()
     tv = lambda t: tvm.runtime.from_dlpack(t)  # noqa: E731
     proj, rec, stack = mod[f"proj_{sfx}"], mod[f"rec_{sfx}"], mod[f"stack_{sfx}"]
@@ -195,8 +203,10 @@ def run_one(mod, e) -> dict:
     # pipelined: layer 0's projection, then every layer in one kernel
     gate_i0 = torch.empty(1, seq, B, 3 * H, device=dev)
     Ys, Yhs = torch.empty(L, seq, B, H, device=dev, dtype=tdt), torch.empty(L, B, H, device=dev, dtype=tdt)
-    W_rest = Wt[1:].contiguous() if L > 1 else Wt[:1].contiguous()
-    BI_rest = bias_i[1:].contiguous() if L > 1 else bias_i[:1].contiguous()
+    # clone(), not contiguous(): a slice is already contiguous, and its data pointer (odd H) is not
+    # 64-byte aligned, which TVM's DLPack import rejects
+    W_rest = Wt[1:].clone() if L > 1 else Wt[:1].clone()
+    BI_rest = bias_i[1:].clone() if L > 1 else bias_i[:1].clone()
     s_args = [tv(t) for t in (gate_i0[0], Rt, W_rest, BI_rest, rb_h, h0.contiguous(), Ys, Yhs)]
     p0 = [tv(t) for t in (Xt, Wt[:1], bias_i[:1], gate_i0)]
 
@@ -208,12 +218,12 @@ def run_one(mod, e) -> dict:
     lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
     gate_i = torch.empty(1, seq, B, 3 * H, device=dev)
     Yl = [torch.empty(seq, 1, B, H, device=dev, dtype=tdt) for _ in range(L)]
-    Yhl = torch.empty(L, 1, B, H, device=dev, dtype=tdt)
+    Yhl = [torch.empty(1, B, H, device=dev, dtype=tdt) for _ in range(L)]
     layer_args = []
     for l in range(L):
         x = Xt if l == 0 else Yl[l - 1].view(seq, B, H)
-        layer_args.append(([tv(t) for t in (x, Wt[l:l + 1], bias_i[l:l + 1], gate_i)],
-                           [tv(t) for t in (gate_i, Rt[l:l + 1], rb_h[l:l + 1], lens, h0[l:l + 1].contiguous(),
+        layer_args.append(([tv(t) for t in (x, Wt[l:l + 1].clone(), bias_i[l:l + 1].clone(), gate_i)],
+                           [tv(t) for t in (gate_i, Rt[l:l + 1].clone(), rb_h[l:l + 1].clone(), lens, h0[l:l + 1].clone(),
                                             Yl[l], Yhl[l])]))
 
     def sequential():
@@ -243,7 +253,8 @@ def run_one(mod, e) -> dict:
     with torch.no_grad():
         ref_y, ref_h = gru64(Xt.double(), h0t.double())
     err = lambda a, b: float(((a.double() - b).norm() / b.norm()).item())  # noqa: E731
-    row = dict(layers=L, hidden=H, batch=B, seq=seq, dtype=dtype, stack_config=e["stack_config"],
+    row = dict(layers=L, hidden=H, batch=B, seq=seq, dtype=dtype, schedule=_schedule_tag(e["stack_config"]),
+               stack_config=e["stack_config"],
                err_stacked=err(Ys[-1], ref_y), err_stacked_h=err(Yhs, ref_h), err_sequential=err(Yl[-1][:, 0], ref_y),
                err_cudnn=err(peer_y, ref_y), cudnn_tf32=bool(torch.backends.cudnn.allow_tf32) and dtype == "float32")
     row["stacked_us_step"] = time_cuda(stacked, warmup=3, iters=10) * 1e3 / seq
@@ -256,7 +267,7 @@ def run_one(mod, e) -> dict:
     return row
 
 
-COLUMNS = ["layers", "hidden", "batch", "seq", "dtype", "stacked_us_step", "sequential_us_step", "cudnn_us_step",
+COLUMNS = ["layers", "hidden", "batch", "seq", "dtype", "schedule", "stacked_us_step", "sequential_us_step", "cudnn_us_step",
            "vs_sequential", "vs_cudnn", "err_stacked", "err_sequential", "err_cudnn", "agree"]
 
 
@@ -270,7 +281,7 @@ def run_prebuilt(prebuilt, out=None) -> list[dict]:
         print_table(rows[-1:], COLUMNS)
         save(NAME, rows, out_dir=out)
     print_table(rows, COLUMNS)
-    save(NAME, rows, out_dir=out, plot=ratio_bar_plot(rows, ("layers", "hidden", "batch", "dtype"), "vs_sequential",
+    save(NAME, rows, out_dir=out, plot=ratio_bar_plot(rows, ("layers", "hidden", "batch", "dtype", "schedule"), "vs_sequential",
                                                       "GRU stack: pipelined kernel vs the same layers one by one"))
     return rows
 

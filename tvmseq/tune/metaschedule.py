@@ -277,7 +277,7 @@ def compile_tuned(problem: space.GemmProblem, target, work_dir: Path | None = No
 
     sch = best_schedule(work_dir, problem, target) if work_dir and genes is None else None
     if sch is not None:
-        mod = tvm.IRModule({"main": sch.mod["main"].with_attr("tir.is_scheduled", True)})
+        mod = tvm.IRModule({"main": sch.mod["main"].with_attr("tirx.is_scheduled", True)})
         how = "database"
     else:
         how = "genes" if genes is not None else "default"
@@ -292,7 +292,7 @@ def tuned_func(problem: space.GemmProblem, target, work_dir: Path | None = None)
     sch = best_schedule(Path(work_dir or SCHEDULES_ROOT / "gemm"), problem, target)
     if sch is None:
         return None, {}
-    return sch.mod["main"].with_attr("tir.is_scheduled", True), _pass_config_for(sch.mod, target)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True), _pass_config_for(sch.mod, target)
 
 
 def _pass_config_for(mod, target) -> dict:

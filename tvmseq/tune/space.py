@@ -308,7 +308,7 @@ def apply(genes: dict, problem: GemmProblem, target):
     import tvm
 
     mod = schedule(genes, problem, target).mod
-    return tvm.IRModule({"main": mod["main"].with_attr("tir.is_scheduled", True)})
+    return tvm.IRModule({"main": mod["main"].with_attr("tirx.is_scheduled", True)})
 
 
 def build(genes: dict, problem: GemmProblem, target):
