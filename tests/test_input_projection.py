@@ -41,7 +41,8 @@ def _cpu_module(D, B, H, I, dtype):  # noqa: E741
 # padding, the odd sizes pad N = 3H and K = I; float16 on fewer shapes (the loops do not depend on dtype)
 CPU_CASES = ([(D, B, I, H, "float32") for D in (1, 2) for B in (16, 64, 96)
               for I, H in ((33, 24), (100, 50), (48, 128))]
-             + [(D, B, I, H, "float16") for D in (1, 2) for B, I, H in ((64, 33, 24), (16, 48, 128))])
+             + [(D, B, I, H, "float16") for D in (1, 2) for B, I, H in ((64, 33, 24), (16, 48, 128))]
+             + [(1, 64, 19, 128, "float32"), (2, 16, 19, 128, "float32")])  # only k padded: no unpad block
 
 
 @pytest.mark.parametrize("D,B,I,H,dtype", CPU_CASES)
@@ -103,7 +104,8 @@ def _cuda_source(D, B, H, I, dtype):  # noqa: E741
 
 
 @pytest.mark.parametrize("D,B,H,I,dtype", [(1, 64, 1024, 1024, "float32"), (2, 256, 1024, 1024, "float32"),
-                                           (2, 64, 1024, 1024, "float16"), (1, 64, 50, 33, "float32")])
+                                           (2, 64, 1024, 1024, "float16"), (1, 64, 50, 33, "float32"),
+                                           (1, 256, 512, 19, "float32")])
 def test_cuda_codegen(D, B, H, I, dtype):  # noqa: E741
     """The H100 build uses the template (blockIdx.z = direction); divisible sizes need no predicate;
     with nvcc, ptxas reports no register spills for sm_90a."""

@@ -7,7 +7,7 @@ import time
 
 from .errors import TvmseqError
 
-BENCHMARKS = ("gru", "persistent_gru", "persistent_rnn", "gru_stack", "recurrent_gemm", "spmm", "topk")
+BENCHMARKS = ("gru", "persistent_gru", "persistent_rnn", "gru_stack", "input_projection", "recurrent_gemm", "spmm", "topk")
 
 
 def _parse_shapes(items) -> dict:
