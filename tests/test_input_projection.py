@@ -42,8 +42,7 @@ def _cpu_module(D, B, H, I, dtype):  # noqa: E741
 CPU_CASES = ([(D, B, I, H, "float32") for D in (1, 2) for B in (16, 64, 96)
               for I, H in ((33, 24), (100, 50), (48, 128))]
              + [(D, B, I, H, "float16") for D in (1, 2) for B, I, H in ((64, 33, 24), (16, 48, 128))]
-             + [(1, 64, 19, 128, "float32"), (2, 16, 19, 128, "float32")]  # only k padded: no unpad block
-             + [(1, 8, 33, 24, "float32"), (2, 24, 100, 50, "float32"), (1, 8, 48, 128, "float16")])  # 8-row tiles
+             + [(1, 64, 19, 128, "float32"), (2, 16, 19, 128, "float32")])  # only k padded: no unpad block
 
 
 @pytest.mark.parametrize("D,B,I,H,dtype", CPU_CASES)
@@ -75,16 +74,13 @@ def test_genes_per_batch():
     g, p = chosen(64, H=50, I=33)
     assert g["vec"] == 1 and (p.n, p.k) == (256, 48)
     assert chosen(64, dtype="float16")[0]["async_copy"] == 0
-    g8, p8 = chosen(8)        # the narrow 8-row tile (batch 8, 24, ...)
-    assert g8["bm"] == 8 and p8.m == 8 and g8["async_copy"] == 0
-    assert chosen(24)[0]["bm"] == 8
-    for B in (1, 7, 12, 100):  # no M tile divides these
+    for B in (1, 7, 8, 24, 100):  # no M tile of the template divides these (batch 8: dlight measured faster)
         assert chosen(B) is None
 
 
-@pytest.mark.parametrize("B", [7, 12])
+@pytest.mark.parametrize("B", [7, 8])
 def test_falls_back_to_dlight(B):
-    """No M tile divides the batch (the narrowest is 8 rows): the rule declines and dlight's Matmul rule schedules the function
+    """No M tile divides the batch: the rule declines and dlight's Matmul rule schedules the function
     (it binds threadIdx.y; the template binds threadIdx.x only)."""
     func = ip.input_projection_func(_spec(2, B, 40, 33))
     assert ip.TiledInputProjection().apply(func, H100) is None
@@ -109,7 +105,7 @@ def _cuda_source(D, B, H, I, dtype):  # noqa: E741
 
 @pytest.mark.parametrize("D,B,H,I,dtype", [(1, 64, 1024, 1024, "float32"), (2, 256, 1024, 1024, "float32"),
                                            (2, 64, 1024, 1024, "float16"), (1, 64, 50, 33, "float32"),
-                                           (1, 256, 512, 19, "float32"), (1, 8, 1024, 1024, "float32")])
+                                           (1, 256, 512, 19, "float32")])
 def test_cuda_codegen(D, B, H, I, dtype):  # noqa: E741
     """The H100 build uses the template (blockIdx.z = direction); divisible sizes need no predicate;
     with nvcc, ptxas reports no register spills for sm_90a."""

@@ -128,31 +128,12 @@ def projection_genes(shape: ProjectionShape, base: dict, gpu_target=None
                                             _round_up(shape.k, genes["bk"]), shape.dtype, "nk", bias=True)
                 if space.feasible(genes, problem, gpu_target) is None:
                     return genes, problem
-    if shape.batch % 8 == 0:
-        return _narrow_genes(shape, base, gpu_target)
     return None
 
 
-# Batch 8 (24, 40, ...): no M tile of the template's choices divides it, and dlight's schedule of the
-# projection ran at ~14 TFLOP/s on the H100 (3.6 us of the 7.1 us a step of the H1024 batch-8 GRU).
-# An 8-row tile with a narrower thread grid; its A tile (8 x bk) is too small for 4-wide copies by every
-# thread, so the copy vector, bk and the pipeline depth are searched for the first feasible combination.
-_NARROW = dict(bm=(8,), tm=(2, 1), bn=(128, 64), tn=(8, 4), bk=(32, 16), vec=(2, 1), stages=(3, 2))
-
-
-def _narrow_genes(shape: ProjectionShape, base: dict, gpu_target=None):
-    import itertools
-
-    for bm, tm, bn, tn, bk, vec, stages in itertools.product(*_NARROW.values()):
-        if shape.k % vec:
-            continue
-        genes = dict(base, bm=bm, tm=tm, wm=min(base["wm"], tm), bn=bn, tn=tn, wn=min(base["wn"], tn), bk=bk,
-                     vec=vec, stages=stages, async_copy=0)
-        problem = space.GemmProblem(shape.batch, _round_up(shape.n, bn), _round_up(shape.k, bk), shape.dtype, "nk",
-                                    bias=True)
-        if space.feasible(genes, problem, gpu_target) is None:
-            return genes, problem
-    return None
+# Batch 8 (24, 40, ...) is left to dlight: an 8-row tile of this template (bm 8, tm 2, bn 128, bk 32,
+# copy vector 2) measured 0.41 ms against dlight's 0.35 ms on the H100 at H = I = 1024 (cuBLAS 0.16 ms;
+# `tvmseq bench input_projection`, session 3): too few rows per block to reuse the weight tile.
 
 
 @dataclass
