@@ -120,3 +120,50 @@ def test_cuda_codegen(D, B, H, I, dtype):  # noqa: E741
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+
+
+# ---- batches no M tile divides: rows padded to whole tiles (importer wiring checked on the CPU) -----------
+def test_row_tile_only_where_the_batch_layout_has_no_tile():
+    assert ip.row_tile(_spec(1, 8, 1024, 1024), H100) == ip.PROJECTION_GENES["bm"]
+    assert ip.row_tile(_spec(2, 1, 64, 33), H100) == ip.PROJECTION_GENES["bm"]
+    assert ip.row_tile(_spec(1, 64, 1024, 1024), H100) is None     # the batch layout is tiled already
+    assert ip.row_tile(_spec(1, 8, 1024, 1024), LLVM) is None      # the CPU keeps its loop nest
+
+
+@pytest.mark.parametrize("seq", [1, 5, 17])
+def test_pad_rows_func(seq):
+    B, I, tile = 3, 5, 8
+    mod = tvm.compile(tvm.IRModule({"main": ip.pad_rows_func(B, I, tile, "float32")}), target="llvm")
+    x = np.random.default_rng(seq).standard_normal((seq, B, I)).astype("float32")
+    tiles = -(-seq * B // tile)
+    y = tvm.runtime.tensor(np.full((tiles, tile, I), np.nan, "float32"))
+    mod["main"](tvm.runtime.tensor(x), y)
+    want = np.zeros((tiles * tile, I), "float32")
+    want[:seq * B] = x.reshape(seq * B, I)
+    np.testing.assert_array_equal(y.numpy().reshape(-1, I), want)
+
+
+@pytest.mark.parametrize("op,direction", [("GRU", "forward"), ("GRU", "bidirectional"), ("RNN", "reverse")])
+def test_importer_row_tiled_projection_matches_onnxruntime(monkeypatch, op, direction):
+    """The importer's pad -> [tiles, tile] projection -> slice wiring, forced on the CPU (on a GPU it is
+    taken for batches no M tile divides), against onnxruntime with a symbolic time axis."""
+    ort = pytest.importorskip("onnxruntime")
+    from tvmseq import models
+    from tvmseq.build import build_relax, signature_of
+    from tvmseq.onnx import from_onnx
+    from tvmseq.onnx import gru as onnx_gru
+    from tvmseq.runtime import Model
+
+    monkeypatch.setattr(ip, "row_tile", lambda spec, target: 16)
+    onnx_gru.projection_kernel.cache_clear()
+    try:
+        model, feeds = models.rnn_node_model(op, seq="seq", batch=3, input_size=10, hidden=6, direction=direction,
+                                             linear_before_reset=1 if op == "GRU" else None, weight_scale=0.4)
+        mod = from_onnx(model, target=LLVM)
+        assert any(gv.name_hint.endswith("_pad_rows") for gv in mod.get_global_vars())
+        got = Model(build_relax(mod, LLVM), LLVM, signature_of(mod))(**feeds)
+    finally:
+        onnx_gru.projection_kernel.cache_clear()
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

@@ -275,6 +275,28 @@ def _torch_weights_from_onnx(W, R, B, H):
     return W[:, perm], R[:, perm], B[:, :3 * H][:, perm], B[:, 3 * H:][:, perm]
 
 
+def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
+    """The input projection as the importer runs it: on the batch layout, or (`tile` rows per tile) X's
+    seq * B rows copied into whole tiles, projected as a [tiles, tile] batch and the valid rows copied
+    back (the importer's pad_rows kernel and strided_slice)."""
+    import torch
+    import tvm
+
+    if not tile:
+        return lambda: proj(tv[0], tv[1], tv[2], tv[3])
+    rows, G = seq * B, gate_i.shape[-1]
+    tiles = -(-rows // tile)
+    x_tiles = torch.zeros(tiles * tile, X.shape[-1], device=X.device, dtype=X.dtype)
+    g_tiles = torch.empty(D, tiles * tile, G, device=X.device)
+    args = [tvm.runtime.from_dlpack(t) for t in (x_tiles.view(tiles, tile, -1), g_tiles.view(D, tiles, tile, G))]
+
+    def run():
+        x_tiles[:rows].copy_(X.view(rows, -1))
+        proj(args[0], tv[1], tv[2], args[1])
+        gate_i.view(D, rows, G).copy_(g_tiles[:, :rows])
+    return run
+
+
 def run_one(c, prebuilt=None, seq: int = SEQ, module=None) -> dict:
     """One config: tvmseq (input projection + recurrence; `module` or `_load`) vs torch.nn.GRU, both timed,
     both checked against a float64 GRU; the recurrence alone is timed too."""
@@ -303,8 +325,10 @@ def run_one(c, prebuilt=None, seq: int = SEQ, module=None) -> dict:
     mod = module if module is not None else _load(c, prebuilt)
     proj, rec = mod["gru_input_projection"], mod["gru_recurrence"]
 
+    project = _projection(proj, c.get("proj_rows"), tv, Xc, gate_i, bias_i, seq, Bt, D, H)
+
     def tvmseq_run():
-        proj(tv[0], tv[1], tv[2], tv[3])
+        project()
         rec(tv[3], tv[4], tv[5], tv[6], tv[7], tv[8], tv[9])
 
     # peer: torch.nn.GRU (cuDNN), same weights

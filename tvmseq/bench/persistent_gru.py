@@ -71,17 +71,17 @@ def _test_name(case) -> str:
 
 def _bench_funcs(c, target) -> dict:
     """The two prim_funcs of a benchmark config (input projection + persistent recurrence), renamed."""
-    from ..kernels import gru
+    from ..kernels import gru, input_projection
     from ..kernels import persistent_gru as pg
 
     D = 2 if c["bidirectional"] else 1
     spec = gru.GruSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"], linear_before_reset=1,
                        direction="bidirectional" if D == 2 else "forward")
-    proj = gru.schedule_input_projection(gru.input_projection_func(spec), target)["main"]
+    proj, tile = input_projection.projection_for(spec, target)   # what the importer emits
     rec, path, why = pg.recurrence_func_auto(spec, target)
     sfx = _suffix(c)
     return {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
-            f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why
+            f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why, tile
 
 
 def _test_func(case, target):
@@ -141,9 +141,9 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
     index = {"benchmark": NAME, "tvm": tvm.__version__, "arch": str(tgt.attrs.get("arch", "")),
              "configs": [], "tests": []}
     for c in configs(quick):
-        funcs, path, why = _bench_funcs(c, tgt)
+        funcs, path, why, tile = _bench_funcs(c, tgt)
         groups.setdefault(_group(c), {}).update(funcs)
-        entry = dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c), path=path, reason=why)
+        entry = dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c), path=path, reason=why, proj_rows=tile)
         if path == "persistent":
             entry["threads"], entry["dyn_smem"], entry["blocks"] = _rec_launch(c, tgt)
         index["configs"].append(entry)

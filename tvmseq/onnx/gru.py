@@ -36,29 +36,60 @@ RECURRENCE_PATHS = ("auto", "persistent", "per_step")
 
 @functools.lru_cache(maxsize=64)
 def build_kernels(spec, target_json: str, path: str = "auto"):
-    """(input projection, recurrence, path) for a GruSpec or an RnnSpec, built once per spec/target/path.
-    path 'auto': the persistent kernel (weights on chip, one launch for all steps) on a GPU when the weights
-    fit and the batch is one where it was measured faster, else the per-step kernels
-    (`persistent_gru.choose_path`); on a CPU always the per-step kernels."""
+    """(recurrence, path) for a GruSpec or an RnnSpec, built once per spec/target/path. path 'auto': the
+    persistent kernel (weights on chip, one launch for all steps) on a GPU when the weights fit and the batch
+    is one where it was measured faster, else the per-step kernels (`persistent_gru.choose_path`); on a CPU
+    always the per-step kernels."""
     from ..kernels import persistent_gru
 
-    target = tvm.target.Target(target_json)
-    proj = gru_kernels.schedule_input_projection(gru_kernels.input_projection_func(spec), target)["main"]
-    rec, path, _why = persistent_gru.recurrence_func_auto(spec, target, path=path)
-    return proj, rec, path
+    rec, path, _why = persistent_gru.recurrence_func_auto(spec, tvm.target.Target(target_json), path=path)
+    return rec, path
 
 
-def emit_recurrent_kernels(bb, cell: str, spec, c, proj, rec, path, bias_i, rec_args):
-    """Emit the input projection and the recurrence of a GRU/RNN node (a prebuilt artifact when one
-    matches, see `importer.emit_kernel`): (gate_i, (Y, Y_h) tuple)."""
+@functools.lru_cache(maxsize=64)
+def projection_kernel(spec, target_json: str):
+    """`input_projection.projection_for`, built once per spec/target: (prim_func, row tile or None)."""
+    from ..kernels import input_projection
+
+    return input_projection.projection_for(spec, tvm.target.Target(target_json))
+
+
+def emit_input_projection(bb, cell: str, spec, c, w, bias_i, target):
+    """gate_i [D, seq, B, gates * H] (float32) = X W^T + bias_i for a prepared GRU/RNN input `c` (a prebuilt
+    artifact when one matches, see `importer.emit_kernel`). With a row tile: X's rows are padded to whole
+    tiles by `pad_rows`, projected as a [tiles, tile] batch, and the valid rows sliced back."""
+    from ..kernels import input_projection
+    from .importer import KernelKey, emit_kernel
+
+    D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
+    G = spec.gates * H
+    proj, tile = projection_kernel(spec, str(target))
+    sizes = {"directions": D, "batch": tile or B, "hidden": H, "input_size": I, "gates": spec.gates}
+    key = KernelKey(sizes, c["dtype"], dynamic=("seq",))
+    op, hint = f"{cell}_input_projection", f"{cell}_input_projection"
+    if not tile:
+        return emit_kernel(bb, op, key, lambda: proj, [c["x"], w, bias_i],
+                           relax.TensorType([D, seq, B, G], "float32"), name_hint=hint)
+    rows = seq * B
+    tiles = (rows + tile - 1) // tile
+    pad = input_projection.pad_rows_func(B, I, tile, c["dtype"]).without_attr("global_symbol")
+    gv = bb.add_func(pad, f"{cell}_pad_rows")
+    x_tiles = bb.emit(relax.call_tir(gv, [c["x"]], relax.TensorType([tiles, tile, I], c["dtype"])))
+    g_tiles = emit_kernel(bb, op, key, lambda: proj, [x_tiles, w, bias_i],
+                          relax.TensorType([D, tiles, tile, G], "float32"), name_hint=hint)
+    g_rows = bb.emit(relax.op.reshape(g_tiles, [D, tiles * tile, G]))
+    g_rows = bb.emit(relax.op.strided_slice(g_rows, axes=[1], begin=[0], end=[rows]))
+    return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
+
+
+def emit_recurrent_kernels(bb, cell: str, spec, c, rec, path, bias_i, rec_args, target):
+    """Emit the input projection and the recurrence of a GRU/RNN node (prebuilt artifacts when they
+    match, see `importer.emit_kernel`): (gate_i, (Y, Y_h) tuple)."""
     from .importer import KernelKey, emit_kernel
 
     D, B, H, seq = c["D"], c["batch"], c["hidden"], c["seq"]
-    gates = 3 if cell == "gru" else 1
-    sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": gates}
-    gate_i = emit_kernel(bb, f"{cell}_input_projection", KernelKey(sizes, c["dtype"], dynamic=("seq",)),
-                         lambda: proj, [c["x"], c["w"], bias_i],
-                         relax.TensorType([D, seq, B, gates * H], "float32"), name_hint=f"{cell}_input_projection")
+    sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
+    gate_i = emit_input_projection(bb, cell, spec, c, c["w"], bias_i, target)
     # path is in the key: the persistent and the per-step kernels differ (and the persistent RNN takes rb_h)
     outs = emit_kernel(bb, f"{cell}_recurrence", KernelKey(sizes, c["dtype"], {"spec": repr(spec), "path": path},
                                                            ("seq",)),
@@ -188,11 +219,11 @@ def fold_biases(bb, bias, H: int, lbr: int):
 
 def emit_gru_layer(bb, c, spec, target, path_option: str = "auto"):
     """One GRU node's kernels on the prepared inputs `c` (`prepare_common`): the (Y, Y_h) tuple, layout 0."""
-    proj, rec, path = build_kernels(spec, str(target), path_option)
+    rec, path = build_kernels(spec, str(target), path_option)
     H, B = c["hidden"], c["batch"]
     bias_i, rb_h = fold_biases(bb, c["bias"], H, spec.linear_before_reset)
     lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
-    _, outs = emit_recurrent_kernels(bb, "gru", spec, c, proj, rec, path, bias_i, [c["r"], rb_h, lens, c["h0"]])
+    _, outs = emit_recurrent_kernels(bb, "gru", spec, c, rec, path, bias_i, [c["r"], rb_h, lens, c["h0"]], target)
     return outs
 
 

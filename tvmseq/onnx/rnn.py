@@ -25,7 +25,7 @@ class RNN(OnnxOpConverter):
         acts = parse_onnx_activations(attr, 1, c["D"], ["Tanh"], f"ONNX node '{node}' (RNN)")
         spec = rnn_kernels.RnnSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"],
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        proj, rec, path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "RNN"))
+        rec, path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "RNN"))
         H, D, B = c["hidden"], c["D"], c["batch"]
         sl = relax.op.strided_slice
         bias = c["bias"]
@@ -33,6 +33,7 @@ class RNN(OnnxOpConverter):
         lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
         # the persistent kernel shares the GRU's signature: a (zero) rb_h after R
         extra = [relax.const(np.zeros((D, H), "float32"))] if path == "persistent" else []
-        _, outs = emit_recurrent_kernels(bb, "rnn", spec, c, proj, rec, path, bias_i, [c["r"], *extra, lens, c["h0"]])
+        _, outs = emit_recurrent_kernels(bb, "rnn", spec, c, rec, path, bias_i, [c["r"], *extra, lens, c["h0"]],
+                                         target)
         return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),
                               c["layout"])

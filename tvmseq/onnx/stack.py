@@ -26,7 +26,7 @@ from ..kernels import gru as gru_kernels
 from ..kernels import persistent_stack
 from ..kernels.activations import Activation
 from ..targets import is_gpu
-from .gru import build_kernels, emit_gru_layer, fold_biases, prepare_common
+from .gru import emit_gru_layer, emit_input_projection, fold_biases, prepare_common
 from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converter
 
 STACK_OP = "TvmseqGruStack"
@@ -179,12 +179,8 @@ class GruStack(OnnxOpConverter):
         if not pipelined(L, B, H, dtype, target, options.get(STACK_OPTION, "auto")):
             return cls._layer_by_layer(bb, cs, acts, target)
         spec0 = gru_kernels.GruSpec(1, B, H, c0["input_size"], dtype, 1, "forward", acts)
-        proj = build_kernels(spec0, str(target), "per_step")[0]
         folded = [fold_biases(bb, c["bias"], H, 1) for c in cs]
-        sizes = {"directions": 1, "batch": B, "hidden": H, "input_size": c0["input_size"], "gates": 3}
-        gate_i = emit_kernel(bb, "gru_input_projection", KernelKey(sizes, dtype, dynamic=("seq",)), lambda: proj,
-                             [c0["x"], c0["w"], folded[0][0]], relax.TensorType([1, seq, B, 3 * H], "float32"),
-                             name_hint="gru_input_projection")
+        gate_i = emit_input_projection(bb, "gru", spec0, c0, c0["w"], folded[0][0], target)
         cat = lambda xs: bb.emit(relax.op.concat(xs, axis=0))  # noqa: E731
         args = [bb.emit(relax.op.squeeze(gate_i, axis=[0])), cat([c["r"] for c in cs]),
                 cat([c["w"] for c in cs[1:]]), cat([b for b, _ in folded[1:]]), cat([rb for _, rb in folded]),

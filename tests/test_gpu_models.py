@@ -1,0 +1,115 @@
+"""Whole ONNX models through the importer's GPU paths, end to end: compiled HERE for the H100 (the importer
+picks the persistent GRU/RNN, the per-step path with the tiled input projection, the pipelined row-split
+GRU stack), exported with sm_90a SASS, and run THERE with TVM's runtime only, against onnxruntime's outputs
+computed here.
+
+    python tests/test_gpu_models.py out/gpu_models      # here: models, .so files, feeds and expected outputs
+    TVMSEQ_GPU_MODELS=out/gpu_models pytest -m gpu tests/test_gpu_models.py    # on the GPU machine
+
+The CPU test below checks the case list itself: each case's path is what the importer picks for a GPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(os.environ.get("TVMSEQ_GPU_MODELS", Path(__file__).resolve().parents[1] / "out" / "gpu_models"))
+
+# name -> (builder, kwargs, importer path expected on an H100)
+CASES = {
+    "gru_b8_h1024": ("rnn_node_model", dict(op="GRU", seq=40, batch=8, input_size=256, hidden=1024,
+                                            linear_before_reset=1), "persistent"),
+    "gru_bi_b4_h512_lbr0_lens": ("rnn_node_model", dict(op="GRU", seq=23, batch=4, input_size=100, hidden=512,
+                                                        direction="bidirectional", linear_before_reset=0,
+                                                        with_seq_lens=True, with_initial_h=True), "persistent"),
+    "gru_b64_h512": ("rnn_node_model", dict(op="GRU", seq=20, batch=64, input_size=128, hidden=512,
+                                            linear_before_reset=1), "per_step"),
+    "rnn_bi_b8_h256_lens": ("rnn_node_model", dict(op="RNN", seq=31, batch=8, input_size=64, hidden=256,
+                                                   direction="bidirectional", with_seq_lens=True), "persistent"),
+    "gru_stack_4x512_b8": ("gru_stack_model", dict(layers=4, seq=30, batch=8, input_size=64, hidden=512),
+                           "pipelined"),
+}
+
+
+def _model(name):
+    from tvmseq import models
+
+    builder, kwargs, _ = CASES[name]
+    kwargs = dict(kwargs)
+    if builder == "rnn_node_model":
+        kwargs["weight_scale"] = kwargs["hidden"] ** -0.5   # a non-chaotic recurrence: fp32 can match it
+    return getattr(models, builder)(**kwargs)
+
+
+def _path_on_h100(name) -> str:
+    from tvmseq.kernels import persistent_gru
+    from tvmseq.onnx import stack
+    from tvmseq.targets import resolve
+
+    builder, kw, _ = CASES[name]
+    cuda = resolve("cuda")
+    if builder == "gru_stack_model":
+        return "pipelined" if stack.pipelined(kw["layers"], kw["batch"], kw["hidden"], "float32", cuda, "auto") \
+            else "layer_by_layer"
+    D = 2 if kw.get("direction") == "bidirectional" else 1
+    cell = "rnn" if kw["op"] == "RNN" else "gru"
+    return persistent_gru.choose_path(D, kw["batch"], kw["hidden"], "float32", cuda, cell=cell)[0]
+
+
+def build(out_dir) -> None:
+    """Compile every case for the H100 (sm_90a SASS embedded) and store feeds + onnxruntime outputs."""
+    import onnxruntime as ort
+
+    from tvmseq import artifacts
+    from tvmseq.build import compile_onnx, export
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for name in CASES:
+        model, feeds = _model(name)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        with artifacts.device_binaries(("sm_90a",)):
+            compiled = compile_onnx(model, target="cuda")
+        export(compiled, out / f"{name}.so")
+        np.savez(out / f"{name}.npz", **{f"in_{k}": v for k, v in feeds.items()},
+                 **{f"out_{k}": v for k, v in expected.items()})
+        index[name] = {"path": _path_on_h100(name), "inputs": list(feeds), "outputs": list(expected)}
+        print(name, index[name]["path"], flush=True)
+    (out / "index.json").write_text(json.dumps(index, indent=1))
+
+
+def test_cases_take_the_paths_they_name():
+    pytest.importorskip("tvm.script")
+    for name, (_, _, path) in CASES.items():
+        assert _path_on_h100(name) == path, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_model_on_gpu_matches_onnxruntime(name):
+    from tvmseq.runtime import load_model
+
+    if not (ROOT / f"{name}.so").exists():
+        pytest.skip(f"no prebuilt model in {ROOT} (python tests/test_gpu_models.py {ROOT})")
+    data = np.load(ROOT / f"{name}.npz")
+    index = json.loads((ROOT / "index.json").read_text())[name]
+    model = load_model(ROOT / f"{name}.so")
+    feeds = {k: data[f"in_{k}"] for k in index["inputs"]}
+    for launch in range(2):   # twice: a persistent kernel must not see the first launch's flags
+        got = model(**feeds)
+        got = got if isinstance(got, tuple) else (got,)
+        for out_name, value in zip(index["outputs"], got):
+            want = data[f"out_{out_name}"]
+            np.testing.assert_allclose(value, want, rtol=1e-3, atol=1e-4,
+                                       err_msg=f"{name} ({index['path']}) output {out_name}, launch {launch}")
+
+
+if __name__ == "__main__":
+    build(sys.argv[1] if len(sys.argv) > 1 else ROOT)
