@@ -361,9 +361,9 @@ def run_one(c, prebuilt=None, seq: int = SEQ, module=None) -> dict:
     row.update(seq=seq, err_tvmseq=err(ours_y, ref_y), err_peer=err(peer_y.double(), ref_y),
                max_diff_vs_peer=float((ours_y - peer_y.double()).abs().max().item()),
                peer_tf32=bool(torch.backends.cudnn.allow_tf32) and c["dtype"] == "float32")
-    row["tvmseq_us_step"] = time_cuda(tvmseq_run, warmup=3, iters=10) * 1e3 / seq
+    row["tvmseq_us_step"] = time_cuda(tvmseq_run, warmup=5, iters=30) * 1e3 / seq
     row["recurrence_us_step"] = time_cuda(lambda: rec(*tv[3:]), warmup=2, iters=10) * 1e3 / seq
-    row["cudnn_us_step"] = time_cuda(peer_run, warmup=3, iters=10) * 1e3 / seq
+    row["cudnn_us_step"] = time_cuda(peer_run, warmup=5, iters=30) * 1e3 / seq
     row["speedup"] = row["cudnn_us_step"] / row["tvmseq_us_step"]
     tol = 2e-2 if c["dtype"] == "float16" else 1e-3
     row["agree"] = row["err_tvmseq"] < tol

@@ -273,6 +273,7 @@ def _worker(index, root, suffixes, rows_file: Path, progress: Path, out, deadlin
         e = by_suffix[sfx]
         c = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch")}
         row = dict(c, seq=SEQ, path=e["path"])
+        c["proj_rows"] = e.get("proj_rows")   # the projection on padded rows (as the importer runs it)
         progress.write_text(f"{sfx} {time.time()}\n")
         res = residency(e["ptxas"], e["threads"], e["dyn_smem"], e["blocks"], num_sms) \
             if e["path"] == "persistent" and e.get("ptxas") else None
