@@ -123,9 +123,9 @@ def main(argv=None) -> int:
     p.add_argument("--target", default=None)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("tune", help="tune an operator's schedules (genetic search / MetaSchedule); "
-                       "`tvmseq tune gemm --help`")
-    p.add_argument("op", choices=["gemm"])
+    p = sub.add_parser("tune", help="tune an operator's schedules: gemm (genetic search / MetaSchedule), or "
+                       "measured sweeps of the hand-scheduled kernels (build here, run on the GPU, merge here)")
+    p.add_argument("op", choices=["gemm", "persistent_gru", "step_gemm", "recurrent_gemm"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for schedules/tune_<op>.py")
     p.set_defaults(func=cmd_tune)
 

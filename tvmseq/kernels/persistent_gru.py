@@ -49,26 +49,18 @@ def _num_directions(directions: str) -> int:
 GATES = {"gru": 3, "rnn": 1}
 
 
-# Measured on the H100 (scripts/pgru_sweep.py, session 3; us a step of the recurrence, fp32 GRU): the cost
-# model's pick against the best variant. 16 warps help at batch 1 (shorter per-thread FMA chains and
-# reductions), and a bidirectional H1024 GRU at batch 1 is faster on 64 blocks per direction than on 128
-# (2 per SM), which brings it to 1.18x the unidirectional time.
-MEASURED_BEST_GRU = {
-    (1, 1, 512, "float32"): (64, 16, 1, 0),      # 1.54 -> 1.33 us
-    (1, 1, 1024, "float32"): (128, 16, 1, 0),    # 2.13 -> 1.56 us
-    (2, 1, 1024, "float32"): (64, 8, 1, 12),     # 2.94 -> 1.84 us
-    (1, 8, 512, "float32"): (128, 16, 4, 0),     # 3.54 -> 2.58 us
-}
-
-
-def default_gru_config(D: int, B: int, H: int, dtype: str, target, cell: str = "gru"):
+def default_gru_config(D: int, B: int, H: int, dtype: str, target, cell: str = "gru", measured: bool = True):
     """Engine schedule for a GRU (3 weight rows per unit) or an RNN (1), D recurrences on disjoint block
-    subsets: a measured winner (MEASURED_BEST_GRU) where there is one, else the cost model's pick."""
+    subsets: the measured winner (`schedules/measured/persistent_gru.json`, `schedules/tune_persistent_gru.py`)
+    where there is one, else the cost model's pick."""
+    from ..tune import measured as db
     from . import recurrent_gemm as rg
 
     ng = GATES[cell]
-    if cell == "gru" and is_gpu(resolve(target)) and (D, B, H, dtype) in MEASURED_BEST_GRU:
-        return rg.PersistentConfig(*MEASURED_BEST_GRU[(D, B, H, dtype)])
+    if measured and is_gpu(resolve(target)):
+        config = db.lookup("persistent_gru", D=D, B=B, H=H, dtype=dtype, cell=cell)
+        if config:
+            return rg.PersistentConfig(**config)
     return rg.default_config(H, B, dtype, target, rows_per_unit=ng, directions=D, rows_total=ng * H)
 
 

@@ -524,29 +524,24 @@ def estimate_step_cycles(geo: EngineGeometry) -> float:
     return max(geo.NC * one_pass, _HANDOFF_CYCLES + one_pass)
 
 
-# Schedules measured fastest on the H100 (`tvmseq bench recurrent_gemm --sweep`, session 2; the cost
-# model below picked 128 blocks x 8 warps there: 1.52-1.78 us a step at H1024 B1 against 0.92 us):
-# (H, B, dtype) of a single recurrent GEMM (1 row per unit, one direction) -> config
-MEASURED_BEST = {
-    (1024, 1, "float32"): PersistentConfig(num_blocks=64, num_warps=16, batch_chunk=1),
-    (512, 1, "float32"): PersistentConfig(num_blocks=64, num_warps=8, batch_chunk=1),
-    (1024, 64, "float32"): PersistentConfig(num_blocks=128, num_warps=16, batch_chunk=8, smem_rows=4),
-}
-
-
 def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, directions: int = 1,
-                   rows_total: int | None = None) -> PersistentConfig:
+                   rows_total: int | None = None, measured: bool = True) -> PersistentConfig:
     """Schedule for `directions` independent recurrences of `rows_total` weight rows (default H) and
     reduction length H, each on its own subset of blocks: up to 128/directions blocks, then the
     (warps, shared-memory rows, batch chunk) that fits the register file with the lowest
     `estimate_step_cycles`. On CPU a small config that still exercises several blocks, threads and
-    chunks. A tuner replaces this by measurements."""
+    chunks. For a single recurrent GEMM the measured winner (`schedules/measured/recurrent_gemm.json`,
+    `schedules/tune_recurrent_gemm.py`) comes first."""
     rows_total = H * rows_per_unit if rows_total is None else rows_total
     units = rows_total // rows_per_unit
     if not is_gpu(target):
         return PersistentConfig(num_blocks=min(3, units), num_warps=min(4, H), batch_chunk=min(2, B))
-    if rows_per_unit == 1 and directions == 1 and rows_total == H and (H, B, dtype) in MEASURED_BEST:
-        return MEASURED_BEST[(H, B, dtype)]
+    if measured and rows_per_unit == 1 and directions == 1 and rows_total == H:
+        from ..tune import measured as db
+
+        config = db.lookup("recurrent_gemm", H=H, B=B, dtype=dtype)
+        if config:
+            return PersistentConfig(**config)
     facts = gpu_facts(target)
 
     def best_on(per_dir: int, max_chunks: int | None = None):

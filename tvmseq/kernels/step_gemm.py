@@ -188,21 +188,16 @@ def estimate_cycles(tile: GemmTile, M: int, N: int, K: int, D: int = 1, r_bytes:
     return max(compute, l2) + partials
 
 
-# Measured on the H100 (`tvmseq bench gru --sweep-only`, session 3, two runs agreeing): the model's five best
-# tiles per config, timed; where a lower-ranked tile won by more than noise, it is taken. Key (M, N, K, D, dtype)
-# = (batch, 3 x hidden, hidden, directions, R's dtype); us per step of the whole per-step GRU, model pick -> tile.
-MEASURED_TILES = {
-    (64, 3072, 1024, 1, "float32"): GemmTile(64, 64, 16, 8, 4, 8),     # 31.5 -> 29.2
-    (256, 3072, 1024, 1, "float32"): GemmTile(64, 128, 16, 8, 8, 4),   # 88.6 -> 83.8
-    (256, 1536, 512, 1, "float32"): GemmTile(64, 64, 16, 8, 4, 4),     # 29.9 -> 27.6
-}
+def choose_tile(M: int, N: int, K: int, D: int = 1, dtype: str = "float32", target=None,
+                measured: bool = True) -> GemmTile:
+    """On a GPU target the measured winner (`schedules/measured/step_gemm.json`, `schedules/tune_step_gemm.py`)
+    where there is one, else the cheapest tile of TILE_SHAPES x BK_CHOICES x SPLITS by `estimate_cycles`."""
+    if measured and target is not None:
+        from ..tune import measured as db
 
-
-def choose_tile(M: int, N: int, K: int, D: int = 1, dtype: str = "float32", target=None) -> GemmTile:
-    """A measured winner (MEASURED_TILES) where there is one, else the cheapest tile of TILE_SHAPES x
-    BK_CHOICES x SPLITS for this problem by `estimate_cycles`."""
-    if target is not None and (M, N, K, D, dtype) in MEASURED_TILES:
-        return MEASURED_TILES[(M, N, K, D, dtype)]
+        config = db.lookup("step_gemm", M=M, N=N, K=K, D=D, dtype=dtype)
+        if config:
+            return GemmTile(**config)
     mc = _machine(target)
     r_bytes = 2 if dtype == "float16" else 4
     best, best_cost = None, math.inf

@@ -1,0 +1,86 @@
+"""Tune the persistent GRU's schedule (blocks per direction, warps, batch chunk; shared-memory rows: the
+fewest that fit) by measurement, and record the winners in schedules/measured/persistent_gru.json, which
+`persistent_gru.default_gru_config` reads.
+
+  tvmseq tune persistent_gru build out/sweep                 # here: per (D, B, H) the model's pick + variants
+  tvmseq tune persistent_gru run out/sweep                   # GPU machine: launched 5x, checked, timed
+  tvmseq tune persistent_gru merge out/sweep/results.json    # here: winners -> the database
+
+`run` prints one line per variant as it goes; each variant runs in its own process (a hang is reported,
+not fatal). A winner replaces the model's pick only when >= 3% faster in the same run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+# (D, B, H) -> (blocks per direction, warps, batch chunk) variants besides the model's pick
+SWEEP = {
+    (1, 1, 512): [(128, 8, 1), (128, 16, 1), (64, 16, 1)],
+    (1, 8, 512): [(128, 8, 2), (128, 16, 2), (128, 16, 4)],
+    (1, 1, 1024): [(128, 8, 1), (128, 16, 1), (64, 16, 1)],
+    (1, 8, 1024): [(128, 8, 4), (128, 16, 4), (128, 16, 2), (128, 16, 8)],
+    (2, 1, 1024): [(128, 8, 1), (64, 8, 1), (64, 16, 1)],
+    (2, 8, 1024): [(64, 8, 2), (64, 16, 2), (64, 16, 4)],
+}
+
+
+def _model_pick(D, B, H, dtype="float32"):
+    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.targets import resolve
+
+    return pg.default_gru_config(D, B, H, dtype, resolve("cuda"), measured=False)
+
+
+def build(out: Path) -> None:
+    import pgru_sweep  # scripts/: the variant builder and its smem-rows rule
+
+    pgru_sweep.SWEEP = {key: variants for key, variants in SWEEP.items()}
+    for (D, B, H), variants in pgru_sweep.SWEEP.items():
+        pick = _model_pick(D, B, H)
+        if (pick.num_blocks, pick.num_warps, pick.batch_chunk) not in variants:
+            variants.insert(0, (pick.num_blocks, pick.num_warps, pick.batch_chunk))
+    pgru_sweep.build(out)
+
+
+def run(out: Path) -> None:
+    import pgru_diag
+
+    pgru_diag.LAUNCHES = 5
+    pgru_diag.run(out)
+
+
+def _config(text: str) -> dict:
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", text)}
+
+
+def merge(results: Path) -> None:
+    from tvmseq.tune import measured
+
+    trials = []
+    for r in json.loads(Path(results).read_text()):
+        if r.get("ok") and r.get("us_step_wall"):
+            key = dict(D=r["D"], B=r["B"], H=r["H"], dtype=r["dtype"], cell="gru")
+            trials.append(dict(key=key, config=_config(r["config"]), us=r["us_step_wall"][-1]))
+    measured.merge("persistent_gru", trials,
+                   lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["dtype"])),
+                   source=f"{results}: warm launch wall time per step, recurrence only")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2 or argv[0] not in ("build", "run", "merge"):
+        print(__doc__)
+        return 2
+    {"build": build, "run": run, "merge": merge}[argv[0]](Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Tune the per-step path's tiled step GEMM (tile, K split) by measurement, and record the winners in
+schedules/measured/step_gemm.json, which `step_gemm.choose_tile` reads on GPU targets.
+
+  tvmseq tune step_gemm build out/gru                  # here: per config the cost model's 5 best tiles
+  tvmseq tune step_gemm run out/gru                    # GPU machine: each tile's whole GRU step timed
+  tvmseq tune step_gemm merge out/gru/gru_sweep.json   # here: winners -> the database
+
+(`build` and `run` are `tvmseq bench gru --build DIR` and `--prebuilt DIR --sweep-only --out DIR`; rank 0 of
+each config is the model's pick; a winner replaces it only when >= 3% faster in the same run.)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def build(out: Path) -> None:
+    from tvmseq.bench import gru
+
+    gru.main(["--build", str(out), "--no-tests"])
+
+
+def run(out: Path) -> None:
+    from tvmseq.bench import gru
+
+    gru.main(["--prebuilt", str(out), "--sweep-only", "--out", str(out)])
+
+
+def _tile(text: str) -> dict:
+    bm, bn, bk, tm, tn, split = map(int, re.fullmatch(r"(\d+)x(\d+)x(\d+) (\d+)x(\d+) s(\d+)", text).groups())
+    return dict(bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, split_k=split, vec=4)
+
+
+def merge(results: Path) -> None:
+    from tvmseq.kernels import step_gemm
+    from tvmseq.targets import resolve
+    from tvmseq.tune import measured
+
+    cuda = resolve("cuda")
+
+    def model_pick(k):
+        tile = step_gemm.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"], cuda, measured=False)
+        return dataclasses.asdict(step_gemm.normalized(tile, k["K"]))
+
+    trials = []
+    for r in json.loads(Path(results).read_text())["rows"]:
+        if r.get("agree") and not r.get("bidirectional"):
+            H = r["hidden"]
+            key = dict(M=r["batch"], N=3 * H, K=H, D=1, dtype=r["dtype"])
+            trials.append(dict(key=key, config=_tile(r["tile"]), us=r["tvmseq_us_step"]))
+    measured.merge("step_gemm", trials, model_pick, source=f"{results}: us per step of the per-step GRU")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2 or argv[0] not in ("build", "run", "merge"):
+        print(__doc__)
+        return 2
+    {"build": build, "run": run, "merge": merge}[argv[0]](Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Measured schedule databases (tvmseq/tune/measured.py, schedules/tune_*.py): merge rules, the result-file
+parsers of the three tuning scripts, and the kernels' defaults reading the committed databases."""
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tvm.script")
+from tvmseq.tune import measured  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "schedules" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_merge_keeps_a_winner_only_against_the_timed_model_pick(tmp_path):
+    pick = {"w": 8}
+    key1, key2, key3 = {"H": 1}, {"H": 2}, {"H": 3}
+    trials = [dict(key=key1, config=pick, us=10.0), dict(key=key1, config={"w": 16}, us=8.0),   # 20% faster
+              dict(key=key2, config=pick, us=10.0), dict(key=key2, config={"w": 16}, us=9.8),   # noise: 2%
+              dict(key=key3, config={"w": 16}, us=1.0)]                                         # pick not timed
+    written = measured.merge("toy", trials, lambda k: pick, "test", root=tmp_path)
+    assert [e["key"] for e in written] == [key1]
+    entries = json.loads((tmp_path / "toy.json").read_text())["entries"]
+    assert entries == [dict(key=key1, config={"w": 16}, us=8.0, model_config=pick, model_us=10.0, trials=2,
+                            source="test")]
+    # a later run where the pick wins drops the old entry
+    measured.merge("toy", [dict(key=key1, config=pick, us=7.0), dict(key=key1, config={"w": 16}, us=8.0)],
+                   lambda k: pick, "test 2", root=tmp_path)
+    assert json.loads((tmp_path / "toy.json").read_text())["entries"] == []
+
+
+def test_lookup_reads_the_database_dir(tmp_path, monkeypatch):
+    measured.merge("toy", [dict(key={"H": 1}, config={"w": 1}, us=10.0), dict(key={"H": 1}, config={"w": 2}, us=5.0)],
+                   lambda k: {"w": 1}, "test", root=tmp_path)
+    monkeypatch.setattr(measured, "DIR", tmp_path)
+    assert measured.lookup("toy", H=1) == {"w": 2}
+    assert measured.lookup("toy", H=2) is None and measured.lookup("missing_op", H=1) is None
+
+
+def test_script_parsers():
+    assert _script("tune_persistent_gru")._config(
+        "PersistentConfig(num_blocks=64, num_warps=16, batch_chunk=1, smem_rows=39)") == dict(
+        num_blocks=64, num_warps=16, batch_chunk=1, smem_rows=39)
+    assert _script("tune_step_gemm")._tile("64x128x16 8x8 s4") == dict(bm=64, bn=128, bk=16, tm=8, tn=8, split_k=4,
+                                                                        vec=4)
+    assert _script("tune_recurrent_gemm")._config("blk128w16bc8s4") == dict(num_blocks=128, num_warps=16,
+                                                                            batch_chunk=8, smem_rows=4)
+
+
+def test_kernel_defaults_come_from_the_committed_databases():
+    """The committed databases (merged from artifacts/bench/*sweep*.json, recurrent_gemm.json) are what the
+    defaults return on a GPU target, the cost model's pick with measured=False or on the CPU."""
+    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.kernels import step_gemm
+    from tvmseq.targets import resolve
+
+    cuda = resolve("cuda")
+    for op, check in (
+            ("persistent_gru", lambda k: pg.default_gru_config(k["D"], k["B"], k["H"], k["dtype"], cuda, k["cell"])),
+            ("recurrent_gemm", lambda k: rg.default_config(k["H"], k["B"], k["dtype"], cuda)),
+            ("step_gemm", lambda k: step_gemm.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"], cuda))):
+        entries = json.loads((ROOT / "schedules" / "measured" / f"{op}.json").read_text())["entries"]
+        assert entries, op
+        for e in entries:
+            assert dataclasses.asdict(check(e["key"])) == e["config"], (op, e["key"])
+            assert e["us"] < e["model_us"], (op, e["key"])
+    assert pg.default_gru_config(1, 1, 1024, "float32", cuda, measured=False) != \
+        pg.default_gru_config(1, 1, 1024, "float32", cuda)
+    assert step_gemm.choose_tile(64, 3072, 1024, 1, "float32", None) == \
+        step_gemm.choose_tile(64, 3072, 1024, 1, "float32", cuda, measured=False)
+
+
+def test_cli_runs_the_tuning_scripts(tmp_path, monkeypatch, capsys):
+    """`tvmseq tune <op> merge FILE` runs schedules/tune_<op>.py; a bad call prints its usage (exit 2)."""
+    from tvmseq import cli
+
+    monkeypatch.setattr(measured, "DIR", tmp_path)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"rows": [
+        {"H": 512, "B": 1, "dtype": "float32", "path": "persistent", "ok": True, "tvmseq_us": 1.0,
+         "config": "blk{num_blocks}w{num_warps}bc{batch_chunk}s{smem_rows}".format(**_pick_rg())},
+        {"H": 512, "B": 1, "dtype": "float32", "path": "persistent", "ok": True, "tvmseq_us": 0.5,
+         "config": "blk32w4bc1s0"}]}))
+    original = measured.merge
+    monkeypatch.setattr(measured, "merge", lambda *a, **k: original(*a, **dict(k, root=tmp_path)))
+    assert cli.main(["tune", "recurrent_gemm", "merge", str(results)]) in (0, None)
+    entries = json.loads((tmp_path / "recurrent_gemm.json").read_text())["entries"]
+    assert entries[0]["config"]["num_blocks"] == 32
+    with pytest.raises(SystemExit) as err:
+        cli.main(["tune", "persistent_gru", "bogus"])
+    assert err.value.code == 2
+
+
+def _pick_rg():
+    from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.targets import resolve
+
+    return dataclasses.asdict(rg.default_config(512, 1, "float32", resolve("cuda"), measured=False))
