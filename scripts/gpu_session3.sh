@@ -3,7 +3,7 @@
 #   bash scripts/gpu_session3.sh A   persistent GRU grid (out/pgru3: tiled input projection) + its gpu tests,
 #                                    input projection bench (out/proj)
 #   bash scripts/gpu_session3.sh C   whole ONNX models (out/gpu_models, ~56 MB: alone) + compute-sanitizer
-#   bash scripts/gpu_session3.sh D   GRU grid with the row-padded projection (out/pgru5), per-step tile sweep (out/gru3)
+#   bash scripts/gpu_session3.sh D   GRU grid with the row-padded projection (out/pgru6), per-step tile sweep (out/gru3)
 #   bash scripts/gpu_session3.sh B   persistent RNN gpu test + bench (out/prnn), GRU stack bench rerun
 #                                    (out/stack2), persistent GRU schedule sweep (out/sweep)
 # Results come back as $OUT/session3_<part>.tgz.
@@ -30,7 +30,7 @@ elif [ "$PART" = C ]; then
     echo "== $tool rc=$?"; grep -E "SUMMARY|passed|failed" $RES/models_$tool.log | tail -3
   done
 elif [ "$PART" = D ]; then
-  timeout 200 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru5 --out $RES --budget 170 \
+  timeout 200 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru6 --out $RES --budget 170 \
     > $RES/pgru.log 2>&1
   echo "pgru rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru.log | sort -u | tail -52
   timeout 150 python3 -m tvmseq.bench.gru --prebuilt out/gru3 --out $RES --sweep-only > $RES/gru_sweep.log 2>&1
