@@ -63,11 +63,17 @@ def test_kernel_defaults_come_from_the_committed_databases():
     from tvmseq.kernels import step_gemm
     from tvmseq.targets import resolve
 
+    from tvmseq.kernels import spmm, topk
+
     cuda = resolve("cuda")
-    for op, check in (
-            ("persistent_gru", lambda k: pg.default_gru_config(k["D"], k["B"], k["H"], k["dtype"], cuda, k["cell"])),
-            ("recurrent_gemm", lambda k: rg.default_config(k["H"], k["B"], k["dtype"], cuda)),
-            ("step_gemm", lambda k: step_gemm.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"], cuda))):
+    checks = [
+        ("persistent_gru", lambda k: pg.default_gru_config(k["D"], k["B"], k["H"], k["dtype"], cuda, k["cell"])),
+        ("recurrent_gemm", lambda k: rg.default_config(k["H"], k["B"], k["dtype"], cuda)),
+        ("step_gemm", lambda k: step_gemm.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"], cuda)),
+        ("spmm", lambda k: spmm.default_schedule(spmm.SpmmShape(**k), cuda))]
+    if (ROOT / "schedules" / "measured" / "topk.json").exists():
+        checks.append(("topk", lambda k: topk.choose_config(k["rows"], k["n"], k["k"], True, dtype=k["dtype"])))
+    for op, check in checks:
         entries = json.loads((ROOT / "schedules" / "measured" / f"{op}.json").read_text())["entries"]
         assert entries, op
         for e in entries:
@@ -105,3 +111,25 @@ def _pick_rg():
     from tvmseq.targets import resolve
 
     return dataclasses.asdict(rg.default_config(512, 1, "float32", resolve("cuda"), measured=False))
+
+
+# (op, tuning script, committed measurements it was merged from)
+SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep.json"),
+           ("recurrent_gemm", "tune_recurrent_gemm", "artifacts/bench/recurrent_gemm.json"),
+           ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json"),
+           ("spmm", "tune_spmm", "artifacts/bench/spmm_tune.json"),
+           ("topk", "tune_topk", "artifacts/bench/topk_tune.json")]
+
+
+@pytest.mark.parametrize("op,script,source", SOURCES, ids=[s[0] for s in SOURCES])
+def test_committed_database_is_reproducible_from_the_committed_measurements(tmp_path, monkeypatch, op, script,
+                                                                           source):
+    if not (ROOT / source).exists():
+        pytest.skip(f"{source} not committed")
+    original = measured.merge
+    monkeypatch.setattr(measured, "merge", lambda *a, **k: original(*a, **dict(k, root=tmp_path)))
+    _script(script).merge(ROOT / source)
+    got = json.loads((tmp_path / f"{op}.json").read_text())["entries"]
+    want = json.loads((ROOT / "schedules" / "measured" / f"{op}.json").read_text())["entries"]
+    strip = lambda es: [{k: v for k, v in e.items() if k != "source"} for e in es]  # noqa: E731
+    assert strip(got) == strip(want)

@@ -271,7 +271,7 @@ def test_schedules_are_checked():
     with pytest.raises(TvmseqError, match="int64 transpose index map"):
         SpmmShape(True, 2**11 + 1, 2**20, 4, map_dtype="int32").check()
     # the GPU default keeps ~400k threads busy on S^T of a 4096-column S and stays in shared memory
-    sched = default_schedule(SpmmShape(True, 4096, 4096, 256), gpu)
+    sched = default_schedule(SpmmShape(True, 4096, 4096, 256), gpu, measured=False)  # the rule, not the measured winner
     assert sched.split > 1 and sched.shared_bytes(256) <= 48 * 1024
 
 

@@ -63,7 +63,7 @@ def build_beam_step(batch: int, beam: int, vocab: int, k: int, dtype: str = "flo
 def _build_beam_step(batch, beam, vocab, k, dtype, target_json: str, cfg):
     tgt = tvm.target.Target(target_json)
     gpu = targets.is_gpu(tgt)
-    cfg = cfg or _tk.choose_config(batch * beam, vocab, k, gpu)
+    cfg = cfg or _tk.choose_config(batch * beam, vocab, k, gpu, measured=False)  # top-k winners are not beam winners
     cfg.validate(gpu)
     func = _tk.beam_step_func(batch, beam, vocab, k, dtype, gpu, cfg)
     return tvm.compile(tvm.IRModule({"beam_step": func}), target=tgt)

@@ -82,7 +82,7 @@ def kernel_module(quick=False, smoke=False, fp16=False, with_tests=True, target_
     def add_topk(rows, n, k, dtype, largest):
         name = topk_name(rows, n, k, dtype, largest)
         if name not in funcs:
-            cfg = tk.choose_config(rows, n, k, gpu)
+            cfg = tk.choose_config(rows, n, k, gpu, dtype=dtype)
             funcs[name] = tk.topk_func(rows, n, k, dtype, largest, kind, cfg).with_attr("global_symbol", name)
             index["kernels"][name] = {"op": "topk", "rows": rows, "n": n, "k": k, "dtype": dtype,
                                       "largest": largest, "config": cfg.__dict__ if tk.uses_hierarchy(n, k, cfg)
@@ -91,7 +91,7 @@ def kernel_module(quick=False, smoke=False, fp16=False, with_tests=True, target_
     def add_beam(batch, beam, vocab, k, dtype):
         name = beam_name(batch, beam, vocab, k, dtype)
         if name not in funcs:
-            cfg = tk.choose_config(batch * beam, vocab, k, gpu)
+            cfg = tk.choose_config(batch * beam, vocab, k, gpu, measured=False)
             funcs[name] = tk.beam_step_func(batch, beam, vocab, k, dtype, gpu, cfg).with_attr("global_symbol", name)
             index["kernels"][name] = {"op": "beam", "batch": batch, "beam": beam, "vocab": vocab, "k": k,
                                       "dtype": dtype, "config": cfg.__dict__}

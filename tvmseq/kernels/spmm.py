@@ -29,6 +29,7 @@ row-order alternative the benchmark compares with (not deterministic).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,13 +92,19 @@ class SpmmSchedule:
             raise TvmseqError(f"the CPU schedule takes split=1, got {self}")
 
 
-def default_schedule(shape: "SpmmShape", target: tvm.target.Target) -> SpmmSchedule:
+def default_schedule(shape: "SpmmShape", target: tvm.target.Target, measured: bool = True) -> SpmmSchedule:
     """GPU: 16-byte loads, a warp per output row (more lanes for wide D: at most 4 chunks a lane),
     the non-zeros split over up to 8 groups until ~400k threads run, 256 threads a block, 4
     non-zeros in flight. CPU: 64-byte vectors, a serial 'lane' per block of up to 4 vectors of
     columns (the accumulators stay in registers), one output row per parallel task. Symbolic D
     columns: scalar accesses in column tiles of 128 (GPU) / 16 (CPU) columns."""
     gpu, n_cols = is_gpu(target), shape.n_cols
+    if measured and gpu:  # a measured winner (schedules/tune_spmm.py -> schedules/measured/spmm.json)
+        from ..tune import measured as db
+
+        config = db.lookup("spmm", **dataclasses.asdict(shape))
+        if config:
+            return SpmmSchedule(**config)
     if n_cols is None:
         lanes, vec, chunks = (32, 1, 4) if gpu else (1, 1, 16)
         tiles = 1

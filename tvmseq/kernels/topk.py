@@ -151,9 +151,18 @@ class TopKConfig:
 GPU_SMS = 132  # H100 SXM; only used to size the level-0 grid
 
 
-def choose_config(rows: int, n: int, k: int, gpu: bool) -> TopKConfig:
-    """Default tile sizes: enough level-0 blocks to keep every SM streaming (rows x chunks >= ~2 per
-    SM), big chunks when k is large (the per-block selection costs ~k ln k regardless of chunk size)."""
+def choose_config(rows: int, n: int, k: int, gpu: bool, measured: bool = True,
+                  dtype: str = "float32") -> TopKConfig:
+    """Default tile sizes: on a GPU the measured winner (`schedules/tune_topk.py` ->
+    schedules/measured/topk.json) where there is one; else enough level-0 blocks to keep every SM streaming
+    (rows x chunks >= ~2 per SM), big chunks when k is large (the per-block selection costs ~k ln k
+    regardless of chunk size)."""
+    if gpu and measured:
+        from ..tune import measured as db
+
+        config = db.lookup("topk", rows=rows, n=n, k=k, dtype=dtype)
+        if config:
+            return TopKConfig(**config)
     if not gpu:  # CPU: emulated threads are a serial loop, blocks a parallel one
         return TopKConfig(threads=64, values_per_thread=8, merge_threads=64, merge_values_per_thread=16,
                           merge_values_large_k=4, merge_threads_large_k=64,
@@ -769,7 +778,7 @@ def topk_func(rows: int | None, n: int, k: int | None, dtype: str = "float32", l
     if k == 0 or rows == 0:
         raise TvmseqError("top-k: K=0 or an empty input has no kernel; handle it before calling")
     gpu = _is_gpu_name(target)
-    cfg = cfg or choose_config(64 if rows is None else rows, n, 1 if k is None else k, gpu)
+    cfg = cfg or choose_config(64 if rows is None else rows, n, 1 if k is None else k, gpu, dtype=dtype)
     cfg.validate(gpu)
     rows_v = tirx.Var("rows", "int64") if rows is None else rows
     if k is not None and uses_hierarchy(n, k, cfg):

@@ -1,0 +1,82 @@
+"""Tune the sparse matmul kernels' launch shape (lanes, rows per block, non-zero split, unroll) by
+measurement, and record the winners in schedules/measured/spmm.json, which `spmm.default_schedule` reads.
+
+  tvmseq tune spmm build out/spmm                  # here: every kernel + its schedule neighbours
+  tvmseq tune spmm run out/spmm                    # GPU machine: each variant timed on every density
+  tvmseq tune spmm merge out/spmm/spmm.json        # here: winners -> the database
+
+(`build`/`run` are `tvmseq bench spmm --build-only DIR` / `--prebuilt DIR --out DIR`, which time the
+variants of `bench.spmm.variants` beside the default.) The kernels are built per shape with nnz symbolic,
+so a variant is scored by its geometric mean over the densities timed; it replaces the model's pick only
+when >= 3% faster.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def build(out: Path) -> None:
+    from tvmseq.bench import spmm
+
+    spmm.build_for_gpu(out)
+
+
+def run(out: Path) -> None:
+    from tvmseq.cli import main as cli
+
+    cli(["bench", "spmm", "--prebuilt", str(out), "--out", str(out)])
+
+
+def trials_of(results: dict) -> list[dict]:
+    """One trial per (shape, schedule): the geometric mean of its times over the densities."""
+    times: dict[tuple, list[float]] = {}
+    configs: dict[tuple, tuple[dict, dict]] = {}
+    for name, kernel in results["schedules"].items():
+        shape = kernel["shape"]
+        configs[(name,)] = (shape, kernel["schedule"])
+    for row in results["rows"]:
+        if not row.get("agree"):
+            continue
+        for tag, ms in (row.get("variants_ms") or {}).items():
+            base = next((n for n, k in results["schedules"].items() if k["variant"] == "default"
+                         and k["shape"]["transposed"] == (row["op"] == "spmm_t")
+                         and f"{k['shape']['rows']}x{k['shape']['cols']}" == row["shape"]
+                         and k["shape"]["n_cols"] == row["n"] and k["shape"]["dtype"] == row["dtype"]), None)
+            if base is None or ms is None:
+                continue
+            name = base if tag == "default" else f"{base}__{tag.replace('/', 'div').replace('*', 'x')}"
+            if (name,) in configs:
+                times.setdefault((name,), []).append(ms * 1e3)
+    trials = []
+    for key, values in times.items():
+        shape, schedule = configs[key]
+        trials.append(dict(key=shape, config=schedule, us=math.exp(sum(map(math.log, values)) / len(values))))
+    return trials
+
+
+def merge(results: Path) -> None:
+    from tvmseq.kernels import spmm
+    from tvmseq.targets import resolve
+    from tvmseq.tune import measured
+
+    cuda = resolve("cuda")
+    measured.merge("spmm", trials_of(json.loads(Path(results).read_text())),
+                   lambda k: dataclasses.asdict(spmm.default_schedule(spmm.SpmmShape(**k), cuda, measured=False)),
+                   source=f"{results}: geometric mean over densities of us per call")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2 or argv[0] not in ("build", "run", "merge"):
+        print(__doc__)
+        return 2
+    {"build": build, "run": run, "merge": merge}[argv[0]](Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
