@@ -20,17 +20,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-# (D, B, H) -> (blocks per direction, warps, batch chunk) variants besides the model's pick
-SWEEP = {
-    (1, 1, 512): [(128, 8, 1), (128, 16, 1), (64, 16, 1)],
-    (1, 8, 512): [(128, 8, 2), (128, 16, 2), (128, 16, 4)],
-    (1, 1, 1024): [(128, 8, 1), (128, 16, 1), (64, 16, 1)],
-    (1, 8, 1024): [(128, 8, 4), (128, 16, 4), (128, 16, 2), (128, 16, 8)],
-    (2, 1, 1024): [(128, 8, 1), (64, 8, 1), (64, 16, 1)],
-    (2, 8, 1024): [(64, 8, 2), (64, 16, 2), (64, 16, 4)],
-}
-
-
 def _model_pick(D, B, H, dtype="float32"):
     from tvmseq.kernels import persistent_gru as pg
     from tvmseq.targets import resolve
@@ -39,9 +28,9 @@ def _model_pick(D, B, H, dtype="float32"):
 
 
 def build(out: Path) -> None:
-    import pgru_sweep  # scripts/: the variant builder and its smem-rows rule
+    import pgru_sweep  # scripts/: the variants per (D, B, H), the builder and its smem-rows rule
 
-    pgru_sweep.SWEEP = {key: variants for key, variants in SWEEP.items()}
+    pgru_sweep.SWEEP = {key: list(variants) for key, variants in pgru_sweep.SWEEP.items()}
     for (D, B, H), variants in pgru_sweep.SWEEP.items():
         pick = _model_pick(D, B, H)
         if (pick.num_blocks, pick.num_warps, pick.batch_chunk) not in variants:
@@ -74,12 +63,9 @@ def merge(results: Path) -> None:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 2 or argv[0] not in ("build", "run", "merge"):
-        print(__doc__)
-        return 2
-    {"build": build, "run": run, "merge": merge}[argv[0]](Path(argv[1]))
-    return 0
+    from tvmseq.tune import measured
+
+    return measured.script_main(__doc__, {"build": build, "run": run, "merge": merge}, argv)
 
 
 if __name__ == "__main__":

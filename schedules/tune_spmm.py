@@ -70,12 +70,9 @@ def merge(results: Path) -> None:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 2 or argv[0] not in ("build", "run", "merge"):
-        print(__doc__)
-        return 2
-    {"build": build, "run": run, "merge": merge}[argv[0]](Path(argv[1]))
-    return 0
+    from tvmseq.tune import measured
+
+    return measured.script_main(__doc__, {"build": build, "run": run, "merge": merge}, argv)
 
 
 if __name__ == "__main__":

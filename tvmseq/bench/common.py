@@ -162,3 +162,24 @@ class PrebuiltModules:
     def func(self, entry: dict):
         """entry {"file", "func"} of an index.json -> the function."""
         return self.get(entry["file"])[entry["func"]]
+
+
+def add_build_run_arguments(parser) -> None:
+    """--build / --prebuilt / --out: the two halves of a benchmark (build here, run on the GPU)."""
+    parser.add_argument("--build", metavar="DIR", help="build the CUDA module into DIR (no GPU needed)")
+    parser.add_argument("--prebuilt", metavar="DIR", help="run the module built by --build")
+    parser.add_argument("--out", default=None, help="directory for the JSON and plot (default artifacts/bench)")
+
+
+def build_or_run(args, build: Callable, run_prebuilt: Callable, scratch_prefix: str) -> list[dict]:
+    """--build DIR: build and stop; --prebuilt DIR: run it; neither: build into a scratch directory and run
+    (a GPU machine with TVM's compiler)."""
+    if args.build:
+        build(args.build)
+        return []
+    root = args.prebuilt
+    if root is None:
+        import tempfile
+
+        root = build(tempfile.mkdtemp(prefix=scratch_prefix))
+    return run_prebuilt(root, args.out)

@@ -13,7 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from .common import PrebuiltModules, compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
+from .common import (PrebuiltModules, add_build_run_arguments, build_or_run, compile_for_gpu, print_table,
+                     ratio_bar_plot, save, time_cuda)
 
 NAME = "gru_stack"
 # (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the issue's target (>= 2x over layer
@@ -287,23 +288,12 @@ def run_prebuilt(prebuilt, out=None) -> list[dict]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--build", metavar="DIR", help="build the CUDA module into DIR (no GPU needed)")
-    parser.add_argument("--prebuilt", metavar="DIR", help="run the module built by --build")
-    parser.add_argument("--out", default=None, help="directory for the JSON and plot (default artifacts/bench)")
+    add_build_run_arguments(parser)
 
 
 def run(args) -> list[dict]:
-    """`tvmseq bench gru_stack`: --build DIR here, --prebuilt DIR on the GPU; with neither, build into a
-    scratch directory and run (a GPU machine with the full TVM compiler)."""
-    if args.build:
-        build(args.build)
-        return []
-    root = args.prebuilt
-    if root is None:
-        import tempfile
-
-        root = build(tempfile.mkdtemp(prefix="tvmseq_stack_"))
-    return run_prebuilt(root, args.out)
+    """`tvmseq bench gru_stack`: --build DIR here, --prebuilt DIR on the GPU (`common.build_or_run`)."""
+    return build_or_run(args, build, run_prebuilt, "tvmseq_stack_")
 
 
 def main(argv=None):

@@ -77,3 +77,16 @@ def merge(op: str, trials: list[dict], default_of: Callable[[dict], dict], sourc
     path.write_text(json.dumps({"op": op, "entries": entries}, indent=1) + "\n")
     _table.cache_clear()
     return written
+
+
+def script_main(doc: str, steps: dict, argv=None) -> int:
+    """The command line of a `schedules/tune_<op>.py`: `build|run|merge PATH` -> steps[name](Path(PATH));
+    anything else prints the script's doc and returns 2."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2 or argv[0] not in steps:
+        print(doc)
+        return 2
+    steps[argv[0]](Path(argv[1]))
+    return 0
