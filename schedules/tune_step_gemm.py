@@ -18,15 +18,15 @@ from pathlib import Path
 
 
 def build(out: Path) -> None:
-    from tvmseq.bench import gru
+    from tvmseq.cli import main as cli
 
-    gru.main(["--build", str(out), "--no-tests"])
+    cli(["bench", "gru", "--build", str(out), "--no-tests"])
 
 
 def run(out: Path) -> None:
-    from tvmseq.bench import gru
+    from tvmseq.cli import main as cli
 
-    gru.main(["--prebuilt", str(out), "--sweep-only", "--out", str(out)])
+    cli(["bench", "gru", "--prebuilt", str(out), "--sweep-only", "--out", str(out)])
 
 
 def _tile(text: str) -> dict:

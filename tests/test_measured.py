@@ -133,3 +133,19 @@ def test_committed_database_is_reproducible_from_the_committed_measurements(tmp_
     want = json.loads((ROOT / "schedules" / "measured" / f"{op}.json").read_text())["entries"]
     strip = lambda es: [{k: v for k, v in e.items() if k != "source"} for e in es]  # noqa: E731
     assert strip(got) == strip(want)
+
+
+@pytest.mark.parametrize("script,step,want", [
+    ("tune_step_gemm", "build", ["bench", "gru", "--build", "D", "--no-tests"]),
+    ("tune_step_gemm", "run", ["bench", "gru", "--prebuilt", "D", "--sweep-only", "--out", "D"]),
+    ("tune_spmm", "run", ["bench", "spmm", "--prebuilt", "D", "--out", "D"])])
+def test_scripts_drive_the_benchmarks_through_the_cli(monkeypatch, script, step, want):
+    """build/run go through `tvmseq bench ...`, and the CLI accepts those arguments."""
+    from tvmseq import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "main", lambda argv: seen.append(argv))
+    getattr(_script(script), step)(Path("D"))
+    assert seen == [want]
+    parsed = cli._parser().parse_args(want)   # exits (SystemExit) on an argument the benchmark does not take
+    assert parsed.op == want[1]

@@ -103,6 +103,16 @@ def cmd_build(args):
 
 
 def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        args.func(args)
+    except TvmseqError as err:
+        print(f"tvmseq: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvmseq", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -151,14 +161,7 @@ def main(argv=None) -> int:
         except ImportError as err:
             bp.set_defaults(unavailable=str(err))
     p.set_defaults(func=cmd_bench)
-
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except TvmseqError as err:
-        print(f"tvmseq: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return parser
 
 
 if __name__ == "__main__":
