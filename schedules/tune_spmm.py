@@ -33,29 +33,24 @@ def run(out: Path) -> None:
 
 def trials_of(results: dict) -> list[dict]:
     """One trial per (shape, schedule): the geometric mean of its times over the densities."""
-    times: dict[tuple, list[float]] = {}
-    configs: dict[tuple, tuple[dict, dict]] = {}
-    for name, kernel in results["schedules"].items():
-        shape = kernel["shape"]
-        configs[(name,)] = (shape, kernel["schedule"])
+    from tvmseq.bench.spmm import kernel_name
+    from tvmseq.kernels.spmm import SpmmShape
+
+    schedules = results["schedules"]
+    # a benchmark row names its kernel's shape by (op, "rows x cols", n, dtype)
+    shape_of = {(k["shape"]["transposed"], f"{k['shape']['rows']}x{k['shape']['cols']}", k["shape"]["n_cols"],
+                 k["shape"]["dtype"]): SpmmShape(**k["shape"]) for k in schedules.values() if k["variant"] == "default"}
+    times: dict[str, list[float]] = {}
     for row in results["rows"]:
-        if not row.get("agree"):
+        shape = shape_of.get((row["op"] == "spmm_t", row["shape"], row["n"], row["dtype"]))
+        if not row.get("agree") or shape is None:
             continue
         for tag, ms in (row.get("variants_ms") or {}).items():
-            base = next((n for n, k in results["schedules"].items() if k["variant"] == "default"
-                         and k["shape"]["transposed"] == (row["op"] == "spmm_t")
-                         and f"{k['shape']['rows']}x{k['shape']['cols']}" == row["shape"]
-                         and k["shape"]["n_cols"] == row["n"] and k["shape"]["dtype"] == row["dtype"]), None)
-            if base is None or ms is None:
-                continue
-            name = base if tag == "default" else f"{base}__{tag.replace('/', 'div').replace('*', 'x')}"
-            if (name,) in configs:
-                times.setdefault((name,), []).append(ms * 1e3)
-    trials = []
-    for key, values in times.items():
-        shape, schedule = configs[key]
-        trials.append(dict(key=shape, config=schedule, us=math.exp(sum(map(math.log, values)) / len(values))))
-    return trials
+            name = kernel_name(shape, tag)
+            if ms is not None and name in schedules:
+                times.setdefault(name, []).append(ms * 1e3)
+    return [dict(key=schedules[name]["shape"], config=schedules[name]["schedule"],
+                 us=math.exp(sum(map(math.log, values)) / len(values))) for name, values in times.items()]
 
 
 def merge(results: Path) -> None:

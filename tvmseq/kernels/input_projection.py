@@ -82,6 +82,11 @@ class ProjectionShape:
     k: int       # input size
     dtype: str
 
+    @classmethod
+    def of(cls, spec, batch: int | None = None) -> "ProjectionShape":
+        """The shape of `input_projection_func(spec)` (with `batch` rows per time step if given)."""
+        return cls(spec.num_directions, batch or spec.batch, spec.gates * spec.hidden, spec.input_size, spec.dtype)
+
 
 def projection_shape(func: tirx.PrimFunc) -> ProjectionShape | None:
     """The shape of a function shaped like `input_projection_func`'s output, else None."""
@@ -209,15 +214,12 @@ def row_tile(spec, target) -> int | None:
     on CUDA, when the template declines the batch itself and accepts the tile. None otherwise (the batch
     layout is used: tiled, or dlight, or the CPU loop nest). At batch 8, H = I = 1024 the padded rows take
     the tiled template (42 TFLOP/s at batch 64) where dlight's schedule of the batch layout ran at 14."""
-    import dataclasses
-
     if target is None or target.kind.name != "cuda":
         return None
-    if projection_genes(projection_shape(input_projection_func(spec)), PROJECTION_GENES, target) is not None:
+    if projection_genes(ProjectionShape.of(spec), PROJECTION_GENES, target) is not None:
         return None
     tile = PROJECTION_GENES["bm"]
-    tiled = dataclasses.replace(spec, batch=tile)
-    if projection_genes(projection_shape(input_projection_func(tiled)), PROJECTION_GENES, target) is None:
+    if projection_genes(ProjectionShape.of(spec, batch=tile), PROJECTION_GENES, target) is None:
         return None
     return tile
 

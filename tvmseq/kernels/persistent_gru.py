@@ -75,18 +75,14 @@ def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None, c
     kernel on the target's GPU (registers + shared memory of resident blocks), and why not."""
     from . import recurrent_gemm as rg
 
-    target = resolve(target)
-    if not is_gpu(target):
-        return True, "CPU: the persistent variant runs serially"
-    try:
-        config = config or default_gru_config(D, B, H, dtype, target, cell)
-    except TvmseqError as err:
-        return False, str(err)
-    geo = _geometry(D, B, H, config, True, cell)
-    why = geo.check(rg.gpu_facts(target), config.num_blocks * D)
-    if why is None and config.num_blocks * geo.U < H:
-        why = f"{config.num_blocks} blocks x {geo.U} units < {H} hidden units"
-    return (why is None), (why or f"fits: {config}")
+    def why_not(cfg, facts):
+        geo = _geometry(D, B, H, cfg, True, cell)
+        why = geo.check(facts, cfg.num_blocks * D)
+        if why is None and cfg.num_blocks * geo.U < H:
+            why = f"{cfg.num_blocks} blocks x {geo.U} units < {H} hidden units"
+        return why
+
+    return rg.fit_report(target, config, lambda tgt: default_gru_config(D, B, H, dtype, tgt, cell), why_not)
 
 
 def _check_acts(acts, D, cell="gru"):
@@ -166,7 +162,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     if why:
         raise TvmseqError(f"persistent GRU D={D} B={B} H={H} {dtype}: {why}")
     G, W, NT, WS = geo.G, geo.W, geo.NT, geo.warp_size
-    U, R, R_reg, R_smem, KT, Hp = geo.U, geo.R, geo.R_reg, geo.R_smem, geo.KT, geo.Hp
+    U, R_reg, R_smem, KT, Hp = geo.U, geo.R_reg, geo.R_smem, geo.KT, geo.Hp
     BC, NC, Bp = geo.BC, geo.NC, geo.Bp
     if G * U < H:
         raise TvmseqError(f"persistent GRU: {G} blocks x {U} units do not cover H={H}")

@@ -139,15 +139,8 @@ def default_rows_config(L: int, B: int, H: int, target) -> RowSplitConfig:
 def rows_fit(L: int, B: int, H: int, target, config: RowSplitConfig | None = None) -> tuple[bool, str]:
     from . import recurrent_gemm as rg
 
-    target = resolve(target)
-    if not is_gpu(target):
-        return True, "CPU: the row-split variant runs serially"
-    try:
-        config = config or default_rows_config(L, B, H, target)
-    except TvmseqError as err:
-        return False, str(err)
-    why = RowGeometry(L, B, H, config, 32).check(rg.gpu_facts(target))
-    return (why is None), (why or f"fits: {config}")
+    return rg.fit_report(target, config, lambda tgt: default_rows_config(L, B, H, tgt),
+                         lambda cfg, facts: RowGeometry(L, B, H, cfg, 32).check(facts), "row-split")
 
 
 def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
@@ -167,7 +160,7 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
     why = geo.check(rg.gpu_facts(target) if gpu else None)
     if why:
         raise TvmseqError(f"row-split GRU stack L={L} B={B} H={H} {dtype}: {why}")
-    G, W_, NT, WS, UW, U, NQ = geo.G, geo.W, geo.NT, geo.warp_size, geo.UW, geo.U, geo.NQ
+    G, W_, NT, WS, UW, U = geo.G, geo.W, geo.NT, geo.warp_size, geo.UW, geo.U
     RR, RS, Hp, KT, KL = geo.RR, geo.RS, geo.Hp, geo.KT, geo.KL
     BC, NC, Bp, vp, FI, XN = geo.BC, geo.NC, geo.Bp, geo.vp, geo.FI, geo.XN
     S, LW, G3 = slots, max(L - 1, 1), 3 * H

@@ -118,13 +118,11 @@ def default_config(L: int, B: int, H: int, dtype: str, target):
     (persistent_rows; on the H100 4 x H512 B8 took 6.1 us a step against 14.9 for this module's k-split
     engine) when it fits, else the k-split engine's `default_stack_config`. One layer keeps the k-split
     engine, which is what the single-layer persistent GRU measured faster with."""
-    from .persistent_rows import default_rows_config, rows_fit
+    from .persistent_rows import default_rows_config
 
     if L >= 2:
         try:
-            cfg = default_rows_config(L, B, H, target)
-            if rows_fit(L, B, H, target, cfg)[0]:
-                return cfg
+            return default_rows_config(L, B, H, target)   # only configs that pass RowGeometry.check
         except TvmseqError:
             pass
     return default_stack_config(L, B, H, dtype, target)
@@ -139,19 +137,14 @@ def _geometry(B, H, cfg, gpu):
 def fits_on_chip(L: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[bool, str]:
     """Whether the R and W weights of all L layers stay on chip for the pipelined kernel, and why not."""
     from . import recurrent_gemm as rg
-    from .persistent_rows import RowSplitConfig, rows_fit
+    from .persistent_rows import RowGeometry, RowSplitConfig
 
-    target = resolve(target)
-    try:
-        config = config or default_config(L, B, H, dtype, target)
-    except TvmseqError as err:
-        return False, str(err)
-    if isinstance(config, RowSplitConfig):
-        return rows_fit(L, B, H, target, config)
-    if not is_gpu(target):
-        return True, "CPU: the pipelined variant runs serially"
-    why = stack_fits(_geometry(B, H, config, True), rg.gpu_facts(target), L)
-    return (why is None), (why or f"fits: {config}")
+    def why_not(cfg, facts):
+        if isinstance(cfg, RowSplitConfig):
+            return RowGeometry(L, B, H, cfg, 32).check(facts)
+        return stack_fits(_geometry(B, H, cfg, True), facts, L)
+
+    return rg.fit_report(target, config, lambda tgt: default_config(L, B, H, dtype, tgt), why_not, "pipelined")
 
 
 def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,

@@ -580,18 +580,25 @@ def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, d
     return best[1]
 
 
-def fits_on_chip(H: int, B: int, dtype: str, target=None, config: PersistentConfig | None = None) -> tuple[bool, str]:
-    """Whether the persistent kernel can hold A (H x H) on chip on the target's GPU, and why not."""
+def fit_report(target, config, default, why_not, kernel: str = "persistent") -> tuple[bool, str]:
+    """(fits, why) for the `fits_on_chip` functions of the persistent kernels: always on a CPU (the serial
+    variant); on a GPU `config` (None: `default()`, whose TvmseqError is the reason) checked by
+    `why_not(config, gpu_facts) -> reason or None`."""
     target = resolve(target)
     if not is_gpu(target):
-        return True, "CPU: the persistent variant runs serially"
+        return True, f"CPU: the {kernel} variant runs serially"
     try:
-        config = config or default_config(H, B, dtype, target)
+        config = config or default(target)
     except TvmseqError as err:
         return False, str(err)
-    geo = EngineGeometry(H, H, B, config, 32)
-    why = geo.check(gpu_facts(target), config.num_blocks)
+    why = why_not(config, gpu_facts(target))
     return (why is None), (why or f"fits: {config}")
+
+
+def fits_on_chip(H: int, B: int, dtype: str, target=None, config: PersistentConfig | None = None) -> tuple[bool, str]:
+    """Whether the persistent kernel can hold A (H x H) on chip on the target's GPU, and why not."""
+    return fit_report(target, config, lambda tgt: default_config(H, B, dtype, tgt),
+                      lambda cfg, facts: EngineGeometry(H, H, B, cfg, 32).check(facts, cfg.num_blocks))
 
 
 def choose_path(H: int, B: int, dtype: str, target=None, config: PersistentConfig | None = None) -> tuple[str, str]:
