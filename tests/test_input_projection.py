@@ -167,3 +167,19 @@ def test_importer_row_tiled_projection_matches_onnxruntime(monkeypatch, op, dire
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_schedule_error_falls_back_to_dlight_with_a_warning(monkeypatch):
+    """A schedule the template cannot take (a ScheduleError inside it) is not fatal: the rule declines with
+    a warning naming the shape, and schedule_input_projection uses dlight."""
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    def broken(*args, **kwargs):
+        raise ScheduleError("simulated")
+
+    monkeypatch.setattr(space, "_schedule", broken)
+    func = ip.input_projection_func(_spec(1, 64, 1024, 1024))
+    with pytest.warns(UserWarning, match="tiled input projection .*simulated.*using dlight"):
+        assert ip.TiledInputProjection().apply(func, H100) is None
+    with pytest.warns(UserWarning):
+        assert "threadIdx.y" in ip.schedule_input_projection(func, H100).script()

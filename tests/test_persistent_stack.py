@@ -101,6 +101,10 @@ def test_rows_config_and_errors():
     assert not ok and "registers" in why
     ok, why = pr.rows_fit(4, 8, 512, cuda, _RS(40, 8, 8, 0))      # 160 blocks > 132 SMs
     assert not ok and "resident" in why
+    ok, why = pr.rows_fit(2, 8, 1024, cuda, _RS(64, 8, 8, 0))     # every weight row in shared memory
+    assert not ok and "shared memory" in why
+    ok, why = pr.rows_fit(4, 8, 2048, cuda)                        # 4 x 2 x 48 MB of fp32 weights
+    assert not ok and "no row-split configuration" in why
     with pytest.raises(TvmseqError, match="non-positive"):
         ps.stacked_gru_func(2, 2, 64, "float32", "llvm", config=_RS(2, 0, 2, 0))
 

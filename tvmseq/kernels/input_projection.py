@@ -180,10 +180,11 @@ class TiledInputProjection:
                 name = sch.get(unpad).name_hint
                 consumers = (name, "epilogue") if name != "epilogue" else ("epilogue",)
             return space._schedule(sch, genes, problem, gpu, consumers=consumers, inline_producers=padded)
-        except tvm.TVMError as err:
-            # a padding the template cannot take (seen: only the weight rows padded, at batch 256):
+        except RuntimeError as err:  # TVM 0.27: ScheduleError, InternalError (no tvm.TVMError any more)
+            # a shape the template cannot take (seen before it was fixed: only k padded, at batch 64/256):
             # dlight schedules it instead, as before this rule existed
-            warnings.warn(f"tiled input projection {shape}: {str(err).splitlines()[-1]}; using dlight")
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            warnings.warn(f"tiled input projection {shape}: {reason}; using dlight")
             return None
 
 
