@@ -38,7 +38,8 @@ def _config(D, B, H, blocks, warps, chunk):
     return None
 
 
-def build(out: Path):
+def build(out: Path, sweep: dict | None = None):
+    """Every variant of `sweep` (default SWEEP) into out/sweep.so + index.json."""
     import tvm
 
     from tvmseq import artifacts
@@ -48,7 +49,7 @@ def build(out: Path):
     tgt = resolve("cuda")
     out.mkdir(parents=True, exist_ok=True)
     funcs, index = {}, []
-    for (D, B, H), knobs in SWEEP.items():
+    for (D, B, H), knobs in (sweep or SWEEP).items():
         for blocks, warps, chunk in knobs:
             cfg = _config(D, B, H, blocks, warps, chunk)
             if cfg is None:

@@ -149,3 +149,22 @@ def test_scripts_drive_the_benchmarks_through_the_cli(monkeypatch, script, step,
     assert seen == [want]
     parsed = cli._parser().parse_args(want)   # exits (SystemExit) on an argument the benchmark does not take
     assert parsed.op == want[1]
+
+
+def test_persistent_gru_build_always_times_the_model_pick(monkeypatch):
+    """tune_persistent_gru build: scripts/pgru_sweep.py's variants, with the cost model's pick added where
+    the list lacks it (a winner is only a winner against the pick)."""
+    import sys
+
+    tune = _script("tune_persistent_gru")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import pgru_sweep
+
+    seen = {}
+    monkeypatch.setattr(pgru_sweep, "build", lambda out, sweep=None: seen.update(sweep))
+    tune.build(Path("unused"))
+    assert set(seen) == set(pgru_sweep.SWEEP)
+    for (D, B, H), variants in seen.items():
+        pick = tune._model_pick(D, B, H)
+        assert (pick.num_blocks, pick.num_warps, pick.batch_chunk) in variants
+        assert set(pgru_sweep.SWEEP[(D, B, H)]) <= set(variants)

@@ -54,7 +54,7 @@ def projection_kernel(spec, target_json: str):
     return input_projection.projection_for(spec, tvm.target.Target(target_json))
 
 
-def emit_input_projection(bb, cell: str, spec, c, w, bias_i, target):
+def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
     """gate_i [D, seq, B, gates * H] (float32) = X W^T + bias_i for a prepared GRU/RNN input `c` (a prebuilt
     artifact when one matches, see `importer.emit_kernel`). With a row tile: X's rows are padded to whole
     tiles by `pad_rows`, projected as a [tiles, tile] batch, and the valid rows sliced back."""
@@ -66,17 +66,17 @@ def emit_input_projection(bb, cell: str, spec, c, w, bias_i, target):
     proj, tile = projection_kernel(spec, str(target))
     sizes = {"directions": D, "batch": tile or B, "hidden": H, "input_size": I, "gates": spec.gates}
     key = KernelKey(sizes, c["dtype"], dynamic=("seq",))
-    op, hint = f"{cell}_input_projection", f"{cell}_input_projection"
+    op = f"{cell}_input_projection"
     if not tile:
-        return emit_kernel(bb, op, key, lambda: proj, [c["x"], w, bias_i],
-                           relax.TensorType([D, seq, B, G], "float32"), name_hint=hint)
+        return emit_kernel(bb, op, key, lambda: proj, [c["x"], c["w"], bias_i],
+                           relax.TensorType([D, seq, B, G], "float32"), name_hint=op)
     rows = seq * B
     tiles = (rows + tile - 1) // tile
     pad = input_projection.pad_rows_func(B, I, tile, c["dtype"]).without_attr("global_symbol")
     gv = bb.add_func(pad, f"{cell}_pad_rows")
     x_tiles = bb.emit(relax.call_tir(gv, [c["x"]], relax.TensorType([tiles, tile, I], c["dtype"])))
-    g_tiles = emit_kernel(bb, op, key, lambda: proj, [x_tiles, w, bias_i],
-                          relax.TensorType([D, tiles, tile, G], "float32"), name_hint=hint)
+    g_tiles = emit_kernel(bb, op, key, lambda: proj, [x_tiles, c["w"], bias_i],
+                          relax.TensorType([D, tiles, tile, G], "float32"), name_hint=op)
     g_rows = bb.emit(relax.op.reshape(g_tiles, [D, tiles * tile, G]))
     g_rows = bb.emit(relax.op.strided_slice(g_rows, axes=[1], begin=[0], end=[rows]))
     return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
@@ -89,7 +89,7 @@ def emit_recurrent_kernels(bb, cell: str, spec, c, rec, path, bias_i, rec_args, 
 
     D, B, H, seq = c["D"], c["batch"], c["hidden"], c["seq"]
     sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
-    gate_i = emit_input_projection(bb, cell, spec, c, c["w"], bias_i, target)
+    gate_i = emit_input_projection(bb, cell, spec, c, bias_i, target)
     # path is in the key: the persistent and the per-step kernels differ (and the persistent RNN takes rb_h)
     outs = emit_kernel(bb, f"{cell}_recurrence", KernelKey(sizes, c["dtype"], {"spec": repr(spec), "path": path},
                                                            ("seq",)),

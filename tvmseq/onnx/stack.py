@@ -180,7 +180,7 @@ class GruStack(OnnxOpConverter):
             return cls._layer_by_layer(bb, cs, acts, target)
         spec0 = gru_kernels.GruSpec(1, B, H, c0["input_size"], dtype, 1, "forward", acts)
         folded = [fold_biases(bb, c["bias"], H, 1) for c in cs]
-        gate_i = emit_input_projection(bb, "gru", spec0, c0, c0["w"], folded[0][0], target)
+        gate_i = emit_input_projection(bb, "gru", spec0, c0, folded[0][0], target)
         cat = lambda xs: bb.emit(relax.op.concat(xs, axis=0))  # noqa: E731
         args = [bb.emit(relax.op.squeeze(gate_i, axis=[0])), cat([c["r"] for c in cs]),
                 cat([c["w"] for c in cs[1:]]), cat([b for b, _ in folded[1:]]), cat([rb for _, rb in folded]),
