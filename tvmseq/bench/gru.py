@@ -276,15 +276,20 @@ def _torch_weights_from_onnx(W, R, B, H):
 
 
 def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
-    """The input projection as the importer runs it: on the batch layout, or (`tile` rows per tile) X's
-    seq * B rows copied into whole tiles, projected as a [tiles, tile] batch and the valid rows copied
-    back (the importer's pad_rows kernel and strided_slice)."""
+    """The input projection as the importer runs it: on the batch layout, on the flat seq * B rows (tile
+    FLAT), or (`tile` rows per tile) X's seq * B rows copied into whole tiles, projected as a [tiles, tile]
+    batch and the valid rows copied back (the importer's pad_rows kernel and strided_slice)."""
     import torch
     import tvm
+
+    from ..kernels.input_projection import FLAT
 
     if not tile:
         return lambda: proj(tv[0], tv[1], tv[2], tv[3])
     rows, G = seq * B, gate_i.shape[-1]
+    if tile == FLAT:   # the tensor-core projection on X viewed as [seq * B, I] (the importer's reshape)
+        flat = [tvm.runtime.from_dlpack(t) for t in (X.view(rows, -1), gate_i.view(D, rows, G))]
+        return lambda: proj(flat[0], tv[1], tv[2], flat[1])
     tiles = -(-rows // tile)
     x_tiles = torch.zeros(tiles * tile, X.shape[-1], device=X.device, dtype=X.dtype)
     g_tiles = torch.empty(D, tiles * tile, G, device=X.device)

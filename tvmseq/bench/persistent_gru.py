@@ -114,19 +114,22 @@ def residency(report: dict, threads: int, dyn_smem: int, blocks: int, num_sms: i
     return {"blocks_per_sm": per_sm, "resident": ok, "why": ("" if ok else "NOT resident: ") + why}
 
 
-def _rec_launch(c, target):
-    """(threads, dynamic shared bytes, blocks) of a config's persistent recurrence."""
+def _rec_launch(c, target, path: str = "persistent"):
+    """(threads, dynamic shared bytes, blocks) of a config's persistent recurrence (SIMT or tensor-core)."""
     from ..kernels import persistent_gru as pg
+    from ..kernels import persistent_mma as pm
 
     D = 2 if c["bidirectional"] else 1
+    if path == "persistent_mma":
+        geo = pm.MmaGeometry(D, c["batch"], c["hidden"], 3, pm.default_config(D, c["batch"], c["hidden"], target))
+        return geo.NT, geo.smem_bytes(), D * geo.G
     cfg = pg.default_gru_config(D, c["batch"], c["hidden"], c["dtype"], target)
     geo = pg._geometry(D, c["batch"], c["hidden"], cfg, True)
     return geo.NT, 4 * geo.R_smem * geo.Hp, cfg.num_blocks * D
 
 
-
 def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str = "cuda",
-                  ptxas: bool = False) -> Path:
+                  ptxas: bool = False, dtypes=None) -> Path:
     """Build every kernel the benchmark (and the GPU tests) need, one .so per group, + index.json with
     each kernel's ptxas numbers and residency. A config whose persistent kernel could not be resident
     (registers/shared memory per block x blocks > the GPU) is rebuilt on the per-step path."""
@@ -141,11 +144,13 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
     index = {"benchmark": NAME, "tvm": tvm.__version__, "arch": str(tgt.attrs.get("arch", "")),
              "configs": [], "tests": []}
     for c in configs(quick):
+        if dtypes and c["dtype"] not in dtypes:
+            continue
         funcs, path, why, tile = _bench_funcs(c, tgt)
         groups.setdefault(_group(c), {}).update(funcs)
         entry = dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c), path=path, reason=why, proj_rows=tile)
-        if path == "persistent":
-            entry["threads"], entry["dyn_smem"], entry["blocks"] = _rec_launch(c, tgt)
+        if path.startswith("persistent"):
+            entry["threads"], entry["dyn_smem"], entry["blocks"] = _rec_launch(c, tgt, path)
         index["configs"].append(entry)
     if tests:
         for case in GPU_TEST_CASES:
@@ -159,7 +164,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
         ex, report = compile_for_gpu(funcs, tgt)
         retry = []
         for e in index["configs"]:
-            if _group(e) != group or e["path"] != "persistent":
+            if _group(e) != group or not e["path"].startswith("persistent"):
                 continue
             info = report.get(f"rec_{e['suffix']}_kernel", {})
             e["ptxas"] = info
@@ -276,7 +281,7 @@ def _worker(index, root, suffixes, rows_file: Path, progress: Path, out, deadlin
         c["proj_rows"] = e.get("proj_rows")   # the projection on padded rows (as the importer runs it)
         progress.write_text(f"{sfx} {time.time()}\n")
         res = residency(e["ptxas"], e["threads"], e["dyn_smem"], e["blocks"], num_sms) \
-            if e["path"] == "persistent" and e.get("ptxas") else None
+            if e["path"].startswith("persistent") and e.get("ptxas") else None
         if res is not None and not res["resident"]:
             row.update(status="skipped", reason=res["why"])
         else:
@@ -456,7 +461,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> list[dict]:
     if args.build:
-        build_for_gpu(args.build, quick=args.quick, tests=not args.no_tests, ptxas=args.ptxas)
+        build_for_gpu(args.build, quick=args.quick, tests=not args.no_tests, ptxas=args.ptxas,
+                      dtypes=args.dtype.split(",") if args.dtype else None)
         return []
     if not cuda_available():
         print("no CUDA GPU: running the llvm variant on tiny sizes")

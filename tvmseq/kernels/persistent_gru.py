@@ -503,17 +503,29 @@ PERSISTENT_MAX_BATCH = 16
 PERSISTENT_MAX_BATCH_X_HIDDEN = 64 * 256
 
 
-def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru") -> tuple[str, str]:
-    """'persistent' when the recurrent weights of all directions stay on chip and the batch is one where it
-    was measured faster, else 'per_step' (per step a GEMM launch + a gate launch, R re-read from L2)."""
+def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru",
+                lbr=1) -> tuple[str, str]:
+    """'persistent_mma' for a float16 recurrence at batch >= 16 that the tensor-core kernel runs
+    (`persistent_mma.supported`: lbr=1 or RNN, sm_80+, fits); else 'persistent' when the recurrent weights of
+    all directions stay on chip and the batch is one where the SIMT engine was measured faster; else
+    'per_step' (per step a GEMM launch + a gate launch, R re-read from L2)."""
+    from . import persistent_mma
+
     target = resolve(target)
     if not is_gpu(target):
         return "per_step", "CPU target: the per-step kernels (the persistent variant is a serial check only)"
+    if config is None:
+        ok, why_mma = persistent_mma.supported(D, B, H, dtype, lbr, target, cell)
+        if ok:
+            return "persistent_mma", why_mma
     ok, why = fits_on_chip(D, B, H, dtype, target, config, cell)
     if ok and B > PERSISTENT_MAX_BATCH and B * H > PERSISTENT_MAX_BATCH_X_HIDDEN and config is None:
         return "per_step", (f"batch {B} x hidden {H}: the per-step path's tiled step GEMM was measured faster "
                             "there than the persistent kernel")
     return ("persistent" if ok else "per_step"), why
+
+
+PATHS = ("auto", "persistent", "persistent_mma", "per_step")
 
 
 def recurrence_func_auto(spec, target=None, config=None, path: str = "auto"):
@@ -525,12 +537,21 @@ def recurrence_func_auto(spec, target=None, config=None, path: str = "auto"):
     target = resolve(target)
     cell = "rnn" if isinstance(spec, rnn.RnnSpec) else "gru"
     D, B, H = spec.num_directions, spec.batch, spec.hidden
+    lbr = getattr(spec, "linear_before_reset", 1)
     if path == "auto":
-        path, why = choose_path(D, B, H, spec.dtype, target, config, cell)
-    elif path in ("persistent", "per_step"):
+        path, why = choose_path(D, B, H, spec.dtype, target, config, cell, lbr)
+    elif path in PATHS:
         why = f"{path} requested"
     else:
-        raise TvmseqError(f"persistent {cell.upper()}: path must be auto, persistent or per_step, got {path!r}")
+        raise TvmseqError(f"persistent {cell.upper()}: path must be one of {PATHS}, got {path!r}")
+    if path == "persistent_mma":
+        from . import persistent_mma
+
+        if cell == "gru" and not lbr:  # dtype, sizes and the fit are checked by the factory
+            raise TvmseqError("persistent_mma GRU: needs linear_before_reset=1")
+        func = persistent_mma.persistent_mma_func(D, B, H, spec.dtype, spec.direction, list(spec.activations),
+                                                  spec.clip, spec.has_seq_lens, target, config, cell)
+        return func, path, why
     if path == "persistent":
         func = persistent_gru_func(D, B, H, spec.dtype, getattr(spec, "linear_before_reset", 1), spec.direction,
                                    list(spec.activations), spec.clip, spec.has_seq_lens, target, config, cell=cell)

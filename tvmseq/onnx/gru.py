@@ -31,7 +31,7 @@ def _int(dim, what, node, op="GRU") -> int:
     return int(dim)
 
 
-RECURRENCE_PATHS = ("auto", "persistent", "per_step")
+RECURRENCE_PATHS = ("auto", "persistent", "persistent_mma", "per_step")
 
 
 @functools.lru_cache(maxsize=64)
@@ -57,13 +57,21 @@ def projection_kernel(spec, target_json: str):
 def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
     """gate_i [D, seq, B, gates * H] (float32) = X W^T + bias_i for a prepared GRU/RNN input `c` (a prebuilt
     artifact when one matches, see `importer.emit_kernel`). With a row tile: X's rows are padded to whole
-    tiles by `pad_rows`, projected as a [tiles, tile] batch, and the valid rows sliced back."""
+    tiles by `pad_rows`, projected as a [tiles, tile] batch, and the valid rows sliced back; with FLAT (fp16
+    on tensor cores) X is viewed as [seq * B, I] rows."""
     from ..kernels import input_projection
     from .importer import KernelKey, emit_kernel
 
     D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
     G = spec.gates * H
     proj, tile = projection_kernel(spec, str(target))
+    if tile == input_projection.FLAT:   # tensor cores, on the seq * B rows as one matrix
+        sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
+        x_rows = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
+        op = f"{cell}_input_projection_flat"
+        g_rows = emit_kernel(bb, op, KernelKey(sizes, c["dtype"], dynamic=("rows",)), lambda: proj,
+                             [x_rows, c["w"], bias_i], relax.TensorType([D, seq * B, G], "float32"), name_hint=op)
+        return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
     sizes = {"directions": D, "batch": tile or B, "hidden": H, "input_size": I, "gates": spec.gates}
     key = KernelKey(sizes, c["dtype"], dynamic=("seq",))
     op = f"{cell}_input_projection"
@@ -100,7 +108,7 @@ def emit_recurrent_kernels(bb, cell: str, spec, c, rec, path, bias_i, rec_args, 
 
 
 def recurrence_path_option(attr, node, op) -> str:
-    """The importer option `recurrence` ('auto', 'persistent' or 'per_step'), checked."""
+    """The importer option `recurrence` (one of RECURRENCE_PATHS), checked."""
     path = attr["tvm_custom"]["importer_options"].get("recurrence", "auto")
     if path not in RECURRENCE_PATHS:
         raise UnsupportedOnnxError(node, op, f"importer option recurrence={path!r}: must be one of {RECURRENCE_PATHS}")

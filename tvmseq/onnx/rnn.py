@@ -32,7 +32,7 @@ class RNN(OnnxOpConverter):
         bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[H]), sl(bias, axes=[1], begin=[H], end=[2 * H])))
         lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
         # the persistent kernel shares the GRU's signature: a (zero) rb_h after R
-        extra = [relax.const(np.zeros((D, H), "float32"))] if path == "persistent" else []
+        extra = [relax.const(np.zeros((D, H), "float32"))] if path.startswith("persistent") else []
         _, outs = emit_recurrent_kernels(bb, "rnn", spec, c, rec, path, bias_i, [c["r"], *extra, lens, c["h0"]],
                                          target)
         return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Session 4 on the H100, runtime-only TVM (carry .gpu and the out/ payloads built here):
+#   bash scripts/gpu_session4.sh A   tensor-core persistent GRU/RNN: gpu tests (out/pmma), compute-sanitizer
+#                                    memcheck/racecheck on them, fp16 GRU grid vs cuDNN (out/pgru16)
+# Results come back as $OUT/session4_<part>.tgz.
+set +e
+PART=${1:-A}
+source .gpu/env.sh || exit 1
+export PYTHONUNBUFFERED=1
+RES=/tmp/res4_$PART; rm -rf $RES; mkdir -p $RES
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $RES/gpu.txt
+if [ "$PART" = A ]; then
+  TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu -rs tests/test_persistent_mma.py \
+    -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -15 $RES/pytest_pmma.log | cut -c1-300
+  timeout 420 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru16 --dtype float16 --out $RES \
+    --budget 380 > $RES/pgru16.log 2>&1
+  echo "pgru16 rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru16.log | sort -u | tail -30
+elif [ "$PART" = S ]; then
+  for tool in memcheck racecheck; do
+    TVMSEQ_PMMA_PREBUILT=out/pmma timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest \
+      -q -m gpu tests/test_persistent_mma.py -k "h200 or h129 or h333" -p no:cacheprovider > $RES/pmma_$tool.log 2>&1
+    echo "== $tool rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pmma_$tool.log | tail -3
+  done
+fi
+tar czf $OUT/session4_$PART.tgz -C $RES .

@@ -1,0 +1,113 @@
+"""Schedule sweep of the tensor-core persistent GRU (units per block / warps / batch chunk) on the H100.
+
+  python3 scripts/pmma_sweep.py build out/pmma_sweep    # here (compiler)
+  python3 scripts/pmma_sweep.py run out/pmma_sweep      # GPU machine (runtime + torch)
+
+Each variant is checked against a float64 GRU (torch on the GPU) and its recurrence timed alone (seq 100,
+random gate_i), us a step; results in out/.../results.json.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# (D, B, H) -> [(units per block, warps, chunk rows)]; the first is the default's pick
+SWEEP = {
+    (1, 64, 1024): [(8, 8, 64), (8, 8, 32), (8, 16, 32), (16, 8, 32), (16, 16, 16), (16, 8, 16)],
+    (1, 256, 1024): [(8, 8, 64), (8, 16, 32), (16, 8, 32), (16, 16, 16), (8, 8, 32)],
+    (2, 64, 1024): [(16, 8, 32), (16, 16, 16), (16, 8, 16), (16, 8, 64)],
+    (2, 256, 1024): [(16, 8, 32), (16, 16, 16), (16, 8, 64)],
+    (1, 256, 512): [(8, 8, 64), (8, 16, 32), (16, 8, 32), (8, 8, 32)],
+    (2, 256, 512): [(8, 8, 64), (8, 16, 32), (16, 8, 32)],
+    (1, 64, 512): [(8, 8, 64), (8, 16, 32), (8, 4, 64)],
+}
+SEQ = 100
+
+
+def _name(D, B, H, cfg):
+    return f"m_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}"
+
+
+def build(out: Path):
+    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.kernels import persistent_mma as pm
+    from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.targets import resolve
+
+    tgt = resolve("cuda")
+    out.mkdir(parents=True, exist_ok=True)
+    funcs, index = {}, []
+    for (D, B, H), cfgs in SWEEP.items():
+        for cfg in cfgs:
+            why = pm.MmaGeometry(D, B, H, 3, pm.MmaConfig(*cfg)).check(rg.gpu_facts(tgt))
+            if why:
+                print("skip", D, B, H, cfg, why)
+                continue
+            name = _name(D, B, H, cfg)
+            funcs[name] = pm.persistent_mma_func(D, B, H, "float16", "bidirectional" if D == 2 else "forward",
+                                                 None, None, False, tgt, pm.MmaConfig(*cfg)).with_attr(
+                                                     "global_symbol", name)
+            index.append(dict(D=D, B=B, H=H, config=list(cfg), name=name))
+    ex, report = compile_for_gpu(funcs, tgt)
+    ex.export_library(str(out / "sweep.so"))
+    for e in index:
+        e["ptxas"] = report.get(e["name"] + "_kernel", {})
+    (out / "index.json").write_text(json.dumps(index, indent=1))
+    print(f"built {len(funcs)} variants")
+
+
+def _reference(gate_i, R, rb_h, h0, D):
+    import torch
+
+    T_, H = gate_i.shape[1], R.shape[-1]
+    Y = torch.empty(T_, D, gate_i.shape[2], H, dtype=torch.float64, device="cuda")
+    for d in range(D):
+        h = h0[d].double()
+        Rz, Rr, Rh = R[d].double().split(H)
+        for s in range(T_):
+            t = T_ - 1 - s if d else s
+            gz, gr, gh = gate_i[d, t].double().split(H, dim=1)
+            z, r = torch.sigmoid(gz + h @ Rz.T), torch.sigmoid(gr + h @ Rr.T)
+            h = (1 - z) * torch.tanh(gh + r * (h @ Rh.T + rb_h[d].double())) + z * h
+            Y[t, d] = h
+    return Y
+
+
+def run(out: Path):
+    import torch
+    import tvm
+
+    from tvmseq.bench.common import time_cuda
+
+    index = json.loads((out / "index.json").read_text())
+    mod = tvm.runtime.load_module(str(out / "sweep.so"))
+    results = []
+    for e in index:
+        D, B, H = e["D"], e["B"], e["H"]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        gate_i = torch.randn(D, SEQ, B, 3 * H, device="cuda", generator=g)
+        R = ((torch.rand(D, 3 * H, H, device="cuda", generator=g) * 2 - 1) * H ** -0.5).half()
+        rb_h = torch.randn(D, H, device="cuda", generator=g) * 0.1
+        lens = torch.full((B,), SEQ, dtype=torch.int32, device="cuda")
+        h0 = torch.randn(D, B, H, device="cuda", generator=g) * 0.5
+        Y = torch.empty(SEQ, D, B, H, device="cuda", dtype=torch.float16)
+        Yh = torch.empty(D, B, H, device="cuda", dtype=torch.float16)
+        args = [tvm.runtime.from_dlpack(t) for t in (gate_i, R, rb_h, lens, h0, Y, Yh)]
+        f = mod[e["name"]]
+        try:
+            f(*args)
+            torch.cuda.synchronize()
+            err = float((Y.double() - _reference(gate_i, R, rb_h, h0, D)).abs().max())
+            us = time_cuda(lambda: f(*args), warmup=3, iters=20) * 1e3 / SEQ
+            row = dict(e, us_step=us, max_err=err, ok=err < 1e-2)
+        except Exception as err:  # noqa: BLE001 - one failing variant must not stop the sweep
+            row = dict(e, error=f"{type(err).__name__}: {err}"[:300])
+        results.append(row)
+        print(e["name"], {k: row.get(k) for k in ("us_step", "max_err", "ok", "error")}, e["ptxas"].get("registers"),
+              flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]))

@@ -1,0 +1,259 @@
+"""Tensor-core persistent GRU/RNN (kernels/persistent_mma.py): the CPU variant (same staging, partial sums,
+gates and publishing, serial loops) against a float64 numpy GRU/RNN on odd sizes, every direction,
+sequence_lens, clip, activations, several chunks and configs; the path choice; CUDA code generation
+(mma.sync, ldmatrix, cp.async, no spills); (marked gpu) the prebuilt kernels on the GPU, where the
+fragment layouts are exercised.
+
+GPU kernels: `python tests/test_persistent_mma.py out/pmma` builds them here (sm_90a); run
+`pytest -m gpu tests/test_persistent_mma.py` there with out/pmma carried (or TVMSEQ_PMMA_PREBUILT)."""
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_persistent_gru import batched_reference, default_acts, make_problem, reference  # noqa: E402
+
+from tvmseq.errors import TvmseqError  # noqa: E402
+
+try:
+    import tvm
+
+    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels import persistent_mma as pm
+    from tvmseq.kernels.activations import Activation
+    from tvmseq.targets import resolve
+except ImportError:
+    pm = None
+needs_compiler = pytest.mark.skipif(pm is None, reason="TVM compiler not available")
+
+# fp16 state in the product (as cuDNN's fp16 GRU): ~1e-3 absolute on states of size ~1
+TOL = dict(rtol=1e-2, atol=4e-3)
+
+
+def _compile_cpu(func):
+    name = func.attrs["global_symbol"]
+    return tvm.compile(tvm.IRModule({name: func}), target="llvm")[name]
+
+
+def run_cpu(inputs, D, B, H, seq, direction, acts, clip, has_lens, config, cell="gru"):
+    f = _compile_cpu(pm.persistent_mma_func(D, B, H, "float16", direction, list(acts), clip, has_lens, "llvm",
+                                            config, cell))
+    Y = tvm.runtime.tensor(np.full((seq, D, B, H), np.nan, np.float16))  # poisoned: every element written
+    Yh = tvm.runtime.tensor(np.full((D, B, H), np.nan, np.float16))
+    f(*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs], Y, Yh)
+    return Y.numpy().astype(np.float64), Yh.numpy().astype(np.float64)
+
+
+@needs_compiler
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("H,B,config", [
+    (37, 5, pm and pm.MmaConfig(8, 2, 16)),     # padded units, k and rows
+    (20, 19, pm and pm.MmaConfig(16, 1, 16)),   # two chunks, one warp
+    (50, 33, pm and pm.MmaConfig(8, 3, 32)),    # ragged chunks (33 rows in 2 x 32), 3 warps
+    (16, 16, pm and pm.MmaConfig(8, 1, 64)),    # exact tiles
+])
+def test_gru_matches_numpy(H, B, config, direction):
+    D = 2 if direction == "bidirectional" else 1
+    seq = 4
+    inputs, ref_args = make_problem(D, B, H, seq, "float16", 1, seed=H * 7 + B)
+    acts = default_acts(D)
+    Y, Yh = run_cpu(inputs, D, B, H, seq, direction, acts, None, True, config)
+    rY, rYh = reference(ref_args, direction, 1, None, acts)
+    np.testing.assert_allclose(Y, rY, **TOL)
+    np.testing.assert_allclose(Yh, rYh, **TOL)
+
+
+@needs_compiler
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_clip_activations_and_no_lengths(clip):
+    D, B, H, seq = 2, 6, 24, 5
+    acts = tuple(Activation.make(n) for n in ("HardSigmoid", "Softsign", "Sigmoid", "Relu"))
+    inputs, ref_args = make_problem(D, B, H, seq, "float16", 1, seed=3, lens_kind="full")
+    Y, Yh = run_cpu(inputs, D, B, H, seq, "bidirectional", acts, clip, False, pm.MmaConfig(8, 2, 16))
+    rY, rYh = reference(ref_args, "bidirectional", 1, clip, acts)
+    np.testing.assert_allclose(Y, rY, **TOL)
+    np.testing.assert_allclose(Yh, rYh, **TOL)
+
+
+def rnn_reference(gate_i, R, lens, h0, reverse_dirs, act, clip=None):
+    """float64 ONNX RNN recurrence from the kernel's inputs (gate_i = X W^T + Wb + Rb)."""
+    D, T_, B, H = gate_i.shape
+    L = np.clip(lens.astype(np.int64), 0, T_)
+    Y, Yh, rows = np.zeros((T_, D, B, H)), np.zeros((D, B, H)), np.arange(B)
+    c = (lambda x: x) if clip is None else (lambda x: np.clip(x, -clip, clip))
+    for d in range(D):
+        h = h0[d].astype(np.float64)
+        for s in range(T_):
+            live = s < L
+            t = np.where(live, (L - 1 - s) if reverse_dirs[d] else s, 0)
+            h = np.where(live[:, None], act(c(gate_i[d, t, rows] + h @ R[d].astype(np.float64).T)), h)
+            Y[t[live], d, rows[live]] = h[live]
+        Yh[d] = np.where((L > 0)[:, None], h, 0)
+    return Y, Yh
+
+
+def rnn_problem(D, B, H, seq, seed):
+    rng = np.random.default_rng(seed)
+    gate_i = rng.uniform(-1, 1, (D, seq, B, H)).astype(np.float32)
+    R = rng.uniform(-H ** -0.5, H ** -0.5, (D, H, H)).astype(np.float16)
+    lens = rng.integers(0, seq + 1, B).astype(np.int32)
+    lens[0] = seq
+    h0 = rng.standard_normal((D, B, H)).astype(np.float32)
+    return gate_i, R, np.zeros((D, H), np.float32), lens, h0
+
+
+@needs_compiler
+@pytest.mark.parametrize("direction,act", [("reverse", "Tanh"), ("bidirectional", "Relu")])
+def test_rnn_matches_numpy(direction, act):
+    D, B, H, seq = (2 if direction == "bidirectional" else 1), 17, 40, 5
+    inputs = rnn_problem(D, B, H, seq, seed=9)
+    acts = [Activation.make(act)] * D
+    Y, Yh = run_cpu(inputs, D, B, H, seq, direction, acts, 2.5, True, pm.MmaConfig(8, 2, 16), cell="rnn")
+    rev = [direction == "reverse" or d == 1 for d in range(D)]
+    rY, rYh = rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], rev, acts[0].numpy, clip=2.5)
+    np.testing.assert_allclose(Y, rY, **TOL)
+    np.testing.assert_allclose(Yh, rYh, **TOL)
+
+
+@needs_compiler
+def test_path_choice():
+    h100 = resolve("cuda")
+    assert pg.choose_path(1, 64, 1024, "float16", h100)[0] == "persistent_mma"
+    assert pg.choose_path(2, 256, 1024, "float16", h100)[0] == "persistent_mma"
+    assert pg.choose_path(1, 64, 1024, "float32", h100)[0] != "persistent_mma"   # no TF32 for float32
+    assert pg.choose_path(1, 8, 1024, "float16", h100)[0] == "persistent"         # below MMA_MIN_BATCH
+    assert pg.choose_path(1, 64, 1024, "float16", h100, lbr=0)[0] != "persistent_mma"
+    assert pg.choose_path(1, 64, 1024, "float16", h100, cell="rnn")[0] == "persistent_mma"
+    assert pg.choose_path(1, 64, 1024, "float16", "llvm")[0] == "per_step"
+    ok, why = pm.supported(1, 64, 1024, "float16", 1, tvm.target.Target({"kind": "cuda", "arch": "sm_75"}))
+    assert not ok and "sm_80" in why
+    ok, why = pm.supported(2, 64, 8192, "float16", 1, h100)   # 2 x 1024 blocks of 8 units
+    assert not ok and "no tensor-core configuration" in why
+
+
+@needs_compiler
+def test_rejects_bad_arguments():
+    with pytest.raises(TvmseqError, match="float16"):
+        pm.persistent_mma_func(1, 16, 64, "float32", "forward", None, None, False, "llvm")
+    with pytest.raises(TvmseqError, match="direction"):
+        pm.persistent_mma_func(2, 16, 64, "float16", "forward", None, None, False, "llvm")
+    with pytest.raises(TvmseqError, match="multiple of 8"):
+        pm.persistent_mma_func(1, 16, 64, "float16", "forward", None, None, False, "llvm", pm.MmaConfig(12, 8, 64))
+    with pytest.raises(TvmseqError, match="not all resident"):
+        pm.persistent_mma_func(1, 16, 4096, "float16", "forward", None, None, False, "cuda", pm.MmaConfig(8, 8, 16))
+    from tvmseq.kernels import gru
+
+    spec = gru.GruSpec(1, 32, 64, 64, "float16", 0, "forward")
+    with pytest.raises(TvmseqError, match="linear_before_reset=1"):
+        pg.recurrence_func_auto(spec, "llvm", path="persistent_mma")
+
+
+@needs_compiler
+@pytest.mark.parametrize("D,B,H,cell", [(1, 64, 1024, "gru"), (2, 256, 1024, "gru"), (1, 64, 512, "rnn")])
+def test_cuda_codegen(D, B, H, cell):
+    """Builds for the H100 without a GPU: tensor-core and async-copy instructions, one grid barrier per
+    step, registers within the estimate's budget and (with nvcc) no spills."""
+    tgt = resolve("cuda")
+    func = pm.persistent_mma_func(D, B, H, "float16", "bidirectional" if D == 2 else "forward", None, None, True,
+                                  tgt, cell=cell)
+    src = tvm.compile(tvm.IRModule({"k": func}), target=tgt).mod.imports[0].inspect_source()
+    for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4",
+                   "cp.async.cg.shared.global", "cg::this_grid().sync()"):
+        assert needle in src, needle
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: ptxas not checked")
+    from tvmseq.bench.recurrent_gemm import ptxas_report
+
+    (info,) = ptxas_report(src).values()
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: kernels built here by `python tests/test_persistent_mma.py out/pmma`, run with TVM's runtime only
+# ----------------------------------------------------------------------------------------------------
+PREBUILT = Path(os.environ.get("TVMSEQ_PMMA_PREBUILT", Path(__file__).resolve().parents[1] / "out" / "pmma"))
+
+# (D, B, H, direction, cell, activations, clip, has_seq_lens, config (units, warps, rows) or None)
+GPU_CASES = [
+    (1, 16, 1024, "forward", "gru", None, None, True, None),
+    (2, 64, 1024, "bidirectional", "gru", None, None, False, None),
+    (1, 256, 512, "forward", "gru", None, None, True, None),                     # 4 chunks a step
+    (2, 37, 200, "bidirectional", "gru", None, 0.9, True, (16, 4, 32)),           # odd, clip, 2 chunks
+    (1, 100, 333, "reverse", "gru", ("HardSigmoid", "Softsign"), None, True, (8, 8, 48)),
+    (1, 19, 129, "forward", "rnn", ("Relu",), None, True, None),
+    (2, 64, 1024, "bidirectional", "rnn", None, None, True, None),
+]
+
+
+def _case_name(case):
+    D, B, H, direction, cell, acts, clip, lens, cfg = case
+    return f"pmma_{cell}_{direction}_h{H}_b{B}_{'lens' if lens else 'nolens'}"
+
+
+def build_gpu_cases(out_dir):
+    from tvmseq.bench.common import compile_for_gpu
+
+    tgt = resolve("cuda")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    funcs = {}
+    for case in GPU_CASES:
+        D, B, H, direction, cell, acts, clip, lens, cfg = case
+        acts_ = [Activation.make(a) for a in acts] * D if acts else None
+        func = pm.persistent_mma_func(D, B, H, "float16", direction, acts_, clip, lens, tgt,
+                                      pm.MmaConfig(*cfg) if cfg else None, cell)
+        funcs[_case_name(case)] = func.with_attr("global_symbol", _case_name(case))
+    ex, report = compile_for_gpu(funcs, tgt)
+    ex.export_library(str(out / "pmma.so"))
+    (out / "index.json").write_text(json.dumps({"cases": GPU_CASES, "ptxas": report}, indent=1))
+    print(f"built {len(funcs)} kernels into {out}; ptxas: {report}")
+
+
+def _gpu_index():
+    index = PREBUILT / "index.json"
+    return json.loads(index.read_text())["cases"] if index.exists() else []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _gpu_index(), ids=lambda c: _case_name(c))
+def test_prebuilt_on_gpu(case):
+    import tvm as tvm_rt
+
+    from tvmseq.kernels.activations import Activation as Act
+
+    from tvmseq.bench.common import cuda_available
+
+    if not cuda_available():
+        pytest.skip("no CUDA GPU")
+    D, B, H, direction, cell, acts, clip, lens, cfg = case
+    seq = 23
+    rev = [direction == "reverse" or d == 1 for d in range(D)]
+    if cell == "gru":
+        inputs, _ = make_problem(D, B, H, seq, "float16", 1, seed=B + H, lens_kind="random" if lens else "full")
+        names = (acts or ("Sigmoid", "Tanh"))
+        np_acts = [(Act.make(names[0]).numpy, Act.make(names[1]).numpy)] * D
+        want = batched_reference(*inputs, rev, 1, clip, np_acts)
+    else:
+        inputs = list(rnn_problem(D, B, H, seq, seed=B + H))
+        if not lens:
+            inputs[3] = np.full(B, seq, np.int32)
+        want = rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], rev, Act.make((acts or ("Tanh",))[0]).numpy,
+                             clip)
+    dev = tvm_rt.cuda(0)
+    f = tvm_rt.runtime.load_module(str(PREBUILT / "pmma.so"))[_case_name(case)]
+    Y = tvm_rt.runtime.tensor(np.full((seq, D, B, H), np.nan, np.float16), dev)
+    Yh = tvm_rt.runtime.tensor(np.full((D, B, H), np.nan, np.float16), dev)
+    f(*[tvm_rt.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], Y, Yh)
+    for _ in range(2):  # relaunch: the double buffer is re-seeded, nothing carries over
+        f(*[tvm_rt.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], Y, Yh)
+    np.testing.assert_allclose(Y.numpy().astype(np.float64), want[0], **TOL)
+    np.testing.assert_allclose(Yh.numpy().astype(np.float64), want[1], **TOL)
+
+
+if __name__ == "__main__":
+    build_gpu_cases(sys.argv[1] if len(sys.argv) > 1 else "out/pmma")

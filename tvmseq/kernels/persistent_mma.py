@@ -1,0 +1,450 @@
+"""Persistent tensor-core GRU/RNN for float16 at large batch: all time steps in ONE kernel, the recurrent
+weights in registers as mma B fragments, the product on tensor cores (mma.sync m16n8k16, fp16 x fp16 ->
+fp32 accumulation).
+
+Why a second persistent kernel. The SIMT engine (`persistent_gru`) keeps R on chip but multiplies with
+FMA units; at batch 64 and hidden 1024 a step is 200 M multiply-adds, ~6 us of the H100's FP32 peak
+before any hand-off, and the per-step path (GEMM + gate launches, ~23 us a step in fp16) was what ran
+there. cuDNN runs fp16 GRUs on tensor cores at ~20 us a step whatever the size. Tensor cores do the
+step's product in well under a microsecond; what remains is moving the state.
+
+Interface: that of `persistent_gru.persistent_gru_func` (and of the per-step `gru.recurrence_func`):
+  gate_i f32 [D, T, B, NG*H] (X W^T + folded biases), R fp16 [D, NG*H, H], rb_h f32 [D, H],
+  seq_lens i32 [B], h0 f32 [D, B, H]  ->  Y fp16 [T, D, B, H], Y_h fp16 [D, B, H].
+GRU with linear_before_reset=1 (what PyTorch exports) and RNN (NG = 1); lbr=0 needs the r gate of
+every unit before the h-gate product (a second hand-off per step) and stays on the other paths.
+
+Work split. Direction d runs on blocks [d*G, (d+1)*G); block g owns UB hidden units j in [g*UB, (g+1)*UB)
+and the NG*UB rows of R of their gates, so the gate math is local. Its NW warps split k: warp w holds
+R[rows, w*KW : (w+1)*KW] as B fragments in registers for the whole run. A step, per chunk of MC batch
+rows:
+  1. each warp copies its k-slice of the fp16 state h_s [MC, KW] from global memory to its own region of
+     shared memory (cp.async.cg: 16 B, through L2, never a stale L1 line);
+  2. ldmatrix A fragments, mma with the register B fragments: partial sums [MC, NG*UB] per warp;
+  3. partials to shared memory, __syncthreads, each thread sums the NW partials of its (row, unit)
+     items, applies the gates (state kept in float32 in shared memory), writes Y and publishes
+     h_{s+1} in fp16 to the other half of a double buffer in global memory;
+then a grid barrier (cooperative launch: all blocks resident) ends the step. The state enters the
+product rounded to fp16 (the fp16 GEMM's input, as in cuDNN); the update itself stays float32.
+
+sequence_lens: as in `persistent_gru` (state kept past a row's end, Y zero there, reverse starts at
+the row's last valid step, Y_h the state after the last valid step, zero for an empty row).
+
+The CPU variant runs the same staging, partial-sum, gate and publish code with serial loops and the
+product as plain float32 sums over each warp's k-slice of the fp16 state, so CI checks the work split,
+indexing, padding and numerics; the fragment layouts (ldmatrix, mma) only exist on the GPU and are
+checked there (`tests/test_persistent_mma.py -m gpu`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import TvmseqError
+from ..targets import is_gpu, resolve
+from .activations import Activation
+
+GATES = {"gru": 3, "rnn": 1}
+# Below this batch the SIMT engine (one batch column per accumulator, no 16-row m tile to fill) wins.
+MMA_MIN_BATCH = 16
+_REG_OVERHEAD = 48
+_MAX_REGS = 224           # leave ptxas room under 255
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """Knobs of the tensor-core persistent kernel (tile constants as data).
+
+    units_per_block: hidden units a block owns (a multiple of 8: one n8 tile per gate per 8 units)
+    num_warps:       warps per block; they split k (the hidden size), each holding its slice of R
+    chunk_rows:      batch rows per chunk (a multiple of 16); a step walks ceil(B / chunk_rows) chunks
+    """
+
+    units_per_block: int = 8
+    num_warps: int = 8
+    chunk_rows: int = 64
+
+
+@dataclass(frozen=True)
+class MmaGeometry:
+    D: int
+    B: int
+    H: int
+    NG: int
+    cfg: MmaConfig
+
+    UB = property(lambda self: self.cfg.units_per_block)
+    NW = property(lambda self: self.cfg.num_warps)
+    NT = property(lambda self: 32 * self.NW)
+    G = property(lambda self: math.ceil(self.H / self.UB))              # blocks per direction
+    Hp = property(lambda self: math.ceil(self.H / (16 * self.NW)) * 16 * self.NW)  # k padded to warps x 16
+    KW = property(lambda self: self.Hp // self.NW)                     # k per warp
+    KTW = property(lambda self: self.KW // 16)                         # k16 tiles per warp
+    NGU = property(lambda self: self.NG * self.UB)                     # gate rows (n) per block
+    NN = property(lambda self: self.NGU // 8)                          # n8 tiles per block
+    MC = property(lambda self: min(self.cfg.chunk_rows, math.ceil(self.B / 16) * 16))
+    MT = property(lambda self: self.MC // 16)                          # m16 tiles per chunk
+    NCH = property(lambda self: math.ceil(self.B / self.MC))           # chunks per step
+    Bp = property(lambda self: self.NCH * self.MC)
+    SROW = property(lambda self: self.KW + 8)   # staged row stride (halfs): ldmatrix rows on distinct banks
+    ITEMS = property(lambda self: self.MC * self.UB)                   # (row, unit) items per chunk
+    FI = property(lambda self: math.ceil(self.ITEMS / self.NT))        # items a thread finishes
+
+    def regs_estimate(self) -> int:
+        return self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4 + 4 * self.FI + self.NCH * self.FI + _REG_OVERHEAD
+
+    def smem_bytes(self) -> int:
+        return 2 * self.NW * self.MC * self.SROW + 4 * self.NW * self.MC * self.NGU
+
+    def check(self, facts) -> str | None:
+        """Why this geometry cannot run (one resident block per SM), or None."""
+        c = self.cfg
+        if c.units_per_block < 8 or c.units_per_block % 8 or c.num_warps < 1 or c.chunk_rows < 16 \
+                or c.chunk_rows % 16:
+            return f"config {c}: units_per_block must be a multiple of 8, chunk_rows of 16"
+        if facts is None:
+            return None
+        if self.D * self.G > facts.num_sms:
+            return f"{self.D} x {self.G} blocks > {facts.num_sms} SMs: not all resident"
+        if self.NT > facts.max_threads_per_block:
+            return f"{self.NT} threads per block: too many"
+        cap = min(_MAX_REGS, facts.regs_per_sm // self.NT)
+        if self.regs_estimate() > cap:
+            return (f"~{self.regs_estimate()} registers per thread (B fragments {self.KTW}x{self.NN}, "
+                    f"accumulators {self.MT}x{self.NN}) > {cap}")
+        if self.smem_bytes() > facts.smem_per_block:
+            return f"{self.smem_bytes()} B shared memory per block > {facts.smem_per_block}"
+        return None
+
+
+def candidate_configs(D: int, B: int, H: int, cell: str = "gru"):
+    """Configs in order of preference: fewest units per block (most SMs busy), 8 warps before 16 and 4,
+    the largest batch chunk (fewest chunks a step) first."""
+    for ub in (8, 16, 32):
+        for nw in (8, 16, 4):
+            for mc in (64, 48, 32, 16):
+                yield MmaConfig(ub, nw, mc)
+
+
+def default_config(D: int, B: int, H: int, target, cell: str = "gru") -> MmaConfig | None:
+    """The first candidate that fits the target's GPU, or None."""
+    from . import recurrent_gemm as rg
+
+    facts = rg.gpu_facts(resolve(target))
+    for cfg in candidate_configs(D, B, H, cell):
+        if MmaGeometry(D, B, H, GATES[cell], cfg).check(facts) is None:
+            return cfg
+    return None
+
+
+def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru", config=None) -> tuple[bool, str]:
+    """Whether the tensor-core kernel runs this recurrence, and why not."""
+    from . import recurrent_gemm as rg
+
+    target = resolve(target)
+    if not is_gpu(target):
+        return False, "CPU target"
+    from .input_projection import sm_version
+
+    if sm_version(target) < 80:
+        return False, f"{target.attrs.get('arch')}: mma.sync m16n8k16 with ldmatrix and cp.async needs sm_80+"
+    if dtype != "float16":
+        return False, f"{dtype}: tensor cores would round float32 to TF32 (the float32 paths stay exact)"
+    if cell == "gru" and not lbr:
+        return False, "linear_before_reset=0 needs every unit's r gate before the h-gate product"
+    if B < MMA_MIN_BATCH:
+        return False, f"batch {B} < {MMA_MIN_BATCH}: the SIMT engine is faster there"
+    cfg = config or default_config(D, B, H, target, cell)
+    if cfg is None:
+        return False, "no tensor-core configuration fits (blocks, registers or shared memory)"
+    why = MmaGeometry(D, B, H, GATES[cell], cfg).check(rg.gpu_facts(target))
+    return (why is None), (why or f"tensor-core persistent kernel, {cfg}")
+
+
+def _check(D, B, H, dtype, directions, cell):
+    nd = 2 if directions == "bidirectional" else 1
+    if directions not in ("forward", "reverse", "bidirectional") or nd != D:
+        raise TvmseqError(f"persistent mma {cell.upper()}: direction {directions!r} does not match D={D}")
+    if dtype != "float16":
+        raise TvmseqError(f"persistent mma {cell.upper()}: dtype must be float16, got {dtype}")
+    if min(B, H) < 1:
+        raise TvmseqError(f"persistent mma {cell.upper()}: batch and hidden must be >= 1, got B={B} H={H}")
+    if cell not in GATES:
+        raise TvmseqError(f"persistent mma: cell must be one of {tuple(GATES)}, got {cell!r}")
+
+
+def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
+                        target, config: MmaConfig | None = None, cell: str = "gru"):
+    """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
+    tensor cores (see the module doc)."""
+    from tvm.script import tirx as T
+
+    from . import persistent_gru as pg
+    from . import recurrent_gemm as rg
+
+    _check(D, B, H, dtype, directions, cell)
+    target = resolve(target)
+    gpu = is_gpu(target)
+    NG = GATES[cell]
+    acts = pg._check_acts(acts, D, cell)
+    cfg = config or (default_config(D, B, H, target, cell) if gpu else MmaConfig())
+    if cfg is None:
+        raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: no configuration fits")
+    geo = MmaGeometry(D, B, H, NG, cfg)
+    why = geo.check(rg.gpu_facts(target) if gpu else None)
+    if why:
+        raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: {why}")
+    UB, NW, NT, G, Hp, KW, KTW = geo.UB, geo.NW, geo.NT, geo.G, geo.Hp, geo.KW, geo.KTW
+    NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
+                                                 geo.ITEMS, geo.FI)
+    unroll = T.unroll if gpu else T.serial
+    G3 = NG * H
+    buf_words = D * Bp * Hp                      # one half of the fp16 state double buffer
+
+    def per_dir(which):
+        fns = [acts[(len(acts) // D) * d + which] for d in range(D)]
+        if len(set(fns)) == 1:
+            return lambda d, x: fns[0].expr(x)
+        return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
+
+    f_act = per_dir(0)
+    g_act = per_dir(1) if NG == 3 else None
+    if clip is None:
+        clipf = lambda x: x  # noqa: E731
+    else:
+        c_ = float(clip)
+        clipf = lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))  # noqa: E731
+
+    def time_index(d, L, s):
+        """The time step direction d handles at step s of a row of length L."""
+        if directions == "forward":
+            return s
+        if directions == "reverse":
+            return L - 1 - s
+        return T.if_then_else(d == 1, L - 1 - s, s)
+
+    def length(Lens, b, seq):
+        if not has_seq_lens:
+            return seq
+        return T.max(T.min(Lens[T.min(b, B - 1)], seq), 0)
+
+    def r_row(g, col):
+        """R row of block-local gate row col = gate * UB + unit."""
+        return (col // UB) * H + g * UB + col % UB
+
+    def hidx(buf, d, b, k):
+        return buf * buf_words + (d * Bp + b) * Hp + k
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    @T.macro
+    def load_b_fragments(Rw, bfrag, d, g, w, lane):
+        """bfrag[(kt * NN + nt) * 4 + i]: the m16n8k16 B fragment (k x n = R^T) of k tile kt, n tile nt:
+        lane holds n = lane / 4, k = 2 (lane % 4) + i % 2 + 8 (i / 2)."""
+        for kt in unroll(KTW):
+            for nt in unroll(NN):
+                for i in unroll(4):
+                    col = T.meta_var(nt * 8 + lane // 4)
+                    k = T.meta_var(w * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 2))
+                    unit = T.meta_var(g * UB + col % UB)
+                    bfrag[(kt * NN + nt) * 4 + i] = T.if_then_else(
+                        unit < H and k < H, Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
+
+    @T.macro
+    def seed(H0, hbuf, hst, hoff, d, g, t):
+        """Own state <- h0 (float32, item (c, i) of this thread at hst[hoff + c * FI + i]); both halves of
+        the fp16 buffer <- h0 / zeros on this block's units, zero on padding rows and units; the last block
+        of a direction also zeroes the padding columns [G*UB, Hp)."""
+        for c in T.serial(NCH):
+            for i in unroll(FI):
+                v = T.meta_var(i * NT + t)
+                b = T.meta_var(c * MC + v // UB)
+                j = T.meta_var(g * UB + v % UB)
+                if v < ITEMS:
+                    hst[hoff + c * FI + i] = T.if_then_else(
+                        b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
+                    if j < Hp:
+                        hbuf[hidx(0, d, b, j)] = T.Cast("float16", hst[hoff + c * FI + i])
+                        hbuf[hidx(1, d, b, j)] = T.float16(0)
+        if G * UB < Hp:
+            if g == G - 1:
+                for i in T.serial(math.ceil(Bp * (Hp - G * UB) / NT)):
+                    v = T.meta_var(i * NT + t)
+                    if v < Bp * (Hp - G * UB):
+                        hbuf[hidx(0, d, v // (Hp - G * UB), G * UB + v % (Hp - G * UB))] = T.float16(0)
+                        hbuf[hidx(1, d, v // (Hp - G * UB), G * UB + v % (Hp - G * UB))] = T.float16(0)
+
+    # ---- a chunk of a step ----------------------------------------------------------------------
+    @T.macro
+    def prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq):
+        """gate_i of the items this thread finishes (issued before the product, consumed after it)."""
+        for i in unroll(FI):
+            v = T.meta_var(i * NT + t)
+            b = T.meta_var(T.min(c * MC + v // UB, B - 1))
+            j = T.meta_var(T.min(g * UB + v % UB, H - 1))
+            L = T.meta_var(length(Lens, b, seq))
+            tt = T.meta_var(T.max(T.min(time_index(d, L, s), seq - 1), 0))
+            for q in unroll(NG):
+                gi[i * 4 + q] = GI[d, tt, b, q * H + j]
+            if NG == 3:
+                gi[i * 4 + 3] = RbH[d, j]
+
+    @T.macro
+    def stage_gpu(hbuf, stage, buf, d, c, w, lane):
+        """Warp w's k-slice of the chunk's fp16 state rows -> its shared-memory region (16 B copies)."""
+        for i in unroll(MC * KW // 256):     # MC and KW are multiples of 16: whole rounds of 32 lanes
+            q = T.meta_var(i * 32 + lane)
+            row = T.meta_var(q // (KW // 8))
+            col = T.meta_var((q % (KW // 8)) * 8)
+            T.evaluate(T.s_tir.cp_async_raw.legacy(
+                stage.access_ptr("w"), (w * MC + row) * SROW + col,
+                hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype="float16"))
+        T.evaluate(T.ptx["cp.async.commit_group"]())
+        T.evaluate(T.ptx["cp.async.wait_group"](0))
+        T.evaluate(T.call_extern("void", "__syncwarp"))
+
+    @T.macro
+    def product_gpu(stage, bfrag, afrag, acc, red, w, lane):
+        """Partial sums of warp w over its k-slice: acc (C fragments) -> red[w, row, gate row]."""
+        for v in unroll(MT * NN * 4):
+            acc[v] = T.float32(0)
+        for kt in unroll(KTW):
+            for mt in unroll(MT):
+                T.evaluate(T.ptx_legacy.ldmatrix(
+                    False, 4, ".b16", afrag.data, 0, stage.access_ptr("r"),
+                    (w * MC + mt * 16 + lane % 16) * SROW + kt * 16 + 8 * (lane // 16), dtype="float16"))
+                for nt in unroll(NN):
+                    T.evaluate(T.ptx_legacy.mma(
+                        "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, 0,
+                        bfrag.data, (kt * NN + nt) * 4, acc.data, (mt * NN + nt) * 4, False, dtype="float32"))
+        for mt in unroll(MT):
+            for nt in unroll(NN):
+                for i in unroll(4):
+                    row = T.meta_var(mt * 16 + lane // 4 + 8 * (i // 2))
+                    col = T.meta_var(nt * 8 + (lane % 4) * 2 + i % 2)
+                    red[(w * MC + row) * NGU + col] = acc[(mt * NN + nt) * 4 + i]
+
+    @T.macro
+    def product_cpu(hbuf, Rw, red, buf, d, g, c):
+        """The same partial sums with serial loops (float32 products of the fp16 state and R)."""
+        for w, row, col in T.grid(NW, MC, NGU):
+            red[(w * MC + row) * NGU + col] = T.float32(0)
+            for k in T.serial(KW):
+                unit = T.meta_var(g * UB + col % UB)
+                kk = T.meta_var(w * KW + k)
+                if unit < H and kk < H:
+                    red[(w * MC + row) * NGU + col] = red[(w * MC + row) * NGU + col] + T.Cast(
+                        "float32", hbuf[hidx(buf, d, c * MC + row, kk)]) * T.Cast(
+                        "float32", Rw[d, r_row(g, col), kk])
+
+    def gate_sum(red, row, col):
+        total = red[row * NGU + col]
+        for w in range(1, NW):
+            total = total + red[(w * MC + row) * NGU + col]
+        return total
+
+    def cell_update(red, gi, d, i, row, u, h):
+        if NG == 1:
+            return f_act(d, clipf(gi[i * 4] + gate_sum(red, row, u)))
+        z = f_act(d, clipf(gi[i * 4] + gate_sum(red, row, u)))
+        r = f_act(d, clipf(gi[i * 4 + 1] + gate_sum(red, row, UB + u)))
+        hh = g_act(d, clipf(gi[i * 4 + 2] + r * (gate_sum(red, row, 2 * UB + u) + gi[i * 4 + 3])))
+        return (T.float32(1) - z) * hh + z * h
+
+    @T.macro
+    def finish(Y, Lens, hbuf, hst, hoff, red, gi, d, g, t, s, c, seq):
+        """Gate math of this thread's (row, unit) items; Y, own state and h_{s+1} (fp16) written."""
+        for i in unroll(FI):
+            v = T.meta_var(i * NT + t)
+            row = T.meta_var(v // UB)
+            b = T.meta_var(c * MC + v // UB)
+            u = T.meta_var(v % UB)
+            j = T.meta_var(g * UB + v % UB)
+            if v < ITEMS and b < B and j < H:
+                L = T.meta_var(length(Lens, b, seq))
+                h = T.meta_var(hst[hoff + c * FI + i])
+                hn = T.if_then_else(s < L, cell_update(red, gi, d, i, row, u, h), h)
+                if has_seq_lens:
+                    Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
+                        "float16", T.if_then_else(s < L, hn, T.float32(0)))
+                else:
+                    Y[time_index(d, seq, s), d, b, j] = T.Cast("float16", hn)
+                hst[hoff + c * FI + i] = hn
+                hbuf[hidx((s + 1) % 2, d, b, j)] = T.Cast("float16", hn)
+
+    @T.macro
+    def final_state(Yh, Lens, hst, hoff, d, g, t, seq):
+        for c in T.serial(NCH):
+            for i in unroll(FI):
+                v = T.meta_var(i * NT + t)
+                b = T.meta_var(c * MC + v // UB)
+                j = T.meta_var(g * UB + v % UB)
+                if v < ITEMS and b < B and j < H:
+                    Yh[d, b, j] = T.Cast("float16", T.if_then_else(length(Lens, b, seq) > 0 and seq > 0,
+                                                                   hst[hoff + c * FI + i], T.float32(0)))
+
+    # ---- the kernels ----------------------------------------------------------------------------
+    if gpu:
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+                 y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (D, G3, H), "float16")
+            RbH = T.match_buffer(rb_h, (D, H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), "float16")
+            Yh = T.match_buffer(y_h, (D, B, H), "float16")
+            hbuf = T.alloc_buffer((2 * buf_words,), "float16", scope="global")
+            for gb in T.thread_binding(D * G, thread="blockIdx.x"):
+                for t in T.thread_binding(NT, thread="threadIdx.x"):
+                    stage = T.alloc_buffer((NW * MC * SROW,), "float16", scope="shared.dyn")
+                    red = T.alloc_buffer((NW * MC * NGU,), "float32", scope="shared.dyn")
+                    hst = T.alloc_buffer((NCH * FI,), "float32", scope="local")
+                    bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
+                    afrag = T.alloc_buffer((8,), "float16", scope="local")
+                    acc = T.alloc_buffer((MT * NN * 4,), "float32", scope="local")
+                    gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
+                    d = T.meta_var(gb // G)
+                    g = T.meta_var(gb % G)
+                    load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
+                    seed(H0, hbuf, hst, 0, d, g, t)
+                    T.cuda.grid_sync()
+                    for s in T.serial(seq):
+                        for c in T.serial(NCH):
+                            prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
+                            stage_gpu(hbuf, stage, s % 2, d, c, t // 32, t % 32)
+                            product_gpu(stage, bfrag, afrag, acc, red, t // 32, t % 32)
+                            T.tvm_storage_sync("shared")
+                            finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, c, seq)
+                            T.tvm_storage_sync("shared")
+                        T.cuda.grid_sync()
+                    final_state(Yh, Lens, hst, 0, d, g, t, seq)
+    else:
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+                 y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (D, G3, H), "float16")
+            RbH = T.match_buffer(rb_h, (D, H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), "float16")
+            Yh = T.match_buffer(y_h, (D, B, H), "float16")
+            hbuf = T.alloc_buffer((2 * buf_words,), "float16")
+            red = T.alloc_buffer((NW * MC * NGU,), "float32")
+            hst = T.alloc_buffer((D * G * NT * NCH * FI,), "float32")
+            gi = T.alloc_buffer((FI * 4,), "float32")
+            for d, g, t in T.grid(D, G, NT):
+                seed(H0, hbuf, hst, ((d * G + g) * NT + t) * NCH * FI, d, g, t)
+            for s, c in T.grid(seq, NCH):
+                for d, g in T.grid(D, G):
+                    product_cpu(hbuf, Rw, red, s % 2, d, g, c)
+                    for t in T.serial(NT):
+                        prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
+                        finish(Y, Lens, hbuf, hst, ((d * G + g) * NT + t) * NCH * FI, red, gi, d, g, t, s, c, seq)
+            for d, g, t in T.grid(D, G, NT):
+                final_state(Yh, Lens, hst, ((d * G + g) * NT + t) * NCH * FI, d, g, t, seq)
+
+    return rg.scheduled(main, f"{cell}_recurrence_mma", cooperative=gpu)
