@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Session 4 on the H100, runtime-only TVM (carry .gpu and the out/ payloads built here):
 #   bash scripts/gpu_session4.sh A   tensor-core persistent GRU/RNN: gpu tests (out/pmma), compute-sanitizer
-#                                    memcheck/racecheck on them, fp16 GRU grid vs cuDNN (out/pgru16)
+#                                    fp16 whole models vs onnxruntime (out/gpu_models16), fp16 GRU grid vs cuDNN
+#                                    (out/pgru16)
+#   bash scripts/gpu_session4.sh S   compute-sanitizer memcheck/racecheck on the odd-size tensor-core kernels
 # Results come back as $OUT/session4_<part>.tgz.
 set +e
 PART=${1:-A}
@@ -12,6 +14,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $RES/gpu.
 if [ "$PART" = A ]; then
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu -rs tests/test_persistent_mma.py \
     -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -15 $RES/pytest_pmma.log | cut -c1-300
+  TVMSEQ_GPU_MODELS=out/gpu_models16 timeout 120 python3 -m pytest -q -m gpu -rs tests/test_gpu_models.py -k fp16 \
+    -p no:cacheprovider > $RES/pytest_models16.log 2>&1; tail -3 $RES/pytest_models16.log | cut -c1-300
   timeout 420 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru16 --dtype float16 --out $RES \
     --budget 380 > $RES/pgru16.log 2>&1
   echo "pgru16 rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru16.log | sort -u | tail -30

@@ -3,7 +3,7 @@ picks the persistent GRU/RNN, the per-step path with the tiled input projection,
 GRU stack), exported with sm_90a SASS, and run THERE with TVM's runtime only, against onnxruntime's outputs
 computed here.
 
-    python tests/test_gpu_models.py out/gpu_models      # here: models, .so files, feeds and expected outputs
+    python tests/test_gpu_models.py out/gpu_models [names]  # here: models, .so files, feeds, expected outputs
     TVMSEQ_GPU_MODELS=out/gpu_models pytest -m gpu tests/test_gpu_models.py    # on the GPU machine
 
 The CPU test below checks the case list itself: each case's path is what the importer picks for a GPU.
@@ -33,7 +33,15 @@ CASES = {
                                                    direction="bidirectional", with_seq_lens=True), "persistent"),
     "gru_stack_4x512_b8": ("gru_stack_model", dict(layers=4, seq=30, batch=8, input_size=64, hidden=512),
                            "pipelined"),
+    # float16: tensor-core projection (flat rows) + tensor-core persistent recurrence; onnxruntime's CPU GRU/RNN
+    # has no float16 kernel, so the expected outputs are its float32 run of the same (fp16-valued) weights
+    "gru_fp16_b64_h1024": ("rnn_node_model", dict(op="GRU", seq=20, batch=64, input_size=256, hidden=1024,
+                                                  linear_before_reset=1, dtype="float16"), "persistent_mma"),
+    "rnn_fp16_bi_b32_h512_lens": ("rnn_node_model", dict(op="RNN", seq=17, batch=32, input_size=96, hidden=512,
+                                                         direction="bidirectional", with_seq_lens=True,
+                                                         with_initial_h=True, dtype="float16"), "persistent_mma"),
 }
+TOL = {"float32": dict(rtol=1e-3, atol=1e-4), "float16": dict(rtol=1e-2, atol=5e-3)}
 
 
 def _model(name):
@@ -58,11 +66,28 @@ def _path_on_h100(name) -> str:
             else "layer_by_layer"
     D = 2 if kw.get("direction") == "bidirectional" else 1
     cell = "rnn" if kw["op"] == "RNN" else "gru"
-    return persistent_gru.choose_path(D, kw["batch"], kw["hidden"], "float32", cuda, cell=cell)[0]
+    return persistent_gru.choose_path(D, kw["batch"], kw["hidden"], kw.get("dtype", "float32"), cuda, cell=cell,
+                                      lbr=kw.get("linear_before_reset", 0))[0]
 
 
-def build(out_dir) -> None:
-    """Compile every case for the H100 (sm_90a SASS embedded) and store feeds + onnxruntime outputs."""
+def _float32_twin(model, feeds):
+    """The model with every float16 initializer, input and output as float32 (same values), and its feeds."""
+    import onnx
+    from onnx import numpy_helper
+
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    for init in twin.graph.initializer:
+        if init.data_type == onnx.TensorProto.FLOAT16:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+    for value in list(twin.graph.input) + list(twin.graph.output):
+        if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
+            value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    return twin, {k: (v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
+
+
+def build(out_dir, names=None) -> None:
+    """Compile the cases (default all) for the H100 (sm_90a SASS embedded); store feeds + onnxruntime outputs."""
     import onnxruntime as ort
 
     from tvmseq import artifacts
@@ -71,16 +96,18 @@ def build(out_dir) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = {}
-    for name in CASES:
+    for name in names or CASES:
         model, feeds = _model(name)
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        ref_model, ref_feeds = _float32_twin(model, feeds)
+        sess = ort.InferenceSession(ref_model.SerializeToString(), providers=["CPUExecutionProvider"])
+        expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, ref_feeds)))
         with artifacts.device_binaries(("sm_90a",)):
             compiled = compile_onnx(model, target="cuda")
         export(compiled, out / f"{name}.so")
         np.savez(out / f"{name}.npz", **{f"in_{k}": v for k, v in feeds.items()},
                  **{f"out_{k}": v for k, v in expected.items()})
-        index[name] = {"path": _path_on_h100(name), "inputs": list(feeds), "outputs": list(expected)}
+        index[name] = {"path": _path_on_h100(name), "inputs": list(feeds), "outputs": list(expected),
+                       "dtype": CASES[name][1].get("dtype", "float32")}
         print(name, index[name]["path"], flush=True)
     (out / "index.json").write_text(json.dumps(index, indent=1))
 
@@ -107,9 +134,9 @@ def test_model_on_gpu_matches_onnxruntime(name):
         got = got if isinstance(got, tuple) else (got,)
         for out_name, value in zip(index["outputs"], got):
             want = data[f"out_{out_name}"]
-            np.testing.assert_allclose(value, want, rtol=1e-3, atol=1e-4,
+            np.testing.assert_allclose(np.asarray(value, np.float64), want, **TOL[index.get("dtype", "float32")],
                                        err_msg=f"{name} ({index['path']}) output {out_name}, launch {launch}")
 
 
 if __name__ == "__main__":
-    build(sys.argv[1] if len(sys.argv) > 1 else ROOT)
+    build(sys.argv[1] if len(sys.argv) > 1 else ROOT, sys.argv[2:] or None)

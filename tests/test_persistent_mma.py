@@ -173,6 +173,29 @@ def test_cuda_codegen(D, B, H, cell):
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
 
 
+@needs_compiler
+@pytest.mark.parametrize("op,direction,acts", [("GRU", "bidirectional", None), ("RNN", "reverse", ["Relu"])])
+def test_importer_mma_path_matches_onnxruntime(op, direction, acts):
+    """The importer on the tensor-core path (its serial CPU variant, so CI checks the wiring), float16, against
+    onnxruntime's float32 run of the same fp16-valued weights (its CPU GRU/RNN has no float16 kernel)."""
+    import tvmseq
+
+    ort = pytest.importorskip("onnxruntime")
+    from test_gpu_models import _float32_twin
+
+    from tvmseq import models
+
+    model, feeds = models.rnn_node_model(op, seq=4, batch=17, input_size=5, hidden=11, direction=direction,
+                                         with_seq_lens=True, with_initial_h=True,
+                                         linear_before_reset=1 if op == "GRU" else None, activations=acts,
+                                         weight_scale=0.4, seed=5, dtype="float16")
+    got = tvmseq.compile_onnx(model, target="llvm", recurrence="persistent_mma")(**feeds)
+    twin, twin_feeds = _float32_twin(model, feeds)
+    want = ort.InferenceSession(twin.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, twin_feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, **TOL)
+
+
 # ----------------------------------------------------------------------------------------------------
 # GPU: kernels built here by `python tests/test_persistent_mma.py out/pmma`, run with TVM's runtime only
 # ----------------------------------------------------------------------------------------------------

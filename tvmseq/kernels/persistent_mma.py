@@ -19,8 +19,9 @@ and the NG*UB rows of R of their gates, so the gate math is local. Its NW warps 
 R[rows, w*KW : (w+1)*KW] as B fragments in registers for the whole run. A step, per chunk of MC batch
 rows:
   1. each warp copies its k-slice of the fp16 state h_s [MC, KW] from global memory to its own region of
-     shared memory (cp.async.cg: 16 B, through L2, never a stale L1 line);
-  2. ldmatrix A fragments, mma with the register B fragments: partial sums [MC, NG*UB] per warp;
+     shared memory (cp.async.cg: 16 B, through L2, never a stale L1 line), in two commit groups (k halves);
+  2. ldmatrix A fragments, mma with the register B fragments: partial sums [MC, NG*UB] per warp (the first
+     half's product overlaps the second half's copy);
   3. partials to shared memory, __syncthreads, each thread sums the NW partials of its (row, unit)
      items, applies the gates (state kept in float32 in shared memory), writes Y and publishes
      h_{s+1} in fp16 to the other half of a double buffer in global memory;
@@ -288,34 +289,43 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             if NG == 3:
                 gi[i * 4 + 3] = RbH[d, j]
 
+    # The copy of a warp's k-slice goes in PARTS commit groups (k halves when KTW is even): the product of
+    # the first half starts while the second is still in flight.
+    PARTS = 2 if KTW % 2 == 0 else 1
+    KP = KW // PARTS   # columns per part (a multiple of 16)
+
     @T.macro
     def stage_gpu(hbuf, stage, buf, d, c, w, lane):
         """Warp w's k-slice of the chunk's fp16 state rows -> its shared-memory region (16 B copies)."""
-        for i in unroll(MC * KW // 256):     # MC and KW are multiples of 16: whole rounds of 32 lanes
-            q = T.meta_var(i * 32 + lane)
-            row = T.meta_var(q // (KW // 8))
-            col = T.meta_var((q % (KW // 8)) * 8)
-            T.evaluate(T.s_tir.cp_async_raw.legacy(
-                stage.access_ptr("w"), (w * MC + row) * SROW + col,
-                hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype="float16"))
-        T.evaluate(T.ptx["cp.async.commit_group"]())
-        T.evaluate(T.ptx["cp.async.wait_group"](0))
-        T.evaluate(T.call_extern("void", "__syncwarp"))
+        for part in unroll(PARTS):
+            for i in unroll(MC * KP // 256):     # MC and KP are multiples of 16: whole rounds of 32 lanes
+                q = T.meta_var(i * 32 + lane)
+                row = T.meta_var(q // (KP // 8))
+                col = T.meta_var(part * KP + (q % (KP // 8)) * 8)
+                T.evaluate(T.s_tir.cp_async_raw.legacy(
+                    stage.access_ptr("w"), (w * MC + row) * SROW + col,
+                    hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype="float16"))
+            T.evaluate(T.ptx["cp.async.commit_group"]())
 
     @T.macro
     def product_gpu(stage, bfrag, afrag, acc, red, w, lane):
         """Partial sums of warp w over its k-slice: acc (C fragments) -> red[w, row, gate row]."""
         for v in unroll(MT * NN * 4):
             acc[v] = T.float32(0)
-        for kt in unroll(KTW):
-            for mt in unroll(MT):
-                T.evaluate(T.ptx_legacy.ldmatrix(
-                    False, 4, ".b16", afrag.data, 0, stage.access_ptr("r"),
-                    (w * MC + mt * 16 + lane % 16) * SROW + kt * 16 + 8 * (lane // 16), dtype="float16"))
-                for nt in unroll(NN):
-                    T.evaluate(T.ptx_legacy.mma(
-                        "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, 0,
-                        bfrag.data, (kt * NN + nt) * 4, acc.data, (mt * NN + nt) * 4, False, dtype="float32"))
+        for part in unroll(PARTS):
+            T.evaluate(T.ptx["cp.async.wait_group"](PARTS - 1 - part))
+            T.evaluate(T.call_extern("void", "__syncwarp"))
+            for kp in unroll(KTW // PARTS):
+                for mt in unroll(MT):
+                    T.evaluate(T.ptx_legacy.ldmatrix(
+                        False, 4, ".b16", afrag.data, 0, stage.access_ptr("r"),
+                        (w * MC + mt * 16 + lane % 16) * SROW + (part * KTW // PARTS + kp) * 16 + 8 * (lane // 16),
+                        dtype="float16"))
+                    for nt in unroll(NN):
+                        T.evaluate(T.ptx_legacy.mma(
+                            "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, 0, bfrag.data,
+                            ((part * KTW // PARTS + kp) * NN + nt) * 4, acc.data, (mt * NN + nt) * 4, False,
+                            dtype="float32"))
         for mt in unroll(MT):
             for nt in unroll(NN):
                 for i in unroll(4):
