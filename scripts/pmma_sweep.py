@@ -1,6 +1,6 @@
 """Schedule sweep of the tensor-core persistent GRU (units per block / warps / batch chunk) on the H100.
 
-  python3 scripts/pmma_sweep.py build out/pmma_sweep    # here (compiler)
+  python3 scripts/pmma_sweep.py build out/pmma_sweep    # here (compiler); or `tvmseq tune persistent_mma ...`
   python3 scripts/pmma_sweep.py run out/pmma_sweep      # GPU machine (runtime + torch)
 
 Each variant is checked against a float64 GRU (torch on the GPU) and its recurrence timed alone (seq 100,
@@ -12,24 +12,25 @@ import json
 import sys
 from pathlib import Path
 
-# (D, B, H) -> [(units per block, warps, chunk rows)]; the first is the default's pick
+# (D, B, H) -> [(units per block, warps, chunk rows, pipeline)]; the first is the default's pick
 SWEEP = {
-    (1, 64, 1024): [(8, 8, 64), (8, 8, 32), (8, 16, 32), (16, 8, 32), (16, 16, 16), (16, 8, 16)],
-    (1, 256, 1024): [(8, 8, 64), (8, 16, 32), (16, 8, 32), (16, 16, 16), (8, 8, 32)],
-    (2, 64, 1024): [(16, 8, 32), (16, 16, 16), (16, 8, 16), (16, 8, 64)],
-    (2, 256, 1024): [(16, 8, 32), (16, 16, 16), (16, 8, 64)],
-    (1, 256, 512): [(8, 8, 64), (8, 16, 32), (16, 8, 32), (8, 8, 32)],
-    (2, 256, 512): [(8, 8, 64), (8, 16, 32), (16, 8, 32)],
-    (1, 64, 512): [(8, 8, 64), (8, 16, 32), (8, 4, 64)],
+    (1, 64, 1024): [(8, 8, 64, 0), (8, 8, 32, 1), (8, 8, 16, 1), (8, 16, 16, 1)],
+    (1, 256, 1024): [(8, 8, 64, 0), (8, 8, 32, 1), (8, 8, 16, 1), (8, 16, 16, 1)],
+    (2, 64, 1024): [(16, 8, 32, 0), (16, 8, 16, 1), (16, 8, 32, 1)],
+    (2, 256, 1024): [(16, 8, 32, 0), (16, 8, 16, 1), (16, 8, 32, 1)],
+    (1, 256, 512): [(8, 8, 64, 0), (8, 8, 32, 1), (8, 8, 64, 1)],
+    (2, 256, 512): [(8, 8, 64, 0), (8, 8, 32, 1), (8, 8, 64, 1)],
+    (1, 64, 512): [(8, 8, 64, 0), (8, 8, 32, 1), (8, 8, 64, 1)],
+    (1, 64, 256): [(8, 8, 64, 0), (8, 8, 32, 1), (8, 8, 64, 1)],
 }
 SEQ = 100
 
 
 def _name(D, B, H, cfg):
-    return f"m_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}"
+    return f"m_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}p{cfg[3]}"
 
 
-def build(out: Path):
+def build(out: Path, sweep: dict | None = None):
     from tvmseq.bench.common import compile_for_gpu
     from tvmseq.kernels import persistent_mma as pm
     from tvmseq.kernels import recurrent_gemm as rg
@@ -38,15 +39,15 @@ def build(out: Path):
     tgt = resolve("cuda")
     out.mkdir(parents=True, exist_ok=True)
     funcs, index = {}, []
-    for (D, B, H), cfgs in SWEEP.items():
+    for (D, B, H), cfgs in (sweep or SWEEP).items():
         for cfg in cfgs:
-            why = pm.MmaGeometry(D, B, H, 3, pm.MmaConfig(*cfg)).check(rg.gpu_facts(tgt))
+            why = pm.MmaGeometry(D, B, H, 3, pm.MmaConfig(*cfg[:3], bool(cfg[3]))).check(rg.gpu_facts(tgt))
             if why:
                 print("skip", D, B, H, cfg, why)
                 continue
             name = _name(D, B, H, cfg)
             funcs[name] = pm.persistent_mma_func(D, B, H, "float16", "bidirectional" if D == 2 else "forward",
-                                                 None, None, False, tgt, pm.MmaConfig(*cfg)).with_attr(
+                                                 None, None, False, tgt, pm.MmaConfig(*cfg[:3], bool(cfg[3]))).with_attr(
                                                      "global_symbol", name)
             index.append(dict(D=D, B=B, H=H, config=list(cfg), name=name))
     ex, report = compile_for_gpu(funcs, tgt)

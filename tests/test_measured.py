@@ -63,6 +63,7 @@ def test_kernel_defaults_come_from_the_committed_databases():
     from tvmseq.kernels import step_gemm
     from tvmseq.targets import resolve
 
+    from tvmseq.kernels import persistent_mma as pm
     from tvmseq.kernels import spmm, topk
 
     cuda = resolve("cuda")
@@ -70,7 +71,8 @@ def test_kernel_defaults_come_from_the_committed_databases():
         ("persistent_gru", lambda k: pg.default_gru_config(k["D"], k["B"], k["H"], k["dtype"], cuda, k["cell"])),
         ("recurrent_gemm", lambda k: rg.default_config(k["H"], k["B"], k["dtype"], cuda)),
         ("step_gemm", lambda k: step_gemm.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"], cuda)),
-        ("spmm", lambda k: spmm.default_schedule(spmm.SpmmShape(**k), cuda))]
+        ("spmm", lambda k: spmm.default_schedule(spmm.SpmmShape(**k), cuda)),
+        ("persistent_mma", lambda k: pm.default_config(k["D"], k["B"], k["H"], cuda, k["cell"]))]
     if (ROOT / "schedules" / "measured" / "topk.json").exists():
         checks.append(("topk", lambda k: topk.choose_config(k["rows"], k["n"], k["k"], True, dtype=k["dtype"])))
     for op, check in checks:
@@ -118,7 +120,8 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
            ("recurrent_gemm", "tune_recurrent_gemm", "artifacts/bench/recurrent_gemm.json"),
            ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json"),
            ("spmm", "tune_spmm", "artifacts/bench/spmm_tune.json"),
-           ("topk", "tune_topk", "artifacts/bench/topk_tune.json")]
+           ("topk", "tune_topk", "artifacts/bench/topk_tune.json"),
+           ("persistent_mma", "tune_persistent_mma", "artifacts/bench/pmma_sweep.json")]
 
 
 @pytest.mark.parametrize("op,script,source", SOURCES, ids=[s[0] for s in SOURCES])

@@ -210,6 +210,8 @@ GPU_CASES = [
     (1, 100, 333, "reverse", "gru", ("HardSigmoid", "Softsign"), None, True, (8, 8, 48)),
     (1, 19, 129, "forward", "rnn", ("Relu",), None, True, None),
     (2, 64, 1024, "bidirectional", "rnn", None, None, True, None),
+    (1, 77, 300, "reverse", "gru", None, None, True, (8, 4, 16, 1)),             # pipelined, 5 chunks (odd)
+    (2, 50, 96, "bidirectional", "gru", None, 1.5, True, (8, 2, 32, 1)),         # pipelined, 2 chunks
 ]
 
 
@@ -229,7 +231,7 @@ def build_gpu_cases(out_dir):
         D, B, H, direction, cell, acts, clip, lens, cfg = case
         acts_ = [Activation.make(a) for a in acts] * D if acts else None
         func = pm.persistent_mma_func(D, B, H, "float16", direction, acts_, clip, lens, tgt,
-                                      pm.MmaConfig(*cfg) if cfg else None, cell)
+                                      pm.MmaConfig(*cfg[:3], *map(bool, cfg[3:])) if cfg else None, cell)
         funcs[_case_name(case)] = func.with_attr("global_symbol", _case_name(case))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "pmma.so"))

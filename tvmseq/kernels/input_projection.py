@@ -265,18 +265,140 @@ def sm_version(target) -> int:
     return int(digits) if digits else -1
 
 
-def tensor_core_projection(spec, target) -> tirx.PrimFunc | None:
-    """float16 on an sm_70+ GPU: the flat projection on tensor cores (dlight's MatmulTensorization: wmma
-    16x16x16, fp16 inputs, fp32 accumulation), scheduled; None elsewhere or when the rule declines. The SIMT
-    template runs fp16 at fp32 FMA speed (1.25 ms at batch 64, H = I = 1024, against cuBLAS's 0.20 ms)."""
-    from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
+@dataclass(frozen=True)
+class TensorCoreTile:
+    """Tile constants of the tensor-core projection (wmma 16x16x16 fragments): a block has warps_m x warps_n
+    warps, each holding frags_m x frags_n accumulator fragments; K is staged k_frags fragments deep.
+    dlight's MatmulTensorization hard-codes (4, 2, 4, 2, 4): 16 warps of 32 x 32."""
 
-    if spec.dtype != "float16" or target is None or target.kind.name != "cuda":
-        return None
-    if sm_version(target) < 70:
+    warps_m: int = 4
+    frags_m: int = 2
+    warps_n: int = 4
+    frags_n: int = 2
+    k_frags: int = 4
+
+
+# Measured on the H100 (scripts/tc_projection_sweep.py, artifacts/bench/tc_projection_sweep.json)
+TENSOR_CORE_TILE = TensorCoreTile()
+
+
+class TensorCoreProjection:
+    """dlight's MatmulTensorization (float16 x float16 -> float32 on wmma) with its tile sizes as data
+    (`TensorCoreTile`): C[S, I, J] += A[S, I, K] B[S, J, K] on reindexed, padded operands, both staged in
+    shared memory (double-buffered, software-pipelined), fragments loaded by wmma, the accumulators stored
+    through shared memory into the consumer chain (the bias epilogue). `apply` returns None where the rule
+    does not match (no reduction block, a tensorization that fails)."""
+
+    def __init__(self, tile: TensorCoreTile = TENSOR_CORE_TILE):
+        self.tile = tile
+
+    def apply(self, func: tirx.PrimFunc, target) -> "tvm.s_tir.Schedule | None":  # noqa: C901 - one schedule
+        from tvm import s_tir
+        from tvm.s_tir.dlight.analysis import get_root_block
+        from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers,
+                                                 get_index_map, get_reduction_blocks)
+        from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+
+        t = self.tile
+        sch = s_tir.Schedule(func)
+        reduction_blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+        if reduction_blocks is None:
+            return None
+        warp_size, vector_size, micro = 32, 4, 16
+        i_factors, j_factors, k_factors = [None, 1, t.warps_m, t.frags_m], [1, None, t.warps_n, t.frags_n], \
+            [None, t.k_frags]
+        num_ty = t.warps_m * t.warps_n
+        # normalise to C[S, I, J] += A[S, I, K] * B[S, J, K], pad I, J, K to whole block tiles
+        main_block = reduction_blocks[0]
+        reindex_a = sch.reindex(main_block, ("read", 0))
+        reindex_b = sch.reindex(main_block, ("read", 1))
+        reindex_c = sch.reindex(main_block, ("write", 0))
+        matmul_map, a_map, b_map, c_map = get_index_map(sch.get(main_block))
+        sch.transform_layout(reindex_a, ("write", 0), a_map)
+        sch.transform_layout(reindex_b, ("write", 0), b_map)
+        sch.transform_layout(reindex_c, ("read", 0), c_map)
+        sch.transform_block_layout(main_block, matmul_map)
+        sch.pad_einsum(main_block, [1, micro * t.warps_m * t.frags_m, micro * t.warps_n * t.frags_n,
+                                    micro * t.k_frags])
+        batch, i, j, k = sch.get_loops(main_block)
+        i, i_inner = sch.split(i, factors=[None, micro])
+        j, j_inner = sch.split(j, factors=[None, micro])
+        k, k_inner = sch.split(k, factors=[None, micro])
+        sch.reorder(i, j, k, i_inner, j_inner, k_inner)
+        block_inner = main_block
+        block_outer = sch.blockize(i_inner)
+        i0, i1, i2, i3 = sch.split(i, factors=i_factors)
+        j0, j1, j2, j3 = sch.split(j, factors=j_factors)
+        k0, k1 = sch.split(k, k_factors)
+        sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+        sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+        sch.reorder(i0, j0, i1, j1, j2, i2, k0, k1, i3, j3)
+        sch.bind(batch, "blockIdx.z")
+        sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+        sch.bind(sch.fuse(i1, j1), "blockIdx.y")
+        thread_idy = sch.fuse(j2, i2)
+        sch.bind(thread_idy, "threadIdx.y")
+
+        def fetch_to_shared(block, idx):
+            block_read = sch.cache_read(block, idx, "shared.dyn")
+            sch.compute_at(block_read, k0)
+            fused = sch.fuse(*sch.get_loops(block_read)[-2:])
+            _, f_1, f_2, f_3 = sch.split(fused, factors=[None, num_ty, warp_size, vector_size])
+            sch.bind(f_2, "threadIdx.x")
+            sch.bind(f_1, "threadIdx.y")
+            sch.vectorize(f_3)
+            sch.storage_align(block_read, 0, axis=-2, factor=16, offset=8)
+            sch.annotate(block_read, "tirx.manifest_shared_memory_local_stage", 1)
+            sch.annotate(block_read, "double_buffer_scope", 0)
+            return block_read
+
+        a_g2s, b_g2s = fetch_to_shared(block_outer, 0), fetch_to_shared(block_outer, 1)
+        auto_inline_producers(sch, a_g2s)
+        auto_inline_producers(sch, b_g2s)
+        a_frag = sch.cache_read(block_outer, 0, "wmma.matrix_a")
+        b_frag = sch.cache_read(block_outer, 1, "wmma.matrix_b")
+        sch.compute_at(a_frag, k1)
+        sch.compute_at(b_frag, k1)
+        to_global = sch.cache_write(block_outer, 0, "shared.dyn")
+        sch.storage_align(to_global, 0, -2, 16, 4)
+        store = sch.cache_write(block_outer, 0, "wmma.accumulator")
+        sch.reverse_compute_at(store, thread_idy)
+        sch.reverse_compute_at(to_global, thread_idy)
+        si, sj = sch.get_loops(store)[-2:]
+        si0, si1 = sch.split(si, factors=[None, micro])
+        sj0, sj1 = sch.split(sj, factors=[None, micro])
+        sch.reorder(si0, sj0, si1, sj1)
+        init = sch.get_child_blocks(sch.decompose_reduction(block_outer, k0))[0]
+        intrins = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn", in_dtype="float16",
+                                        out_dtype="float32", trans_b=True)
+        for frag, name in ((a_frag, "load_a"), (b_frag, "load_b")):
+            fi, fj = sch.get_loops(frag)[-2:]
+            fi0, fi1 = sch.split(fi, factors=[None, micro])
+            fj0, fj1 = sch.split(fj, factors=[None, micro])
+            sch.reorder(fi0, fj0, fi1, fj1)
+            sch.unroll(fi0)
+            sch.unroll(fj0)
+            sch.tensorize(fi1, intrins[name])
+        sch.tensorize(sch.get_loops(init)[-2], intrins["init"])
+        sch.tensorize(sch.get_loops(store)[-2], intrins["store"])
+        sch.tensorize(sch.get_loops(block_inner)[-3], intrins["compute"])
+        auto_inline_consumer_chain(sch, to_global)
+        _, f1, f2 = sch.split(sch.fuse(*sch.get_loops(to_global)[-2:]), factors=[None, warp_size, vector_size])
+        sch.bind(f1, "threadIdx.x")
+        sch.vectorize(f2)
+        return sch
+
+
+def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> tirx.PrimFunc | None:
+    """float16 on an sm_70+ GPU: the flat projection on tensor cores (`TensorCoreProjection`: wmma 16x16x16,
+    fp16 inputs, fp32 accumulation), scheduled; None elsewhere or when the rule declines. The SIMT template
+    runs fp16 at fp32 FMA speed (1.25 ms at batch 64, H = I = 1024, against cuBLAS's 0.20 ms)."""
+    if spec.dtype != "float16" or target is None or target.kind.name != "cuda" or sm_version(target) < 70:
         return None
     try:
-        sch = MatmulTensorization().apply(flat_projection_func(spec), target, False)
+        sch = TensorCoreProjection(tile or TENSOR_CORE_TILE).apply(flat_projection_func(spec), target)
     except RuntimeError as err:   # a schedule error: fall back to the SIMT template / dlight
         warnings.warn(f"tensor-core input projection: {str(err).strip().splitlines()[-1:]}; not used")
         return None

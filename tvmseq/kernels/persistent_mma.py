@@ -59,11 +59,14 @@ class MmaConfig:
     units_per_block: hidden units a block owns (a multiple of 8: one n8 tile per gate per 8 units)
     num_warps:       warps per block; they split k (the hidden size), each holding its slice of R
     chunk_rows:      batch rows per chunk (a multiple of 16); a step walks ceil(B / chunk_rows) chunks
+    pipeline:        two staging buffers: chunk c+1's state copy is in flight during chunk c's product,
+                     partial sums and gate math (twice the staging shared memory)
     """
 
     units_per_block: int = 8
     num_warps: int = 8
     chunk_rows: int = 64
+    pipeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class MmaGeometry:
     NCH = property(lambda self: math.ceil(self.B / self.MC))           # chunks per step
     Bp = property(lambda self: self.NCH * self.MC)
     SROW = property(lambda self: self.KW + 8)   # staged row stride (halfs): ldmatrix rows on distinct banks
+    SLOTS = property(lambda self: 2 if self.cfg.pipeline else 1)      # staging buffers
     ITEMS = property(lambda self: self.MC * self.UB)                   # (row, unit) items per chunk
     FI = property(lambda self: math.ceil(self.ITEMS / self.NT))        # items a thread finishes
 
@@ -95,7 +99,7 @@ class MmaGeometry:
         return self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4 + 4 * self.FI + self.NCH * self.FI + _REG_OVERHEAD
 
     def smem_bytes(self) -> int:
-        return 2 * self.NW * self.MC * self.SROW + 4 * self.NW * self.MC * self.NGU
+        return 2 * self.SLOTS * self.NW * self.MC * self.SROW + 4 * self.NW * self.MC * self.NGU
 
     def check(self, facts) -> str | None:
         """Why this geometry cannot run (one resident block per SM), or None."""
@@ -127,11 +131,18 @@ def candidate_configs(D: int, B: int, H: int, cell: str = "gru"):
                 yield MmaConfig(ub, nw, mc)
 
 
-def default_config(D: int, B: int, H: int, target, cell: str = "gru") -> MmaConfig | None:
-    """The first candidate that fits the target's GPU, or None."""
+def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: bool = True) -> MmaConfig | None:
+    """The measured winner (`schedules/measured/persistent_mma.json`, `schedules/tune_persistent_mma.py`) where
+    there is one, else the first candidate that fits the target's GPU, or None."""
+    from ..tune import measured as db
     from . import recurrent_gemm as rg
 
-    facts = rg.gpu_facts(resolve(target))
+    target = resolve(target)
+    if measured and is_gpu(target):
+        config = db.lookup("persistent_mma", D=D, B=B, H=H, cell=cell)
+        if config:
+            return MmaConfig(**config)
+    facts = rg.gpu_facts(target)
     for cfg in candidate_configs(D, B, H, cell):
         if MmaGeometry(D, B, H, GATES[cell], cfg).check(facts) is None:
             return cfg
@@ -294,38 +305,45 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     PARTS = 2 if KTW % 2 == 0 else 1
     KP = KW // PARTS   # columns per part (a multiple of 16)
 
+    SLOTS = geo.SLOTS
+    PENDING = PARTS if SLOTS == 2 else 0   # groups of the next chunk's copy issued before this chunk's waits
+
     @T.macro
     def stage_gpu(hbuf, stage, buf, d, c, w, lane):
-        """Warp w's k-slice of the chunk's fp16 state rows -> its shared-memory region (16 B copies)."""
+        """Warp w's k-slice of chunk c's fp16 state rows -> its region of staging slot c % SLOTS (16 B
+        copies). Nothing is copied for c = NCH (the chunk after the last), but the groups are still
+        committed, so the waits of `product_gpu` count the same number of groups every chunk."""
         for part in unroll(PARTS):
-            for i in unroll(MC * KP // 256):     # MC and KP are multiples of 16: whole rounds of 32 lanes
-                q = T.meta_var(i * 32 + lane)
-                row = T.meta_var(q // (KP // 8))
-                col = T.meta_var(part * KP + (q % (KP // 8)) * 8)
-                T.evaluate(T.s_tir.cp_async_raw.legacy(
-                    stage.access_ptr("w"), (w * MC + row) * SROW + col,
-                    hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype="float16"))
+            if c < NCH:
+                for i in unroll(MC * KP // 256):     # MC and KP are multiples of 16: whole rounds of 32 lanes
+                    q = T.meta_var(i * 32 + lane)
+                    row = T.meta_var(q // (KP // 8))
+                    col = T.meta_var(part * KP + (q % (KP // 8)) * 8)
+                    T.evaluate(T.s_tir.cp_async_raw.legacy(
+                        stage.access_ptr("w"), (((c % SLOTS) * NW + w) * MC + row) * SROW + col,
+                        hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype="float16"))
             T.evaluate(T.ptx["cp.async.commit_group"]())
 
     @T.macro
-    def product_gpu(stage, bfrag, afrag, acc, red, w, lane):
-        """Partial sums of warp w over its k-slice: acc (C fragments) -> red[w, row, gate row]."""
+    def product_gpu(stage, bfrag, afrag, acc, red, c, w, lane):
+        """Partial sums of warp w over its k-slice of chunk c: acc (C fragments) -> red[w, row, gate row]."""
         for v in unroll(MT * NN * 4):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
-            T.evaluate(T.ptx["cp.async.wait_group"](PARTS - 1 - part))
+            T.evaluate(T.ptx["cp.async.wait_group"](PARTS - 1 - part + PENDING))
             T.evaluate(T.call_extern("void", "__syncwarp"))
             for kp in unroll(KTW // PARTS):
                 for mt in unroll(MT):
                     T.evaluate(T.ptx_legacy.ldmatrix(
                         False, 4, ".b16", afrag.data, 0, stage.access_ptr("r"),
-                        (w * MC + mt * 16 + lane % 16) * SROW + (part * KTW // PARTS + kp) * 16 + 8 * (lane // 16),
-                        dtype="float16"))
+                        (((c % SLOTS) * NW + w) * MC + mt * 16 + lane % 16) * SROW
+                        + (part * KTW // PARTS + kp) * 16 + 8 * (lane // 16), dtype="float16"))
                     for nt in unroll(NN):
                         T.evaluate(T.ptx_legacy.mma(
                             "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, 0, bfrag.data,
                             ((part * KTW // PARTS + kp) * NN + nt) * 4, acc.data, (mt * NN + nt) * 4, False,
                             dtype="float32"))
+        T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
         for mt in unroll(MT):
             for nt in unroll(NN):
                 for i in unroll(4):
@@ -408,7 +426,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             hbuf = T.alloc_buffer((2 * buf_words,), "float16", scope="global")
             for gb in T.thread_binding(D * G, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
-                    stage = T.alloc_buffer((NW * MC * SROW,), "float16", scope="shared.dyn")
+                    stage = T.alloc_buffer((SLOTS * NW * MC * SROW,), "float16", scope="shared.dyn")
                     red = T.alloc_buffer((NW * MC * NGU,), "float32", scope="shared.dyn")
                     hst = T.alloc_buffer((NCH * FI,), "float32", scope="local")
                     bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
@@ -421,10 +439,12 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     seed(H0, hbuf, hst, 0, d, g, t)
                     T.cuda.grid_sync()
                     for s in T.serial(seq):
+                        if SLOTS == 2:
+                            stage_gpu(hbuf, stage, s % 2, d, 0, t // 32, t % 32)
                         for c in T.serial(NCH):
                             prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
-                            stage_gpu(hbuf, stage, s % 2, d, c, t // 32, t % 32)
-                            product_gpu(stage, bfrag, afrag, acc, red, t // 32, t % 32)
+                            stage_gpu(hbuf, stage, s % 2, d, c + SLOTS - 1, t // 32, t % 32)
+                            product_gpu(stage, bfrag, afrag, acc, red, c, t // 32, t % 32)
                             T.tvm_storage_sync("shared")
                             finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, c, seq)
                             T.tvm_storage_sync("shared")

@@ -1,0 +1,69 @@
+"""Tune the tensor-core persistent GRU's schedule (units per block, warps, batch chunk rows, pipelined
+staging) by measurement, and record the winners in schedules/measured/persistent_mma.json, which
+`persistent_mma.default_config` reads.
+
+  tvmseq tune persistent_mma build out/pmma_sweep               # here: per (D, B, H) the rule's pick + variants
+  tvmseq tune persistent_mma run out/pmma_sweep                 # GPU machine: checked against float64, timed
+  tvmseq tune persistent_mma merge out/pmma_sweep/results.json  # here: winners -> the database
+
+The variants per (D, B, H) are scripts/pmma_sweep.py's SWEEP (the rule's pick is added where missing). A winner
+replaces the rule's pick only when >= 3% faster in the same run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def _model_pick(D, B, H, cell="gru"):
+    from tvmseq.kernels import persistent_mma as pm
+    from tvmseq.targets import resolve
+
+    return pm.default_config(D, B, H, resolve("cuda"), cell, measured=False)
+
+
+def build(out: Path) -> None:
+    import pmma_sweep
+
+    sweep = {}
+    for (D, B, H), variants in pmma_sweep.SWEEP.items():
+        pick = _model_pick(D, B, H)
+        knobs = (pick.units_per_block, pick.num_warps, pick.chunk_rows, int(pick.pipeline))
+        sweep[(D, B, H)] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
+    pmma_sweep.build(out, sweep)
+
+
+def run(out: Path) -> None:
+    import pmma_sweep
+
+    pmma_sweep.run(out)
+
+
+def merge(results: Path) -> None:
+    from tvmseq.tune import measured
+
+    trials = []
+    for r in json.loads(Path(results).read_text()):
+        if r.get("ok") and r.get("us_step"):
+            u, w, c, p = r["config"]
+            trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell="gru"),
+                               config=dict(units_per_block=u, num_warps=w, chunk_rows=c, pipeline=bool(p)),
+                               us=r["us_step"]))
+    measured.merge("persistent_mma", trials,
+                   lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"])),
+                   source=f"{results}: CUDA-event time per step, recurrence only (seq 100)")
+
+
+def main(argv=None) -> int:
+    from tvmseq.tune import measured
+
+    return measured.script_main(__doc__, {"build": build, "run": run, "merge": merge}, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

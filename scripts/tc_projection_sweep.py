@@ -1,0 +1,102 @@
+"""Tile sweep of the float16 tensor-core input projection (kernels/input_projection.TensorCoreProjection) on the
+H100, against cuBLAS (torch.matmul, fp16) in the same process.
+
+  python3 scripts/tc_projection_sweep.py build out/tcproj    # here (compiler)
+  python3 scripts/tc_projection_sweep.py run out/tcproj      # GPU machine (runtime + torch)
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# (directions, batch, hidden = input size); seq 100: M = 100 x batch rows, N = 3 x hidden per direction
+SHAPES = [(1, 64, 1024), (1, 256, 1024), (2, 64, 1024), (1, 256, 512)]
+TILES = [(4, 2, 4, 2, 4), (2, 4, 2, 4, 2), (2, 4, 4, 2, 2), (4, 2, 2, 4, 2), (2, 2, 2, 2, 4), (4, 4, 2, 4, 2),
+         (2, 4, 4, 4, 2), (2, 4, 2, 4, 4), (4, 2, 4, 2, 2)]
+SEQ = 100
+
+
+def _name(D, B, H, tile):
+    return f"p_d{D}_b{B}_h{H}_" + "_".join(map(str, tile))
+
+
+def build(out: Path):
+    import tvm
+
+    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.kernels import gru
+    from tvmseq.kernels import input_projection as ip
+    from tvmseq.targets import resolve
+
+    tgt = resolve("cuda")
+    out.mkdir(parents=True, exist_ok=True)
+    funcs, index = {}, []
+    for D, B, H in SHAPES:
+        spec = gru.GruSpec(D, B, H, H, "float16", 1, "bidirectional" if D == 2 else "forward")
+        for tile in TILES:
+            try:
+                f = ip.tensor_core_projection(spec, tgt, ip.TensorCoreTile(*tile))
+            except Exception as err:  # noqa: BLE001 - a tile the rule cannot schedule is skipped
+                print("skip", D, B, H, tile, type(err).__name__, str(err)[:200])
+                continue
+            if f is None:
+                print("declined", D, B, H, tile)
+                continue
+            f = f.with_attr("global_symbol", _name(D, B, H, tile))
+            try:   # some tiles schedule but fail to lower (TVM 0.27): keep them out of the shared library
+                tvm.compile(tvm.IRModule({_name(D, B, H, tile): f}), target=tgt)
+            except Exception as err:  # noqa: BLE001
+                print("does not lower", D, B, H, tile, str(err).strip().splitlines()[-1][:160])
+                continue
+            funcs[_name(D, B, H, tile)] = f
+            index.append(dict(D=D, B=B, H=H, tile=list(tile), name=_name(D, B, H, tile)))
+    ex, report = compile_for_gpu(funcs, tgt)
+    ex.export_library(str(out / "tcproj.so"))
+    for e in index:
+        e["ptxas"] = {k: v for k, v in report.items() if k.startswith(e["name"] + "_kernel")}
+    (out / "index.json").write_text(json.dumps(index, indent=1))
+    print(f"built {len(funcs)} variants")
+
+
+def run(out: Path):
+    import torch
+    import tvm
+
+    from tvmseq.bench.common import time_cuda
+
+    index = json.loads((out / "index.json").read_text())
+    mod = tvm.runtime.load_module(str(out / "tcproj.so"))
+    results, peers = [], {}
+    for e in index:
+        D, B, H = e["D"], e["B"], e["H"]
+        M, N = SEQ * B, 3 * H
+        g = torch.Generator(device="cuda").manual_seed(0)
+        X = torch.randn(M, H, device="cuda", generator=g).half()
+        W = (torch.randn(D, N, H, device="cuda", generator=g) * H ** -0.5).half()
+        bias = torch.randn(D, N, device="cuda", generator=g)
+        out_t = torch.empty(D, M, N, device="cuda")
+        args = [tvm.runtime.from_dlpack(t) for t in (X, W, bias, out_t)]
+        f = mod[e["name"]]
+        try:
+            f(*args)
+            torch.cuda.synchronize()
+            want = torch.einsum("mk,dnk->dmn", X.float(), W.float()) + bias[:, None, :]
+            err = float(((out_t - want).norm() / want.norm()).item())
+            ms = time_cuda(lambda: f(*args), warmup=3, iters=20)
+            if (D, B, H) not in peers:
+                Wt = W.transpose(1, 2).contiguous()
+                peers[(D, B, H)] = time_cuda(lambda: [torch.matmul(X, Wt[d]) for d in range(D)], warmup=3, iters=20)
+            tflops = 2 * D * M * N * H / ms / 1e9
+            row = dict(e, ms=ms, tflops=tflops, cublas_ms=peers[(D, B, H)], vs_cublas=peers[(D, B, H)] / ms,
+                       rel_err=err, ok=err < 1e-3)
+        except Exception as err:  # noqa: BLE001 - one failing variant must not stop the sweep
+            row = dict(e, error=f"{type(err).__name__}: {err}"[:300])
+        results.append(row)
+        print(e["name"], {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
+                          if k in ("ms", "tflops", "cublas_ms", "vs_cublas", "rel_err", "ok", "error")}, flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]))
