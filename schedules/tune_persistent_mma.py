@@ -34,6 +34,8 @@ def build(out: Path) -> None:
     for (D, B, H), variants in pmma_sweep.SWEEP.items():
         pick = _model_pick(D, B, H)
         knobs = (pick.units_per_block, pick.num_warps, pick.chunk_rows, int(pick.pipeline))
+        if pick.batch_split > 1:
+            knobs += (pick.batch_split,)
         sweep[(D, B, H)] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
     pmma_sweep.build(out, sweep)
 
@@ -50,9 +52,10 @@ def merge(results: Path) -> None:
     trials = []
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step"):
-            u, w, c, p = r["config"]
+            u, w, c, p, *split = r["config"]
             trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell="gru"),
-                               config=dict(units_per_block=u, num_warps=w, chunk_rows=c, pipeline=bool(p)),
+                               config=dict(units_per_block=u, num_warps=w, chunk_rows=c, pipeline=bool(p),
+                                           batch_split=split[0] if split else 1),
                                us=r["us_step"]))
     measured.merge("persistent_mma", trials,
                    lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"])),

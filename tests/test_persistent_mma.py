@@ -56,6 +56,8 @@ def run_cpu(inputs, D, B, H, seq, direction, acts, clip, has_lens, config, cell=
     (20, 19, pm and pm.MmaConfig(16, 1, 16)),   # two chunks, one warp
     (50, 33, pm and pm.MmaConfig(8, 3, 32)),    # ragged chunks (33 rows in 2 x 32), 3 warps
     (16, 16, pm and pm.MmaConfig(8, 1, 64)),    # exact tiles
+    (24, 70, pm and pm.MmaConfig(8, 2, 16, False, 2)),   # batch split: 5 chunks -> 6 (3 per block)
+    (40, 45, pm and pm.MmaConfig(16, 1, 16, True, 3)),   # batch split 3, pipelined flag (GPU only)
 ])
 def test_gru_matches_numpy(H, B, config, direction):
     D = 2 if direction == "bidirectional" else 1
@@ -212,6 +214,9 @@ GPU_CASES = [
     (2, 64, 1024, "bidirectional", "rnn", None, None, True, None),
     (1, 77, 300, "reverse", "gru", None, None, True, (8, 4, 16, 1)),             # pipelined, 5 chunks (odd)
     (2, 50, 96, "bidirectional", "gru", None, 1.5, True, (8, 2, 32, 1)),         # pipelined, 2 chunks
+    (1, 70, 160, "forward", "gru", None, None, True, (8, 4, 16, 0, 2)),          # batch split, padded chunk
+    (2, 99, 64, "bidirectional", "gru", None, None, True, (8, 2, 16, 1, 3)),     # split 3 + pipelined
+    (1, 256, 1024, "forward", "gru", None, None, True, (8, 8, 32, 0, 2)),        # 2 blocks an SM
 ]
 
 
@@ -231,7 +236,7 @@ def build_gpu_cases(out_dir):
         D, B, H, direction, cell, acts, clip, lens, cfg = case
         acts_ = [Activation.make(a) for a in acts] * D if acts else None
         func = pm.persistent_mma_func(D, B, H, "float16", direction, acts_, clip, lens, tgt,
-                                      pm.MmaConfig(*cfg[:3], *map(bool, cfg[3:])) if cfg else None, cell)
+                                      pm.MmaConfig(*cfg[:3], *[bool(p) for p in cfg[3:4]], *cfg[4:]) if cfg else None, cell)
         funcs[_case_name(case)] = func.with_attr("global_symbol", _case_name(case))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "pmma.so"))

@@ -48,7 +48,7 @@ from .activations import Activation
 GATES = {"gru": 3, "rnn": 1}
 # Below this batch the SIMT engine (one batch column per accumulator, no 16-row m tile to fill) wins.
 MMA_MIN_BATCH = 16
-_REG_OVERHEAD = 48
+_REG_OVERHEAD = 40
 _MAX_REGS = 224           # leave ptxas room under 255
 
 
@@ -61,12 +61,15 @@ class MmaConfig:
     chunk_rows:      batch rows per chunk (a multiple of 16); a step walks ceil(B / chunk_rows) chunks
     pipeline:        two staging buffers: chunk c+1's state copy is in flight during chunk c's product,
                      partial sums and gate math (twice the staging shared memory)
+    batch_split:     blocks sharing a unit group, each taking every batch_split-th chunk (blocks of one SM
+                     then run independent chunk pipelines; R is held once per block)
     """
 
     units_per_block: int = 8
     num_warps: int = 8
     chunk_rows: int = 64
     pipeline: bool = False
+    batch_split: int = 1
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,11 @@ class MmaGeometry:
     NN = property(lambda self: self.NGU // 8)                          # n8 tiles per block
     MC = property(lambda self: min(self.cfg.chunk_rows, math.ceil(self.B / 16) * 16))
     MT = property(lambda self: self.MC // 16)                          # m16 tiles per chunk
-    NCH = property(lambda self: math.ceil(self.B / self.MC))           # chunks per step
+    BS = property(lambda self: self.cfg.batch_split)
+    # chunks per step (a multiple of BS: a block's last chunk may be all padding rows) and per block
+    NCH = property(lambda self: math.ceil(math.ceil(self.B / self.MC) / self.BS) * self.BS)
+    NCB = property(lambda self: self.NCH // self.BS)
+    BLOCKS = property(lambda self: self.D * self.G * self.BS)
     Bp = property(lambda self: self.NCH * self.MC)
     SROW = property(lambda self: self.KW + 8)   # staged row stride (halfs): ldmatrix rows on distinct banks
     SLOTS = property(lambda self: 2 if self.cfg.pipeline else 1)      # staging buffers
@@ -96,7 +103,7 @@ class MmaGeometry:
     FI = property(lambda self: math.ceil(self.ITEMS / self.NT))        # items a thread finishes
 
     def regs_estimate(self) -> int:
-        return self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4 + 4 * self.FI + self.NCH * self.FI + _REG_OVERHEAD
+        return self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4 + 4 * self.FI + self.NCB * self.FI + _REG_OVERHEAD
 
     def smem_bytes(self) -> int:
         return 2 * self.SLOTS * self.NW * self.MC * self.SROW + 4 * self.NW * self.MC * self.NGU
@@ -105,26 +112,28 @@ class MmaGeometry:
         """Why this geometry cannot run (one resident block per SM), or None."""
         c = self.cfg
         if c.units_per_block < 8 or c.units_per_block % 8 or c.num_warps < 1 or c.chunk_rows < 16 \
-                or c.chunk_rows % 16:
-            return f"config {c}: units_per_block must be a multiple of 8, chunk_rows of 16"
+                or c.chunk_rows % 16 or c.batch_split < 1:
+            return f"config {c}: units_per_block must be a multiple of 8, chunk_rows of 16, batch_split >= 1"
         if facts is None:
             return None
-        if self.D * self.G > facts.num_sms:
-            return f"{self.D} x {self.G} blocks > {facts.num_sms} SMs: not all resident"
-        if self.NT > facts.max_threads_per_block:
-            return f"{self.NT} threads per block: too many"
-        cap = min(_MAX_REGS, facts.regs_per_sm // self.NT)
+        per_sm = math.ceil(self.BLOCKS / facts.num_sms)   # blocks each SM must hold (all resident)
+        if per_sm > (2 if self.BS > 1 else 1):   # two blocks an SM only for a batch split
+            return f"{self.D} x {self.G} x {self.BS} blocks > {facts.num_sms} SMs: not all resident"
+        if self.NT * per_sm > 2048 or self.NT > facts.max_threads_per_block:
+            return f"{self.NT} threads x {per_sm} blocks per SM: too many"
+        cap = min(_MAX_REGS, facts.regs_per_sm // (self.NT * per_sm))
         if self.regs_estimate() > cap:
             return (f"~{self.regs_estimate()} registers per thread (B fragments {self.KTW}x{self.NN}, "
-                    f"accumulators {self.MT}x{self.NN}) > {cap}")
-        if self.smem_bytes() > facts.smem_per_block:
-            return f"{self.smem_bytes()} B shared memory per block > {facts.smem_per_block}"
+                    f"accumulators {self.MT}x{self.NN}) > {cap} ({per_sm} block(s) per SM)")
+        smem_cap = facts.smem_per_block if per_sm == 1 else (facts.smem_per_block + 1024) // per_sm - 1024
+        if self.smem_bytes() > smem_cap:
+            return f"{self.smem_bytes()} B shared memory per block > {smem_cap} ({per_sm} block(s) per SM)"
         return None
 
 
 def candidate_configs(D: int, B: int, H: int, cell: str = "gru"):
-    """Configs in order of preference: fewest units per block (most SMs busy), 8 warps before 16 and 4,
-    the largest batch chunk (fewest chunks a step) first."""
+    """One block an SM, in order of preference: fewest units per block (most SMs busy), 8 warps before 16
+    and 4, the largest batch chunk (fewest chunks a step) first."""
     for ub in (8, 16, 32):
         for nw in (8, 16, 4):
             for mc in (64, 48, 32, 16):
@@ -133,7 +142,8 @@ def candidate_configs(D: int, B: int, H: int, cell: str = "gru"):
 
 def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: bool = True) -> MmaConfig | None:
     """The measured winner (`schedules/measured/persistent_mma.json`, `schedules/tune_persistent_mma.py`) where
-    there is one, else the first candidate that fits the target's GPU, or None."""
+    there is one, else the batch split that fills the GPU (`batch_split_config`), else the first candidate that
+    fits the target's GPU, or None."""
     from ..tune import measured as db
     from . import recurrent_gemm as rg
 
@@ -143,10 +153,25 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
         if config:
             return MmaConfig(**config)
     facts = rg.gpu_facts(target)
+    split = batch_split_config(D, B, H, facts)
+    if split is not None and MmaGeometry(D, B, H, GATES[cell], split).check(facts) is None:
+        return split
     for cfg in candidate_configs(D, B, H, cell):
         if MmaGeometry(D, B, H, GATES[cell], cfg).check(facts) is None:
             return cfg
     return None
+
+
+def batch_split_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
+    """Two blocks an SM, each with its own 32-row chunks (8 units, 8 warps): the largest power-of-two split
+    that keeps D x G x split <= 2 x SMs and gives every block a chunk; None when that is no split. Measured
+    on the H100 (artifacts/bench/pmma_sweep.json, fp16 recurrence, us a step): H512 B256 12.6 -> 7.0 (split 4),
+    H256 B64 3.16 -> 2.33, H512 B64 3.67 -> 3.05, H1024 B256 22.4 -> 20.1, H1024 B64 6.34 -> 6.22 (split 2)."""
+    blocks = D * math.ceil(H / 8)
+    split = 1
+    while blocks * split * 2 <= 2 * facts.num_sms and split * 2 <= math.ceil(B / 32):
+        split *= 2
+    return MmaConfig(8, 8, 32, False, split) if split > 1 else None
 
 
 def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru", config=None) -> tuple[bool, str]:
@@ -209,6 +234,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     UB, NW, NT, G, Hp, KW, KTW = geo.UB, geo.NW, geo.NT, geo.G, geo.Hp, geo.KW, geo.KTW
     NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
                                                  geo.ITEMS, geo.FI)
+    BS, NCB = geo.BS, geo.NCB
+    PER_SM = math.ceil(geo.BLOCKS / rg.gpu_facts(target).num_sms) if gpu else 1
     unroll = T.unroll if gpu else T.serial
     G3 = NG * H
     buf_words = D * Bp * Hp                      # one half of the fp16 state double buffer
@@ -261,29 +288,31 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     bfrag[(kt * NN + nt) * 4 + i] = T.if_then_else(
                         unit < H and k < H, Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
 
+    PADC = Hp - G * UB     # padding columns past the last block's units
+
     @T.macro
-    def seed(H0, hbuf, hst, hoff, d, g, t):
-        """Own state <- h0 (float32, item (c, i) of this thread at hst[hoff + c * FI + i]); both halves of
-        the fp16 buffer <- h0 / zeros on this block's units, zero on padding rows and units; the last block
-        of a direction also zeroes the padding columns [G*UB, Hp)."""
-        for c in T.serial(NCH):
+    def seed(H0, hbuf, hst, hoff, d, g, q, t):
+        """Own state <- h0 (float32; item i of this block's chunk ci at hst[hoff + ci * FI + i]); both halves of
+        the fp16 buffer <- h0 / zeros on this block's units and rows, zero on padding rows and units; the last
+        unit group also zeroes the padding columns [G*UB, Hp) of its rows."""
+        for ci in T.serial(NCB):
             for i in unroll(FI):
                 v = T.meta_var(i * NT + t)
-                b = T.meta_var(c * MC + v // UB)
+                b = T.meta_var((q + ci * BS) * MC + v // UB)
                 j = T.meta_var(g * UB + v % UB)
                 if v < ITEMS:
-                    hst[hoff + c * FI + i] = T.if_then_else(
+                    hst[hoff + ci * FI + i] = T.if_then_else(
                         b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
                     if j < Hp:
-                        hbuf[hidx(0, d, b, j)] = T.Cast("float16", hst[hoff + c * FI + i])
+                        hbuf[hidx(0, d, b, j)] = T.Cast("float16", hst[hoff + ci * FI + i])
                         hbuf[hidx(1, d, b, j)] = T.float16(0)
-        if G * UB < Hp:
-            if g == G - 1:
-                for i in T.serial(math.ceil(Bp * (Hp - G * UB) / NT)):
-                    v = T.meta_var(i * NT + t)
-                    if v < Bp * (Hp - G * UB):
-                        hbuf[hidx(0, d, v // (Hp - G * UB), G * UB + v % (Hp - G * UB))] = T.float16(0)
-                        hbuf[hidx(1, d, v // (Hp - G * UB), G * UB + v % (Hp - G * UB))] = T.float16(0)
+            if PADC > 0:
+                if g == G - 1:
+                    for i in T.serial(math.ceil(MC * PADC / NT)):
+                        v = T.meta_var(i * NT + t)
+                        if v < MC * PADC:
+                            hbuf[hidx(0, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.float16(0)
+                            hbuf[hidx(1, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.float16(0)
 
     # ---- a chunk of a step ----------------------------------------------------------------------
     @T.macro
@@ -309,10 +338,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     PENDING = PARTS if SLOTS == 2 else 0   # groups of the next chunk's copy issued before this chunk's waits
 
     @T.macro
-    def stage_gpu(hbuf, stage, buf, d, c, w, lane):
-        """Warp w's k-slice of chunk c's fp16 state rows -> its region of staging slot c % SLOTS (16 B
-        copies). Nothing is copied for c = NCH (the chunk after the last), but the groups are still
-        committed, so the waits of `product_gpu` count the same number of groups every chunk."""
+    def stage_gpu(hbuf, stage, buf, d, c, slot, w, lane):
+        """Warp w's k-slice of chunk c's fp16 state rows -> its region of staging slot `slot` (16 B copies).
+        Nothing is copied for c >= NCH (past the block's last chunk), but the groups are still committed,
+        so the waits of `product_gpu` count the same number of groups every chunk."""
         for part in unroll(PARTS):
             if c < NCH:
                 for i in unroll(MC * KP // 256):     # MC and KP are multiples of 16: whole rounds of 32 lanes
@@ -320,13 +349,14 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     row = T.meta_var(q // (KP // 8))
                     col = T.meta_var(part * KP + (q % (KP // 8)) * 8)
                     T.evaluate(T.s_tir.cp_async_raw.legacy(
-                        stage.access_ptr("w"), (((c % SLOTS) * NW + w) * MC + row) * SROW + col,
+                        stage.access_ptr("w"), ((slot * NW + w) * MC + row) * SROW + col,
                         hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype="float16"))
             T.evaluate(T.ptx["cp.async.commit_group"]())
 
     @T.macro
-    def product_gpu(stage, bfrag, afrag, acc, red, c, w, lane):
-        """Partial sums of warp w over its k-slice of chunk c: acc (C fragments) -> red[w, row, gate row]."""
+    def product_gpu(stage, bfrag, afrag, acc, red, slot, w, lane):
+        """Partial sums of warp w over its k-slice of the chunk in staging slot `slot`: acc (C fragments) ->
+        red[w, row, gate row]."""
         for v in unroll(MT * NN * 4):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
@@ -336,7 +366,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 for mt in unroll(MT):
                     T.evaluate(T.ptx_legacy.ldmatrix(
                         False, 4, ".b16", afrag.data, 0, stage.access_ptr("r"),
-                        (((c % SLOTS) * NW + w) * MC + mt * 16 + lane % 16) * SROW
+                        ((slot * NW + w) * MC + mt * 16 + lane % 16) * SROW
                         + (part * KTW // PARTS + kp) * 16 + 8 * (lane // 16), dtype="float16"))
                     for nt in unroll(NN):
                         T.evaluate(T.ptx_legacy.mma(
@@ -379,7 +409,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         return (T.float32(1) - z) * hh + z * h
 
     @T.macro
-    def finish(Y, Lens, hbuf, hst, hoff, red, gi, d, g, t, s, c, seq):
+    def finish(Y, Lens, hbuf, hst, hoff, red, gi, d, g, t, s, c, ci, seq):
         """Gate math of this thread's (row, unit) items; Y, own state and h_{s+1} (fp16) written."""
         for i in unroll(FI):
             v = T.meta_var(i * NT + t)
@@ -389,26 +419,26 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             j = T.meta_var(g * UB + v % UB)
             if v < ITEMS and b < B and j < H:
                 L = T.meta_var(length(Lens, b, seq))
-                h = T.meta_var(hst[hoff + c * FI + i])
+                h = T.meta_var(hst[hoff + ci * FI + i])
                 hn = T.if_then_else(s < L, cell_update(red, gi, d, i, row, u, h), h)
                 if has_seq_lens:
                     Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
                         "float16", T.if_then_else(s < L, hn, T.float32(0)))
                 else:
                     Y[time_index(d, seq, s), d, b, j] = T.Cast("float16", hn)
-                hst[hoff + c * FI + i] = hn
+                hst[hoff + ci * FI + i] = hn
                 hbuf[hidx((s + 1) % 2, d, b, j)] = T.Cast("float16", hn)
 
     @T.macro
-    def final_state(Yh, Lens, hst, hoff, d, g, t, seq):
-        for c in T.serial(NCH):
+    def final_state(Yh, Lens, hst, hoff, d, g, q, t, seq):
+        for ci in T.serial(NCB):
             for i in unroll(FI):
                 v = T.meta_var(i * NT + t)
-                b = T.meta_var(c * MC + v // UB)
+                b = T.meta_var((q + ci * BS) * MC + v // UB)
                 j = T.meta_var(g * UB + v % UB)
                 if v < ITEMS and b < B and j < H:
                     Yh[d, b, j] = T.Cast("float16", T.if_then_else(length(Lens, b, seq) > 0 and seq > 0,
-                                                                   hst[hoff + c * FI + i], T.float32(0)))
+                                                                   hst[hoff + ci * FI + i], T.float32(0)))
 
     # ---- the kernels ----------------------------------------------------------------------------
     if gpu:
@@ -424,32 +454,36 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             Y = T.match_buffer(y, (seq, D, B, H), "float16")
             Yh = T.match_buffer(y_h, (D, B, H), "float16")
             hbuf = T.alloc_buffer((2 * buf_words,), "float16", scope="global")
-            for gb in T.thread_binding(D * G, thread="blockIdx.x"):
+            for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
+                  # __launch_bounds__(NT, blocks per SM): ptxas must leave room for a second block of a split
+                  with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", PER_SM):
                     stage = T.alloc_buffer((SLOTS * NW * MC * SROW,), "float16", scope="shared.dyn")
                     red = T.alloc_buffer((NW * MC * NGU,), "float32", scope="shared.dyn")
-                    hst = T.alloc_buffer((NCH * FI,), "float32", scope="local")
+                    hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
                     bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
                     afrag = T.alloc_buffer((8,), "float16", scope="local")
                     acc = T.alloc_buffer((MT * NN * 4,), "float32", scope="local")
                     gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
-                    d = T.meta_var(gb // G)
-                    g = T.meta_var(gb % G)
+                    d = T.meta_var(gb // (G * BS))
+                    g = T.meta_var(gb % (G * BS) // BS)
+                    q = T.meta_var(gb % BS)
                     load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
-                    seed(H0, hbuf, hst, 0, d, g, t)
+                    seed(H0, hbuf, hst, 0, d, g, q, t)
                     T.cuda.grid_sync()
                     for s in T.serial(seq):
                         if SLOTS == 2:
-                            stage_gpu(hbuf, stage, s % 2, d, 0, t // 32, t % 32)
-                        for c in T.serial(NCH):
-                            prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
-                            stage_gpu(hbuf, stage, s % 2, d, c + SLOTS - 1, t // 32, t % 32)
-                            product_gpu(stage, bfrag, afrag, acc, red, c, t // 32, t % 32)
+                            stage_gpu(hbuf, stage, s % 2, d, q, 0, t // 32, t % 32)
+                        for ci in T.serial(NCB):
+                            prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
+                            stage_gpu(hbuf, stage, s % 2, d, q + (ci + SLOTS - 1) * BS, (ci + SLOTS - 1) % SLOTS,
+                                      t // 32, t % 32)
+                            product_gpu(stage, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32)
                             T.tvm_storage_sync("shared")
-                            finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, c, seq)
+                            finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
                             T.tvm_storage_sync("shared")
                         T.cuda.grid_sync()
-                    final_state(Yh, Lens, hst, 0, d, g, t, seq)
+                    final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
     else:
         @T.prim_func
         def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
@@ -464,17 +498,18 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             Yh = T.match_buffer(y_h, (D, B, H), "float16")
             hbuf = T.alloc_buffer((2 * buf_words,), "float16")
             red = T.alloc_buffer((NW * MC * NGU,), "float32")
-            hst = T.alloc_buffer((D * G * NT * NCH * FI,), "float32")
+            hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
             gi = T.alloc_buffer((FI * 4,), "float32")
-            for d, g, t in T.grid(D, G, NT):
-                seed(H0, hbuf, hst, ((d * G + g) * NT + t) * NCH * FI, d, g, t)
-            for s, c in T.grid(seq, NCH):
-                for d, g in T.grid(D, G):
-                    product_cpu(hbuf, Rw, red, s % 2, d, g, c)
+            for d, g, q, t in T.grid(D, G, BS, NT):
+                seed(H0, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
+            for s, ci in T.grid(seq, NCB):
+                for d, g, q in T.grid(D, G, BS):
+                    product_cpu(hbuf, Rw, red, s % 2, d, g, q + ci * BS)
                     for t in T.serial(NT):
-                        prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
-                        finish(Y, Lens, hbuf, hst, ((d * G + g) * NT + t) * NCH * FI, red, gi, d, g, t, s, c, seq)
-            for d, g, t in T.grid(D, G, NT):
-                final_state(Yh, Lens, hst, ((d * G + g) * NT + t) * NCH * FI, d, g, t, seq)
+                        prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
+                        finish(Y, Lens, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d, g, t,
+                               s, q + ci * BS, ci, seq)
+            for d, g, q, t in T.grid(D, G, BS, NT):
+                final_state(Yh, Lens, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
 
     return rg.scheduled(main, f"{cell}_recurrence_mma", cooperative=gpu)
