@@ -1,5 +1,6 @@
-"""Tile sweep of the float16 tensor-core input projection (kernels/input_projection.TensorCoreProjection) on the
-H100, against cuBLAS (torch.matmul, fp16) in the same process.
+"""Tile sweep of the float16 tensor-core input projection on the H100: the wmma rule
+(kernels/input_projection.TensorCoreProjection) and the hand-scheduled mma.sync kernel (kernels/projection_mma.py),
+against cuBLAS (torch.matmul, fp16) in the same process.
 
   python3 scripts/tc_projection_sweep.py build out/tcproj    # here (compiler)
   python3 scripts/tc_projection_sweep.py run out/tcproj      # GPU machine (runtime + torch)
@@ -12,13 +13,15 @@ from pathlib import Path
 
 # (directions, batch, hidden = input size); seq 100: M = 100 x batch rows, N = 3 x hidden per direction
 SHAPES = [(1, 64, 1024), (1, 256, 1024), (2, 64, 1024), (1, 256, 512)]
-TILES = [(4, 2, 4, 2, 4), (2, 4, 2, 4, 2), (2, 4, 4, 2, 2), (4, 2, 2, 4, 2), (2, 2, 2, 2, 4), (4, 4, 2, 4, 2),
-         (2, 4, 4, 4, 2), (2, 4, 2, 4, 4), (4, 2, 4, 2, 2)]
+TILES = [(4, 2, 4, 2, 4), (2, 4, 4, 4, 2)]   # wmma rule (warps_m, frags_m, warps_n, frags_n, k_frags)
+# hand-scheduled mma.sync kernel (bm, bn, bk, warps_m, warps_n, stages)
+MMA_TILES = [(128, 128, 32, 2, 4, 3), (128, 128, 32, 2, 4, 4), (128, 128, 64, 2, 4, 3), (128, 256, 32, 2, 4, 3),
+             (256, 128, 32, 4, 2, 3), (128, 128, 32, 4, 2, 4), (64, 128, 32, 2, 4, 4), (128, 64, 32, 4, 2, 4)]
 SEQ = 100
 
 
-def _name(D, B, H, tile):
-    return f"p_d{D}_b{B}_h{H}_" + "_".join(map(str, tile))
+def _name(D, B, H, tile, kind="wmma"):
+    return f"p_{kind}_d{D}_b{B}_h{H}_" + "_".join(map(str, tile))
 
 
 def build(out: Path):
@@ -27,6 +30,7 @@ def build(out: Path):
     from tvmseq.bench.common import compile_for_gpu
     from tvmseq.kernels import gru
     from tvmseq.kernels import input_projection as ip
+    from tvmseq.kernels import projection_mma as pmm
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
@@ -50,11 +54,19 @@ def build(out: Path):
                 print("does not lower", D, B, H, tile, str(err).strip().splitlines()[-1][:160])
                 continue
             funcs[_name(D, B, H, tile)] = f
-            index.append(dict(D=D, B=B, H=H, tile=list(tile), name=_name(D, B, H, tile)))
+            index.append(dict(D=D, B=B, H=H, tile=list(tile), kind="wmma", name=_name(D, B, H, tile)))
+        for tile in MMA_TILES:
+            t = pmm.MmaGemmTile(*tile)
+            if pmm.supports(3 * H, H, t) or t.smem_bytes() > 227 * 1024:
+                continue
+            name = _name(D, B, H, tile, "mma")
+            funcs[name] = pmm.projection_mma_func(D, 3 * H, H, True, t).with_attr("global_symbol", name)
+            index.append(dict(D=D, B=B, H=H, tile=list(tile), kind="mma", name=name))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "tcproj.so"))
     for e in index:
         e["ptxas"] = {k: v for k, v in report.items() if k.startswith(e["name"] + "_kernel")}
+        print(e["name"], e["ptxas"])
     (out / "index.json").write_text(json.dumps(index, indent=1))
     print(f"built {len(funcs)} variants")
 

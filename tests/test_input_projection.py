@@ -183,3 +183,42 @@ def test_schedule_error_falls_back_to_dlight_with_a_warning(monkeypatch):
         assert ip.TiledInputProjection().apply(func, H100) is None
     with pytest.warns(UserWarning):
         assert "threadIdx.y" in ip.schedule_input_projection(func, H100).script()
+
+
+# ---- float16 on tensor cores (flat rows): the mma.sync kernel and the wmma rule ------------------------
+def test_float16_projection_takes_tensor_cores_on_the_gpu():
+    from tvmseq.kernels import projection_mma as pmm
+
+    func, tile = ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), H100)
+    assert tile == ip.FLAT and "gru_input_projection" == func.attrs["global_symbol"]
+    src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
+    for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4",
+                   "cp.async.cg.shared.global"):
+        assert needle in src, needle
+    odd, tile = ip.projection_for(_spec(2, 3, 37, 19, "float16"), H100)   # N, K no tile divides: wmma rule
+    assert tile == ip.FLAT and "wmma" in tvm.compile(tvm.IRModule({"main": odd}), target=H100).mod.imports[0] \
+        .inspect_source()
+    assert ip.projection_for(_spec(1, 64, 1024, 1024, "float32"), H100)[1] != ip.FLAT   # fp32 stays exact
+    assert ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), LLVM)[1] != ip.FLAT
+    assert "multiple of 128" in pmm.supports(3 * 37, 64)
+    if shutil.which("nvcc"):
+        from tvmseq.bench.recurrent_gemm import ptxas_report
+
+        (info,) = ptxas_report(src).values()
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+
+
+@pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 64), (2, 300, 256, 128)])
+def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
+    """The interface and numerics of the mma kernel's prim_func (its CPU variant: the plain loop nest)."""
+    from tvmseq.kernels import projection_mma as pmm
+
+    f = tvm.compile(tvm.IRModule({"main": pmm.projection_mma_func(D, N, K, gpu=False)}), target=LLVM)
+    rng = np.random.default_rng(rows)
+    X = rng.standard_normal((rows, K)).astype(np.float16)
+    W = (rng.standard_normal((D, N, K)) * K ** -0.5).astype(np.float16)
+    bias = rng.standard_normal((D, N)).astype(np.float32)
+    out = tvm.runtime.tensor(np.full((D, rows, N), np.nan, np.float32))
+    f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in (X, W, bias)], out)
+    want = numpy_projection(X[:, None], W, bias)[:, :, 0]
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)

@@ -27,6 +27,7 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
     T = None
 
 from ..tune import space
+from .projection_mma import MmaGemmTile
 
 # Measured on the H100 (artifacts/bench/search_compare.json, the pool of
 # gemm_m6400_n3072_k1024_f32_nk_bias = the GRU input GEMM of batch 64, seq 100, H = I = 1024): the
@@ -278,8 +279,13 @@ class TensorCoreTile:
     k_frags: int = 4
 
 
-# Measured on the H100 (scripts/tc_projection_sweep.py, artifacts/bench/tc_projection_sweep.json)
+# Measured on the H100 (scripts/tc_projection_sweep.py, artifacts/bench/tc_projection_sweep.json, GRU input GEMMs
+# of batch 64/256, H = I = 512/1024): wmma rule 148-206 TFLOP/s at dlight's tile (no other of 9 tiles better);
+# the mma.sync kernel 176-228 TFLOP/s at MMA_TILE (the best of 8), 0.33-0.36x cuBLAS.
 TENSOR_CORE_TILE = TensorCoreTile()
+
+
+MMA_TILE = MmaGemmTile(bm=128, bn=128, bk=64, warps_m=2, warps_n=4, stages=3)
 
 
 class TensorCoreProjection:
@@ -392,11 +398,17 @@ class TensorCoreProjection:
 
 
 def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> tirx.PrimFunc | None:
-    """float16 on an sm_70+ GPU: the flat projection on tensor cores (`TensorCoreProjection`: wmma 16x16x16,
-    fp16 inputs, fp32 accumulation), scheduled; None elsewhere or when the rule declines. The SIMT template
-    runs fp16 at fp32 FMA speed (1.25 ms at batch 64, H = I = 1024, against cuBLAS's 0.20 ms)."""
+    """float16 on a GPU: the flat projection on tensor cores, fp16 inputs, fp32 accumulation: the hand-scheduled
+    mma.sync kernel (`projection_mma`, sm_80+) where its tile divides N and K, else `TensorCoreProjection`
+    (wmma 16x16x16; always with an explicit `tile`); None elsewhere or when the rule declines. The SIMT
+    template runs fp16 at fp32 FMA speed (1.25 ms at batch 64, H = I = 1024, against cuBLAS's 0.20 ms)."""
+    from . import projection_mma
+
     if spec.dtype != "float16" or target is None or target.kind.name != "cuda" or sm_version(target) < 70:
         return None
+    D, N, K = spec.num_directions, spec.gates * spec.hidden, spec.input_size
+    if tile is None and sm_version(target) >= 80 and projection_mma.supports(N, K, MMA_TILE) is None:
+        return projection_mma.projection_mma_func(D, N, K, True, MMA_TILE)
     try:
         sch = TensorCoreProjection(tile or TENSOR_CORE_TILE).apply(flat_projection_func(spec), target)
     except RuntimeError as err:   # a schedule error: fall back to the SIMT template / dlight
