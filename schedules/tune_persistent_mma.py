@@ -34,8 +34,10 @@ def build(out: Path) -> None:
     for (D, B, H), variants in pmma_sweep.SWEEP.items():
         pick = _model_pick(D, B, H)
         knobs = (pick.units_per_block, pick.num_warps, pick.chunk_rows, int(pick.pipeline))
-        if pick.batch_split > 1:
+        if pick.batch_split > 1 or pick.flags:
             knobs += (pick.batch_split,)
+        if pick.flags:
+            knobs += (1,)
         sweep[(D, B, H)] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
     pmma_sweep.build(out, sweep)
 
@@ -52,10 +54,11 @@ def merge(results: Path) -> None:
     trials = []
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step"):
-            u, w, c, p, *split = r["config"]
+            u, w, c, p, *rest = r["config"]
             trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell="gru"),
                                config=dict(units_per_block=u, num_warps=w, chunk_rows=c, pipeline=bool(p),
-                                           batch_split=split[0] if split else 1),
+                                           batch_split=rest[0] if rest else 1,
+                                           flags=bool(rest[1]) if len(rest) > 1 else False),
                                us=r["us_step"]))
     measured.merge("persistent_mma", trials,
                    lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"])),

@@ -22,7 +22,7 @@ if [ "$PART" = A ]; then
 elif [ "$PART" = S ]; then
   for tool in memcheck racecheck; do
     TVMSEQ_PMMA_PREBUILT=out/pmma timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest \
-      -q -m gpu tests/test_persistent_mma.py -k "h200 or h129 or h333 or h160 or h64_b99 or h300" -p no:cacheprovider > $RES/pmma_$tool.log 2>&1
+      -q -m gpu tests/test_persistent_mma.py -k "h200 or h129 or h333 or h160 or h64_b99 or h300 or h136 or rnn_bidirectional_h512" -p no:cacheprovider > $RES/pmma_$tool.log 2>&1
     echo "== $tool rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pmma_$tool.log | tail -3
   done
 fi

@@ -14,20 +14,29 @@ from pathlib import Path
 
 # (D, B, H) -> [(units per block, warps, chunk rows, pipeline)]; the first is the default's pick
 SWEEP = {
-    (1, 64, 1024): [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 8, 32, 1, 2), (8, 8, 16, 0, 2), (8, 4, 32, 0, 2)],
-    (1, 256, 1024): [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 8, 32, 1, 2), (8, 8, 64, 0, 2), (8, 4, 64, 0, 2)],
-    (2, 64, 1024): [(16, 8, 32, 0), (16, 8, 32, 1), (16, 8, 16, 0, 2), (8, 8, 16, 0, 2)],
-    (2, 256, 1024): [(16, 8, 32, 0), (16, 8, 16, 0, 2), (16, 8, 16, 1, 2), (8, 8, 16, 0, 2)],
-    (1, 256, 512): [(8, 8, 64, 0), (8, 8, 64, 1), (8, 8, 64, 0, 2), (8, 8, 32, 1, 2), (8, 8, 32, 0, 4)],
-    (2, 256, 512): [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 8, 32, 1, 2)],
-    (1, 64, 512): [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 8, 16, 0, 4)],
-    (1, 64, 256): [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 8, 16, 0, 4)],
+    (1, 64, 1024): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1), (8, 8, 64, 0, 1, 1), (8, 8, 32, 1, 1, 1)],
+    (1, 256, 1024): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1), (8, 8, 64, 0, 1, 1)],
+    (2, 64, 1024): [(16, 8, 32, 0), (16, 8, 32, 1), (16, 8, 32, 1, 1, 1), (16, 8, 32, 0, 1, 1)],
+    (2, 256, 1024): [(16, 8, 32, 0), (16, 8, 32, 0, 1, 1), (16, 8, 32, 1, 1, 1)],
+    (1, 256, 512): [(8, 8, 32, 0, 4), (8, 8, 32, 0, 4, 1)],
+    (2, 256, 512): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1)],
+    (1, 64, 512): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1)],
+    (1, 64, 256): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1)],
+    (1, 16, 1024): [(8, 8, 64, 0), (8, 8, 64, 0, 1, 1), (8, 8, 16, 0, 1, 1)],
 }
 SEQ = 100
 
 
 def _name(D, B, H, cfg):
-    return f"m_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}p{cfg[3]}" + (f"s{cfg[4]}" if len(cfg) > 4 else "")
+    return f"m_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}p{cfg[3]}" + "".join(
+        f"{k}{v}" for k, v in zip("sf", cfg[4:]))
+
+
+def _config(cfg):
+    from tvmseq.kernels import persistent_mma as pm
+
+    u, w, c, p, *rest = cfg
+    return pm.MmaConfig(u, w, c, bool(p), *(rest[:1]), *(bool(f) for f in rest[1:2]))
 
 
 def build(out: Path, sweep: dict | None = None):
@@ -41,13 +50,13 @@ def build(out: Path, sweep: dict | None = None):
     funcs, index = {}, []
     for (D, B, H), cfgs in (sweep or SWEEP).items():
         for cfg in cfgs:
-            why = pm.MmaGeometry(D, B, H, 3, pm.MmaConfig(*cfg[:3], bool(cfg[3]), *cfg[4:])).check(rg.gpu_facts(tgt))
+            why = pm.MmaGeometry(D, B, H, 3, _config(cfg)).check(rg.gpu_facts(tgt))
             if why:
                 print("skip", D, B, H, cfg, why)
                 continue
             name = _name(D, B, H, cfg)
             funcs[name] = pm.persistent_mma_func(D, B, H, "float16", "bidirectional" if D == 2 else "forward",
-                                                 None, None, False, tgt, pm.MmaConfig(*cfg[:3], bool(cfg[3]), *cfg[4:])).with_attr(
+                                                 None, None, False, tgt, _config(cfg)).with_attr(
                                                      "global_symbol", name)
             index.append(dict(D=D, B=B, H=H, config=list(cfg), name=name))
     ex, report = compile_for_gpu(funcs, tgt)

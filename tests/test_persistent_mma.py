@@ -217,12 +217,20 @@ GPU_CASES = [
     (1, 70, 160, "forward", "gru", None, None, True, (8, 4, 16, 0, 2)),          # batch split, padded chunk
     (2, 99, 64, "bidirectional", "gru", None, None, True, (8, 2, 16, 1, 3)),     # split 3 + pipelined
     (1, 256, 1024, "forward", "gru", None, None, True, (8, 8, 32, 0, 2)),        # 2 blocks an SM
+    (1, 64, 1024, "reverse", "gru", None, None, True, (8, 8, 32, 0, 2, 1)),      # ready flags, split
+    (2, 45, 136, "bidirectional", "gru", None, None, True, (8, 4, 16, 1, 2, 1)),  # flags, padded k, pipelined
+    (2, 33, 512, "bidirectional", "rnn", None, None, True, (8, 8, 16, 0, 1, 1)),  # flags, RNN
 ]
 
 
 def _case_name(case):
     D, B, H, direction, cell, acts, clip, lens, cfg = case
     return f"pmma_{cell}_{direction}_h{H}_b{B}_{'lens' if lens else 'nolens'}"
+
+
+def _config(cfg):
+    u, w, c, *rest = cfg
+    return pm.MmaConfig(u, w, c, *(bool(p) for p in rest[:1]), *rest[1:2], *(bool(f) for f in rest[2:3]))
 
 
 def build_gpu_cases(out_dir):
@@ -236,7 +244,7 @@ def build_gpu_cases(out_dir):
         D, B, H, direction, cell, acts, clip, lens, cfg = case
         acts_ = [Activation.make(a) for a in acts] * D if acts else None
         func = pm.persistent_mma_func(D, B, H, "float16", direction, acts_, clip, lens, tgt,
-                                      pm.MmaConfig(*cfg[:3], *[bool(p) for p in cfg[3:4]], *cfg[4:]) if cfg else None, cell)
+                                      _config(cfg) if cfg else None, cell)
         funcs[_case_name(case)] = func.with_attr("global_symbol", _case_name(case))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "pmma.so"))

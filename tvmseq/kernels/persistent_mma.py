@@ -46,6 +46,27 @@ from ..targets import is_gpu, resolve
 from .activations import Activation
 
 GATES = {"gru": 3, "rnn": 1}
+
+# Step hand-off by ready flags: a block publishes flag[d, q, g] = steps done (release, after its state rows are
+# written); a warp about to stage its k-slice waits for the blocks owning those units (acquire, one lane a
+# flag), then __syncwarp. No grid-wide barrier in the step loop.
+_PUBLISH_SRC = r"""
+__forceinline__ __device__ void tvmseq_flag_publish(int* flag, int value) {
+  __threadfence();
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(flag), "r"(value) : "memory");
+}
+"""
+_WAIT_SRC = r"""
+__forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, int value) {
+  for (int i = threadIdx.x & 31; i < count; i += 32) {
+    int v;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flags + i) : "memory");
+    } while (v < value);
+  }
+  __syncwarp();
+}
+"""
 # Below this batch the SIMT engine (one batch column per accumulator, no 16-row m tile to fill) wins.
 MMA_MIN_BATCH = 16
 _REG_OVERHEAD = 40
@@ -63,6 +84,8 @@ class MmaConfig:
                      partial sums and gate math (twice the staging shared memory)
     batch_split:     blocks sharing a unit group, each taking every batch_split-th chunk (blocks of one SM
                      then run independent chunk pipelines; R is held once per block)
+    flags:           hand a step's state over by per-block ready flags (each warp waits only for the blocks
+                     owning its k-slice) instead of a grid barrier
     """
 
     units_per_block: int = 8
@@ -70,6 +93,7 @@ class MmaConfig:
     chunk_rows: int = 64
     pipeline: bool = False
     batch_split: int = 1
+    flags: bool = False
 
 
 @dataclass(frozen=True)
@@ -440,6 +464,15 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     Yh[d, b, j] = T.Cast("float16", T.if_then_else(length(Lens, b, seq) > 0 and seq > 0,
                                                                    hst[hoff + ci * FI + i], T.float32(0)))
 
+    FLAGS = cfg.flags
+    PW = math.ceil(KW / UB)    # producer blocks of a warp's k-slice
+
+    @T.macro
+    def wait_producers(flags, d, q, w, s):
+        """Warp w waits until the blocks owning units [w*KW, (w+1)*KW) have finished step s - 1."""
+        T.evaluate(T.cuda.func_call("tvmseq_flags_wait", T.address_of(flags[(d * BS + q) * G + T.min(w * KW // UB, G - 1)]),
+                                    T.max(T.min(PW, G - w * KW // UB), 0), s, source_code=_WAIT_SRC))
+
     # ---- the kernels ----------------------------------------------------------------------------
     if gpu:
         @T.prim_func
@@ -454,6 +487,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             Y = T.match_buffer(y, (seq, D, B, H), "float16")
             Yh = T.match_buffer(y_h, (D, B, H), "float16")
             hbuf = T.alloc_buffer((2 * buf_words,), "float16", scope="global")
+            flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
             for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
                   # __launch_bounds__(NT, blocks per SM): ptxas must leave room for a second block of a split
@@ -470,8 +504,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     q = T.meta_var(gb % BS)
                     load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
                     seed(H0, hbuf, hst, 0, d, g, q, t)
+                    if FLAGS:
+                        if t == 0:
+                            flags[(d * BS + q) * G + g] = 0
                     T.cuda.grid_sync()
                     for s in T.serial(seq):
+                        if FLAGS:
+                            wait_producers(flags, d, q, t // 32, s)
                         if SLOTS == 2:
                             stage_gpu(hbuf, stage, s % 2, d, q, 0, t // 32, t % 32)
                         for ci in T.serial(NCB):
@@ -482,7 +521,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                             T.tvm_storage_sync("shared")
                             finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
                             T.tvm_storage_sync("shared")
-                        T.cuda.grid_sync()
+                        if FLAGS:
+                            if t == 0:
+                                T.evaluate(T.cuda.func_call("tvmseq_flag_publish",
+                                                            T.address_of(flags[(d * BS + q) * G + g]), s + 1,
+                                                            source_code=_PUBLISH_SRC))
+                        else:
+                            T.cuda.grid_sync()
                     final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
     else:
         @T.prim_func
