@@ -20,25 +20,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def _model_pick(D, B, H, cell="gru"):
+def _model_pick(D, B, H, cell="gru", dtype="float16"):
     from tvmseq.kernels import persistent_mma as pm
     from tvmseq.targets import resolve
 
-    return pm.default_config(D, B, H, resolve("cuda"), cell, measured=False)
+    return pm.default_config(D, B, H, resolve("cuda"), cell, measured=False, dtype=dtype)
 
 
 def build(out: Path) -> None:
     import pmma_sweep
 
     sweep = {}
-    for (D, B, H), variants in pmma_sweep.SWEEP.items():
-        pick = _model_pick(D, B, H)
+    for key, variants in pmma_sweep.SWEEP.items():
+        D, B, H, dtype = (*key, "float16")[:4]
+        pick = _model_pick(D, B, H, dtype=dtype)
         knobs = (pick.units_per_block, pick.num_warps, pick.chunk_rows, int(pick.pipeline))
-        if pick.batch_split > 1 or pick.flags:
-            knobs += (pick.batch_split,)
-        if pick.flags:
-            knobs += (1,)
-        sweep[(D, B, H)] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
+        extra = (pick.batch_split, int(pick.flags), int(pick.half_stage))
+        while extra and extra[-1] in (0, 1) and len(extra) > 1 and not any(extra[1:]):   # trailing defaults
+            extra = extra[:-1]
+        if extra != (1,):
+            knobs += extra
+        sweep[key] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
     pmma_sweep.build(out, sweep)
 
 
@@ -55,13 +57,14 @@ def merge(results: Path) -> None:
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step"):
             u, w, c, p, *rest = r["config"]
-            trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell="gru"),
+            trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell="gru", dtype=r.get("dtype", "float16")),
                                config=dict(units_per_block=u, num_warps=w, chunk_rows=c, pipeline=bool(p),
                                            batch_split=rest[0] if rest else 1,
-                                           flags=bool(rest[1]) if len(rest) > 1 else False),
+                                           flags=bool(rest[1]) if len(rest) > 1 else False,
+                                           half_stage=bool(rest[2]) if len(rest) > 2 else False),
                                us=r["us_step"]))
     measured.merge("persistent_mma", trials,
-                   lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"])),
+                   lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"], k["dtype"])),
                    source=f"{results}: CUDA-event time per step, recurrence only (seq 100)")
 
 

@@ -72,7 +72,7 @@ def test_kernel_defaults_come_from_the_committed_databases():
         ("recurrent_gemm", lambda k: rg.default_config(k["H"], k["B"], k["dtype"], cuda)),
         ("step_gemm", lambda k: step_gemm.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"], cuda)),
         ("spmm", lambda k: spmm.default_schedule(spmm.SpmmShape(**k), cuda)),
-        ("persistent_mma", lambda k: pm.default_config(k["D"], k["B"], k["H"], cuda, k["cell"]))]
+        ("persistent_mma", lambda k: pm.default_config(k["D"], k["B"], k["H"], cuda, k["cell"], dtype=k["dtype"]))]
     if (ROOT / "schedules" / "measured" / "topk.json").exists():
         checks.append(("topk", lambda k: topk.choose_config(k["rows"], k["n"], k["k"], True, dtype=k["dtype"])))
     for op, check in checks:

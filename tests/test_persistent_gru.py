@@ -347,7 +347,7 @@ def test_path_choice_and_option_errors():
     assert pg.choose_path(1, 8, 256, "float32", "llvm")[0] == "per_step"      # CPU: per-step kernels
     assert pg.choose_path(1, 8, 256, "float32", "cuda")[0] == "persistent"
     assert pg.choose_path(1, 64, 1024, "float32", "cuda")[0] == "per_step"    # measured: tiled per-step wins
-    assert pg.choose_path(1, 64, 256, "float32", "cuda")[0] == "persistent"
+    assert pg.choose_path(1, 64, 256, "float32", "cuda")[0] == "persistent_mma"   # staged FMA kernel (measured)
     assert pg.choose_path(2, 8, 1024, "float16", "cuda")[0] == "persistent"
     spec = gru.GruSpec(1, 2, 4096, 4096, "float32", 1, "forward")
     assert pg.recurrence_func_auto(spec, "cuda")[1] == "per_step"                # 4096^2 x 3 does not fit

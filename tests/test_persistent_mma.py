@@ -71,6 +71,23 @@ def test_gru_matches_numpy(H, B, config, direction):
 
 
 @needs_compiler
+@pytest.mark.parametrize("direction,config", [("bidirectional", pm and pm.MmaConfig(8, 2, 16, False, 2)),
+                                              ("reverse", pm and pm.MmaConfig(16, 3, 32))])
+def test_float32_matches_numpy(direction, config):
+    """float32 (the FMA product on the GPU): the same kernel keeps a float32 state buffer, float32 tolerances."""
+    D = 2 if direction == "bidirectional" else 1
+    inputs, ref_args = make_problem(D, 37, 29, 4, "float32", 1, seed=17)
+    acts = default_acts(D)
+    f = _compile_cpu(pm.persistent_mma_func(D, 37, 29, "float32", direction, list(acts), None, True, "llvm", config))
+    Y = tvm.runtime.tensor(np.full((4, D, 37, 29), np.nan, np.float32))
+    Yh = tvm.runtime.tensor(np.full((D, 37, 29), np.nan, np.float32))
+    f(*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs], Y, Yh)
+    rY, rYh = reference(ref_args, direction, 1, None, acts)
+    np.testing.assert_allclose(Y.numpy(), rY, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(Yh.numpy(), rYh, rtol=1e-4, atol=1e-5)
+
+
+@needs_compiler
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_clip_activations_and_no_lengths(clip):
     D, B, H, seq = 2, 6, 24, 5
@@ -99,10 +116,10 @@ def rnn_reference(gate_i, R, lens, h0, reverse_dirs, act, clip=None):
     return Y, Yh
 
 
-def rnn_problem(D, B, H, seq, seed):
+def rnn_problem(D, B, H, seq, seed, dtype="float16"):
     rng = np.random.default_rng(seed)
     gate_i = rng.uniform(-1, 1, (D, seq, B, H)).astype(np.float32)
-    R = rng.uniform(-H ** -0.5, H ** -0.5, (D, H, H)).astype(np.float16)
+    R = rng.uniform(-H ** -0.5, H ** -0.5, (D, H, H)).astype(dtype)
     lens = rng.integers(0, seq + 1, B).astype(np.int32)
     lens[0] = seq
     h0 = rng.standard_normal((D, B, H)).astype(np.float32)
@@ -127,7 +144,9 @@ def test_path_choice():
     h100 = resolve("cuda")
     assert pg.choose_path(1, 64, 1024, "float16", h100)[0] == "persistent_mma"
     assert pg.choose_path(2, 256, 1024, "float16", h100)[0] == "persistent_mma"
-    assert pg.choose_path(1, 64, 1024, "float32", h100)[0] != "persistent_mma"   # no TF32 for float32
+    assert pg.choose_path(1, 64, 1024, "float32", h100)[0] == "per_step"   # float32: FMA product, measured slower
+    assert pg.choose_path(1, 64, 512, "float32", h100)[0] == "persistent_mma"    # ... and faster here
+    assert pg.choose_path(1, 256, 512, "float32", h100)[0] == "per_step"
     assert pg.choose_path(1, 8, 1024, "float16", h100)[0] == "persistent"         # below MMA_MIN_BATCH
     assert pg.choose_path(1, 64, 1024, "float16", h100, lbr=0)[0] != "persistent_mma"
     assert pg.choose_path(1, 64, 1024, "float16", h100, cell="rnn")[0] == "persistent_mma"
@@ -135,13 +154,13 @@ def test_path_choice():
     ok, why = pm.supported(1, 64, 1024, "float16", 1, tvm.target.Target({"kind": "cuda", "arch": "sm_75"}))
     assert not ok and "sm_80" in why
     ok, why = pm.supported(2, 64, 8192, "float16", 1, h100)   # 2 x 1024 blocks of 8 units
-    assert not ok and "no tensor-core configuration" in why
+    assert not ok and "no staged-state configuration" in why
 
 
 @needs_compiler
 def test_rejects_bad_arguments():
-    with pytest.raises(TvmseqError, match="float16"):
-        pm.persistent_mma_func(1, 16, 64, "float32", "forward", None, None, False, "llvm")
+    with pytest.raises(TvmseqError, match="float16 or float32"):
+        pm.persistent_mma_func(1, 16, 64, "bfloat16", "forward", None, None, False, "llvm")
     with pytest.raises(TvmseqError, match="direction"):
         pm.persistent_mma_func(2, 16, 64, "float16", "forward", None, None, False, "llvm")
     with pytest.raises(TvmseqError, match="multiple of 8"):
@@ -220,17 +239,25 @@ GPU_CASES = [
     (1, 64, 1024, "reverse", "gru", None, None, True, (8, 8, 32, 0, 2, 1)),      # ready flags, split
     (2, 45, 136, "bidirectional", "gru", None, None, True, (8, 4, 16, 1, 2, 1)),  # flags, padded k, pipelined
     (2, 33, 512, "bidirectional", "rnn", None, None, True, (8, 8, 16, 0, 1, 1)),  # flags, RNN
+    # float32: the product on FMA units, R slice in shared memory
+    (1, 64, 1024, "forward", "gru", None, None, True, None, "float32"),
+    (2, 45, 136, "bidirectional", "gru", None, 0.9, True, (8, 4, 16, 1, 2), "float32"),
+    (1, 70, 333, "reverse", "gru", ("HardSigmoid", "Softsign"), None, True, (8, 8, 32, 0, 2), "float32"),
+    (1, 50, 256, "forward", "rnn", ("Relu",), None, True, None, "float32"),
+    (1, 64, 1024, "reverse", "gru", None, None, True, (8, 8, 32, 0, 1, 0, 1), "float32"),      # half_stage
+    (2, 40, 200, "bidirectional", "gru", None, None, True, (8, 4, 32, 0, 2, 0, 1), "float32"),  # half, split
 ]
+TOL32 = dict(rtol=1e-4, atol=2e-5)
 
 
 def _case_name(case):
-    D, B, H, direction, cell, acts, clip, lens, cfg = case
-    return f"pmma_{cell}_{direction}_h{H}_b{B}_{'lens' if lens else 'nolens'}"
+    D, B, H, direction, cell, acts, clip, lens, cfg, *dtype = case
+    return f"pmma_{cell}_{direction}_h{H}_b{B}_{'lens' if lens else 'nolens'}" + ("_f32" if dtype else "")
 
 
 def _config(cfg):
     u, w, c, *rest = cfg
-    return pm.MmaConfig(u, w, c, *(bool(p) for p in rest[:1]), *rest[1:2], *(bool(f) for f in rest[2:3]))
+    return pm.MmaConfig(u, w, c, *(bool(p) for p in rest[:1]), *rest[1:2], *(bool(f) for f in rest[2:4]))
 
 
 def build_gpu_cases(out_dir):
@@ -241,9 +268,9 @@ def build_gpu_cases(out_dir):
     out.mkdir(parents=True, exist_ok=True)
     funcs = {}
     for case in GPU_CASES:
-        D, B, H, direction, cell, acts, clip, lens, cfg = case
+        D, B, H, direction, cell, acts, clip, lens, cfg, *dtype = case
         acts_ = [Activation.make(a) for a in acts] * D if acts else None
-        func = pm.persistent_mma_func(D, B, H, "float16", direction, acts_, clip, lens, tgt,
+        func = pm.persistent_mma_func(D, B, H, (dtype or ["float16"])[0], direction, acts_, clip, lens, tgt,
                                       _config(cfg) if cfg else None, cell)
         funcs[_case_name(case)] = func.with_attr("global_symbol", _case_name(case))
     ex, report = compile_for_gpu(funcs, tgt)
@@ -268,29 +295,31 @@ def test_prebuilt_on_gpu(case):
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")
-    D, B, H, direction, cell, acts, clip, lens, cfg = case
+    D, B, H, direction, cell, acts, clip, lens, cfg, *dtype = case
+    dtype = (dtype or ["float16"])[0]
     seq = 23
     rev = [direction == "reverse" or d == 1 for d in range(D)]
     if cell == "gru":
-        inputs, _ = make_problem(D, B, H, seq, "float16", 1, seed=B + H, lens_kind="random" if lens else "full")
+        inputs, _ = make_problem(D, B, H, seq, dtype, 1, seed=B + H, lens_kind="random" if lens else "full")
         names = (acts or ("Sigmoid", "Tanh"))
         np_acts = [(Act.make(names[0]).numpy, Act.make(names[1]).numpy)] * D
         want = batched_reference(*inputs, rev, 1, clip, np_acts)
     else:
-        inputs = list(rnn_problem(D, B, H, seq, seed=B + H))
+        inputs = list(rnn_problem(D, B, H, seq, seed=B + H, dtype=dtype))
         if not lens:
             inputs[3] = np.full(B, seq, np.int32)
         want = rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], rev, Act.make((acts or ("Tanh",))[0]).numpy,
                              clip)
     dev = tvm_rt.cuda(0)
     f = tvm_rt.runtime.load_module(str(PREBUILT / "pmma.so"))[_case_name(case)]
-    Y = tvm_rt.runtime.tensor(np.full((seq, D, B, H), np.nan, np.float16), dev)
-    Yh = tvm_rt.runtime.tensor(np.full((D, B, H), np.nan, np.float16), dev)
+    Y = tvm_rt.runtime.tensor(np.full((seq, D, B, H), np.nan, dtype), dev)
+    Yh = tvm_rt.runtime.tensor(np.full((D, B, H), np.nan, dtype), dev)
     f(*[tvm_rt.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], Y, Yh)
     for _ in range(2):  # relaunch: the double buffer is re-seeded, nothing carries over
         f(*[tvm_rt.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], Y, Yh)
-    np.testing.assert_allclose(Y.numpy().astype(np.float64), want[0], **TOL)
-    np.testing.assert_allclose(Yh.numpy().astype(np.float64), want[1], **TOL)
+    tol = TOL32 if dtype == "float32" else TOL
+    np.testing.assert_allclose(Y.numpy().astype(np.float64), want[0], **tol)
+    np.testing.assert_allclose(Yh.numpy().astype(np.float64), want[1], **tol)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,10 @@ __forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, i
 """
 # Below this batch the SIMT engine (one batch column per accumulator, no 16-row m tile to fill) wins.
 MMA_MIN_BATCH = 16
+# float32 (product on FMA units): where it beat the per-step path and the SIMT engine on the H100, recurrence
+# us a step (artifacts/bench/pmma_sweep.json): H512 B64 7.9 vs 10.8 (per-step), H256 B64 3.2 vs 5.3 (engine);
+# not at H1024 B64 (28.6 vs 20.2) or H512 B256 (24.1 vs 18.8)
+SIMT_MIN_BATCH, SIMT_MAX_BATCH, SIMT_MAX_HIDDEN = 32, 64, 512
 _REG_OVERHEAD = 40
 _MAX_REGS = 224           # leave ptxas room under 255
 
@@ -86,6 +90,8 @@ class MmaConfig:
                      then run independent chunk pipelines; R is held once per block)
     flags:           hand a step's state over by per-block ready flags (each warp waits only for the blocks
                      owning its k-slice) instead of a grid barrier
+    half_stage:      float32 only: stage a warp's k-slice in two halves through one half-size buffer (the
+                     second copy after the first half's product), so 32-row chunks fit beside the R slice
     """
 
     units_per_block: int = 8
@@ -94,6 +100,7 @@ class MmaConfig:
     pipeline: bool = False
     batch_split: int = 1
     flags: bool = False
+    half_stage: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class MmaGeometry:
     H: int
     NG: int
     cfg: MmaConfig
+    dtype: str = "float16"   # float32: the product on FMA units (`product_simt`), R slice in shared memory
 
     UB = property(lambda self: self.cfg.units_per_block)
     NW = property(lambda self: self.cfg.num_warps)
@@ -121,16 +129,23 @@ class MmaGeometry:
     NCB = property(lambda self: self.NCH // self.BS)
     BLOCKS = property(lambda self: self.D * self.G * self.BS)
     Bp = property(lambda self: self.NCH * self.MC)
-    SROW = property(lambda self: self.KW + 8)   # staged row stride (halfs): ldmatrix rows on distinct banks
+    SIMT = property(lambda self: self.dtype == "float32")
+    ESZ = property(lambda self: 4 if self.SIMT else 2)                 # bytes of a state element
+    # staged row stride (elements): 16 B of padding, so ldmatrix rows / float4 rows fall on distinct banks
+    HALF = property(lambda self: self.cfg.half_stage)
+    SROW = property(lambda self: (self.KW // 2 if self.HALF else self.KW) + 16 // self.ESZ)
+    CPL = property(lambda self: self.MC * self.NGU // 32)              # SIMT: sums a lane accumulates
     SLOTS = property(lambda self: 2 if self.cfg.pipeline else 1)      # staging buffers
     ITEMS = property(lambda self: self.MC * self.UB)                   # (row, unit) items per chunk
     FI = property(lambda self: math.ceil(self.ITEMS / self.NT))        # items a thread finishes
 
     def regs_estimate(self) -> int:
-        return self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4 + 4 * self.FI + self.NCB * self.FI + _REG_OVERHEAD
+        product = self.CPL + 8 if self.SIMT else self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4
+        return product + 4 * self.FI + self.NCB * self.FI + _REG_OVERHEAD
 
     def smem_bytes(self) -> int:
-        return 2 * self.SLOTS * self.NW * self.MC * self.SROW + 4 * self.NW * self.MC * self.NGU
+        weights = 4 * self.NGU * self.Hp if self.SIMT else 0
+        return self.ESZ * self.SLOTS * self.NW * self.MC * self.SROW + 4 * self.NW * self.MC * self.NGU + weights
 
     def check(self, facts) -> str | None:
         """Why this geometry cannot run (one resident block per SM), or None."""
@@ -138,6 +153,10 @@ class MmaGeometry:
         if c.units_per_block < 8 or c.units_per_block % 8 or c.num_warps < 1 or c.chunk_rows < 16 \
                 or c.chunk_rows % 16 or c.batch_split < 1:
             return f"config {c}: units_per_block must be a multiple of 8, chunk_rows of 16, batch_split >= 1"
+        if self.SIMT and self.MC not in (16, 32):
+            return f"config {c}: the float32 product needs 16 or 32 chunk rows (lanes x rows)"
+        if self.HALF and (not self.SIMT or c.pipeline or self.KTW % 2):
+            return f"config {c}: half_stage is for float32, without pipeline, with an even number of k16 tiles"
         if facts is None:
             return None
         per_sm = math.ceil(self.BLOCKS / facts.num_sms)   # blocks each SM must hold (all resident)
@@ -155,16 +174,17 @@ class MmaGeometry:
         return None
 
 
-def candidate_configs(D: int, B: int, H: int, cell: str = "gru"):
+def candidate_configs(D: int, B: int, H: int, cell: str = "gru", dtype: str = "float16"):
     """One block an SM, in order of preference: fewest units per block (most SMs busy), 8 warps before 16
     and 4, the largest batch chunk (fewest chunks a step) first."""
     for ub in (8, 16, 32):
         for nw in (8, 16, 4):
-            for mc in (64, 48, 32, 16):
+            for mc in ((32, 16) if dtype == "float32" else (64, 48, 32, 16)):
                 yield MmaConfig(ub, nw, mc)
 
 
-def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: bool = True) -> MmaConfig | None:
+def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: bool = True,
+                   dtype: str = "float16") -> MmaConfig | None:
     """The measured winner (`schedules/measured/persistent_mma.json`, `schedules/tune_persistent_mma.py`) where
     there is one, else the batch split that fills the GPU (`batch_split_config`), else the first candidate that
     fits the target's GPU, or None."""
@@ -173,29 +193,30 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
 
     target = resolve(target)
     if measured and is_gpu(target):
-        config = db.lookup("persistent_mma", D=D, B=B, H=H, cell=cell)
+        config = db.lookup("persistent_mma", D=D, B=B, H=H, cell=cell, dtype=dtype)
         if config:
             return MmaConfig(**config)
     facts = rg.gpu_facts(target)
-    split = batch_split_config(D, B, H, facts)
-    if split is not None and MmaGeometry(D, B, H, GATES[cell], split).check(facts) is None:
-        return split
-    for cfg in candidate_configs(D, B, H, cell):
-        if MmaGeometry(D, B, H, GATES[cell], cfg).check(facts) is None:
+    for rows in ((32, 16) if dtype == "float32" else (32,)):
+        split = batch_split_config(D, B, H, facts, rows)
+        if split is not None and MmaGeometry(D, B, H, GATES[cell], split, dtype).check(facts) is None:
+            return split
+    for cfg in candidate_configs(D, B, H, cell, dtype):
+        if MmaGeometry(D, B, H, GATES[cell], cfg, dtype).check(facts) is None:
             return cfg
     return None
 
 
-def batch_split_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
+def batch_split_config(D: int, B: int, H: int, facts, rows: int = 32) -> MmaConfig | None:
     """Two blocks an SM, each with its own 32-row chunks (8 units, 8 warps): the largest power-of-two split
     that keeps D x G x split <= 2 x SMs and gives every block a chunk; None when that is no split. Measured
     on the H100 (artifacts/bench/pmma_sweep.json, fp16 recurrence, us a step): H512 B256 12.6 -> 7.0 (split 4),
     H256 B64 3.16 -> 2.33, H512 B64 3.67 -> 3.05, H1024 B256 22.4 -> 20.1, H1024 B64 6.34 -> 6.22 (split 2)."""
     blocks = D * math.ceil(H / 8)
     split = 1
-    while blocks * split * 2 <= 2 * facts.num_sms and split * 2 <= math.ceil(B / 32):
+    while blocks * split * 2 <= 2 * facts.num_sms and split * 2 <= math.ceil(B / rows):
         split *= 2
-    return MmaConfig(8, 8, 32, False, split) if split > 1 else None
+    return MmaConfig(8, 8, rows, False, split) if split > 1 else None
 
 
 def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru", config=None) -> tuple[bool, str]:
@@ -209,25 +230,29 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
 
     if sm_version(target) < 80:
         return False, f"{target.attrs.get('arch')}: mma.sync m16n8k16 with ldmatrix and cp.async needs sm_80+"
-    if dtype != "float16":
-        return False, f"{dtype}: tensor cores would round float32 to TF32 (the float32 paths stay exact)"
+    if dtype not in ("float16", "float32"):
+        return False, f"{dtype}: float16 (tensor cores) or float32 (FMA units: tensor cores would round to TF32)"
+    if dtype == "float32" and not (SIMT_MIN_BATCH <= B <= SIMT_MAX_BATCH and H <= SIMT_MAX_HIDDEN):
+        return False, (f"float32 batch {B} hidden {H}: the staged FMA kernel was measured faster only for batch "
+                       f"{SIMT_MIN_BATCH}-{SIMT_MAX_BATCH} at hidden <= {SIMT_MAX_HIDDEN}")
     if cell == "gru" and not lbr:
         return False, "linear_before_reset=0 needs every unit's r gate before the h-gate product"
     if B < MMA_MIN_BATCH:
         return False, f"batch {B} < {MMA_MIN_BATCH}: the SIMT engine is faster there"
-    cfg = config or default_config(D, B, H, target, cell)
+    cfg = config or default_config(D, B, H, target, cell, dtype=dtype)
     if cfg is None:
-        return False, "no tensor-core configuration fits (blocks, registers or shared memory)"
-    why = MmaGeometry(D, B, H, GATES[cell], cfg).check(rg.gpu_facts(target))
-    return (why is None), (why or f"tensor-core persistent kernel, {cfg}")
+        return False, "no staged-state configuration fits (blocks, registers or shared memory)"
+    why = MmaGeometry(D, B, H, GATES[cell], cfg, dtype).check(rg.gpu_facts(target))
+    kind = "tensor-core" if dtype == "float16" else "float32 FMA"
+    return (why is None), (why or f"{kind} persistent kernel (staged state), {cfg}")
 
 
 def _check(D, B, H, dtype, directions, cell):
     nd = 2 if directions == "bidirectional" else 1
     if directions not in ("forward", "reverse", "bidirectional") or nd != D:
         raise TvmseqError(f"persistent mma {cell.upper()}: direction {directions!r} does not match D={D}")
-    if dtype != "float16":
-        raise TvmseqError(f"persistent mma {cell.upper()}: dtype must be float16, got {dtype}")
+    if dtype not in ("float16", "float32"):
+        raise TvmseqError(f"persistent mma {cell.upper()}: dtype must be float16 or float32, got {dtype}")
     if min(B, H) < 1:
         raise TvmseqError(f"persistent mma {cell.upper()}: batch and hidden must be >= 1, got B={B} H={H}")
     if cell not in GATES:
@@ -248,10 +273,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     gpu = is_gpu(target)
     NG = GATES[cell]
     acts = pg._check_acts(acts, D, cell)
-    cfg = config or (default_config(D, B, H, target, cell) if gpu else MmaConfig())
+    cfg = config or (default_config(D, B, H, target, cell, dtype=dtype) if gpu else MmaConfig(chunk_rows=32))
     if cfg is None:
         raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: no configuration fits")
-    geo = MmaGeometry(D, B, H, NG, cfg)
+    geo = MmaGeometry(D, B, H, NG, cfg, dtype)
     why = geo.check(rg.gpu_facts(target) if gpu else None)
     if why:
         raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: {why}")
@@ -259,10 +284,11 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
                                                  geo.ITEMS, geo.FI)
     BS, NCB = geo.BS, geo.NCB
+    SIMT, CPL, EPC = geo.SIMT, geo.CPL, 16 // geo.ESZ     # EPC: state elements per 16-byte copy
     PER_SM = math.ceil(geo.BLOCKS / rg.gpu_facts(target).num_sms) if gpu else 1
     unroll = T.unroll if gpu else T.serial
     G3 = NG * H
-    buf_words = D * Bp * Hp                      # one half of the fp16 state double buffer
+    buf_words = D * Bp * Hp                      # one half of the state double buffer (dtype)
 
     def per_dir(which):
         fns = [acts[(len(acts) // D) * d + which] for d in range(D)]
@@ -315,6 +341,17 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     PADC = Hp - G * UB     # padding columns past the last block's units
 
     @T.macro
+    def load_w_slice(Rw, wsm, d, g, t):
+        """SIMT: the block's gate rows of R in shared memory, wsm[col * Hp + k] (zero past H)."""
+        for i in T.serial(math.ceil(NGU * Hp / NT)):
+            v = T.meta_var(i * NT + t)
+            col = T.meta_var(v // Hp)
+            k = T.meta_var(v % Hp)
+            if v < NGU * Hp:
+                wsm[v] = T.if_then_else(g * UB + col % UB < H and k < H,
+                                        Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float32(0))
+
+    @T.macro
     def seed(H0, hbuf, hst, hoff, d, g, q, t):
         """Own state <- h0 (float32; item i of this block's chunk ci at hst[hoff + ci * FI + i]); both halves of
         the fp16 buffer <- h0 / zeros on this block's units and rows, zero on padding rows and units; the last
@@ -328,15 +365,15 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     hst[hoff + ci * FI + i] = T.if_then_else(
                         b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
                     if j < Hp:
-                        hbuf[hidx(0, d, b, j)] = T.Cast("float16", hst[hoff + ci * FI + i])
-                        hbuf[hidx(1, d, b, j)] = T.float16(0)
+                        hbuf[hidx(0, d, b, j)] = T.Cast(dtype, hst[hoff + ci * FI + i])
+                        hbuf[hidx(1, d, b, j)] = T.Cast(dtype, 0)
             if PADC > 0:
                 if g == G - 1:
                     for i in T.serial(math.ceil(MC * PADC / NT)):
                         v = T.meta_var(i * NT + t)
                         if v < MC * PADC:
-                            hbuf[hidx(0, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.float16(0)
-                            hbuf[hidx(1, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.float16(0)
+                            hbuf[hidx(0, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.Cast(dtype, 0)
+                            hbuf[hidx(1, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.Cast(dtype, 0)
 
     # ---- a chunk of a step ----------------------------------------------------------------------
     @T.macro
@@ -357,24 +394,27 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     # the first half starts while the second is still in flight.
     PARTS = 2 if KTW % 2 == 0 else 1
     KP = KW // PARTS   # columns per part (a multiple of 16)
+    HALF = geo.HALF
 
     SLOTS = geo.SLOTS
     PENDING = PARTS if SLOTS == 2 else 0   # groups of the next chunk's copy issued before this chunk's waits
 
     @T.macro
-    def stage_gpu(hbuf, stage, buf, d, c, slot, w, lane):
-        """Warp w's k-slice of chunk c's fp16 state rows -> its region of staging slot `slot` (16 B copies).
+    def stage_gpu(hbuf, stage, buf, d, c, slot, w, lane, first=0):
+        """Warp w's k-slice of chunk c's state rows -> its region of staging slot `slot` (16 B copies), one
+        commit group per k half from `first` (half_stage: one half per call, at column 0 of the region).
         Nothing is copied for c >= NCH (past the block's last chunk), but the groups are still committed,
         so the waits of `product_gpu` count the same number of groups every chunk."""
-        for part in unroll(PARTS):
+        for part in unroll(first, first + 1 if HALF else PARTS):
             if c < NCH:
-                for i in unroll(MC * KP // 256):     # MC and KP are multiples of 16: whole rounds of 32 lanes
+                # MC a multiple of 16, KP of 8: whole rounds of 32 lanes
+                for i in unroll(MC * KP // EPC // 32):
                     q = T.meta_var(i * 32 + lane)
-                    row = T.meta_var(q // (KP // 8))
-                    col = T.meta_var(part * KP + (q % (KP // 8)) * 8)
+                    row = T.meta_var(q // (KP // EPC))
+                    col = T.meta_var(part * KP + (q % (KP // EPC)) * EPC)
                     T.evaluate(T.s_tir.cp_async_raw.legacy(
-                        stage.access_ptr("w"), ((slot * NW + w) * MC + row) * SROW + col,
-                        hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype="float16"))
+                        stage.access_ptr("w"), ((slot * NW + w) * MC + row) * SROW + col - (part * KP if HALF else 0),
+                        hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype=dtype))
             T.evaluate(T.ptx["cp.async.commit_group"]())
 
     @T.macro
@@ -404,6 +444,31 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     row = T.meta_var(mt * 16 + lane // 4 + 8 * (i // 2))
                     col = T.meta_var(nt * 8 + (lane % 4) * 2 + i % 2)
                     red[(w * MC + row) * NGU + col] = acc[(mt * NN + nt) * 4 + i]
+
+    @T.macro
+    def product_simt(hbuf, stage, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane):
+        """float32: lane = (row lane % MC, column group lane / MC) of the chunk, CPL gate rows each; k walked in
+        fours: one 16-byte state read per lane and one 16-byte (broadcast) W read per gate row, so a lane
+        does 4 FMAs per shared-memory load; per commit group as product_gpu."""
+        row = T.meta_var(lane % MC)
+        cg = T.meta_var(lane // MC)
+        for v in unroll(CPL):
+            acc[v] = T.float32(0)
+        for part in unroll(PARTS):
+            if HALF and part > 0:   # the region is free once this warp's product of the first half is done
+                T.evaluate(T.call_extern("void", "__syncwarp"))
+                stage_gpu(hbuf, stage, buf, d, c, slot, w, lane, part)
+            T.evaluate(T.ptx["cp.async.wait_group"](0 if HALF else PARTS - 1 - part + PENDING))
+            T.evaluate(T.call_extern("void", "__syncwarp"))
+            for k4 in T.serial(KP // 4):
+                hv[T.ramp(0, 1, 4)] = stage[T.ramp(((slot * NW + w) * MC + row) * SROW + (0 if HALF else part * KP)
+                                                   + k4 * 4, 1, 4)]
+                for j in unroll(CPL):
+                    wv[T.ramp(0, 1, 4)] = wsm[T.ramp((cg * CPL + j) * Hp + w * KW + part * KP + k4 * 4, 1, 4)]
+                    acc[j] = acc[j] + hv[0] * wv[0] + hv[1] * wv[1] + hv[2] * wv[2] + hv[3] * wv[3]
+        T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
+        for j in unroll(CPL):
+            red[(w * MC + row) * NGU + cg * CPL + j] = acc[j]
 
     @T.macro
     def product_cpu(hbuf, Rw, red, buf, d, g, c):
@@ -447,11 +512,11 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 hn = T.if_then_else(s < L, cell_update(red, gi, d, i, row, u, h), h)
                 if has_seq_lens:
                     Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
-                        "float16", T.if_then_else(s < L, hn, T.float32(0)))
+                        dtype, T.if_then_else(s < L, hn, T.float32(0)))
                 else:
-                    Y[time_index(d, seq, s), d, b, j] = T.Cast("float16", hn)
+                    Y[time_index(d, seq, s), d, b, j] = T.Cast(dtype, hn)
                 hst[hoff + ci * FI + i] = hn
-                hbuf[hidx((s + 1) % 2, d, b, j)] = T.Cast("float16", hn)
+                hbuf[hidx((s + 1) % 2, d, b, j)] = T.Cast(dtype, hn)
 
     @T.macro
     def final_state(Yh, Lens, hst, hoff, d, g, q, t, seq):
@@ -461,7 +526,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 b = T.meta_var((q + ci * BS) * MC + v // UB)
                 j = T.meta_var(g * UB + v % UB)
                 if v < ITEMS and b < B and j < H:
-                    Yh[d, b, j] = T.Cast("float16", T.if_then_else(length(Lens, b, seq) > 0 and seq > 0,
+                    Yh[d, b, j] = T.Cast(dtype, T.if_then_else(length(Lens, b, seq) > 0 and seq > 0,
                                                                    hst[hoff + ci * FI + i], T.float32(0)))
 
     FLAGS = cfg.flags
@@ -480,29 +545,35 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                  y: T.handle, y_h: T.handle):
             seq = T.int32()
             GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), "float16")
+            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
             RbH = T.match_buffer(rb_h, (D, H), "float32")
             Lens = T.match_buffer(lens, (B,), "int32")
             H0 = T.match_buffer(h0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), "float16")
-            Yh = T.match_buffer(y_h, (D, B, H), "float16")
-            hbuf = T.alloc_buffer((2 * buf_words,), "float16", scope="global")
+            Y = T.match_buffer(y, (seq, D, B, H), dtype)
+            Yh = T.match_buffer(y_h, (D, B, H), dtype)
+            hbuf = T.alloc_buffer((2 * buf_words,), dtype, scope="global")
             flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
             for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
                   # __launch_bounds__(NT, blocks per SM): ptxas must leave room for a second block of a split
                   with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", PER_SM):
-                    stage = T.alloc_buffer((SLOTS * NW * MC * SROW,), "float16", scope="shared.dyn")
+                    stage = T.alloc_buffer((SLOTS * NW * MC * SROW,), dtype, scope="shared.dyn")
+                    wsm = T.alloc_buffer((NGU * Hp if SIMT else 1,), "float32", scope="shared.dyn" if SIMT else "local")
                     red = T.alloc_buffer((NW * MC * NGU,), "float32", scope="shared.dyn")
                     hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
                     bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
                     afrag = T.alloc_buffer((8,), "float16", scope="local")
-                    acc = T.alloc_buffer((MT * NN * 4,), "float32", scope="local")
+                    hv = T.alloc_buffer((4,), "float32", scope="local")
+                    wv = T.alloc_buffer((4,), "float32", scope="local")
+                    acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
                     gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
                     d = T.meta_var(gb // (G * BS))
                     g = T.meta_var(gb % (G * BS) // BS)
                     q = T.meta_var(gb % BS)
-                    load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
+                    if SIMT:
+                        load_w_slice(Rw, wsm, d, g, t)
+                    else:
+                        load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
                     seed(H0, hbuf, hst, 0, d, g, q, t)
                     if FLAGS:
                         if t == 0:
@@ -517,7 +588,11 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                             prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
                             stage_gpu(hbuf, stage, s % 2, d, q + (ci + SLOTS - 1) * BS, (ci + SLOTS - 1) % SLOTS,
                                       t // 32, t % 32)
-                            product_gpu(stage, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32)
+                            if SIMT:
+                                product_simt(hbuf, stage, wsm, hv, wv, acc, red, s % 2, d, q + ci * BS, ci % SLOTS,
+                                             t // 32, t % 32)
+                            else:
+                                product_gpu(stage, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32)
                             T.tvm_storage_sync("shared")
                             finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
                             T.tvm_storage_sync("shared")
@@ -535,13 +610,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                  y: T.handle, y_h: T.handle):
             seq = T.int32()
             GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), "float16")
+            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
             RbH = T.match_buffer(rb_h, (D, H), "float32")
             Lens = T.match_buffer(lens, (B,), "int32")
             H0 = T.match_buffer(h0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), "float16")
-            Yh = T.match_buffer(y_h, (D, B, H), "float16")
-            hbuf = T.alloc_buffer((2 * buf_words,), "float16")
+            Y = T.match_buffer(y, (seq, D, B, H), dtype)
+            Yh = T.match_buffer(y_h, (D, B, H), dtype)
+            hbuf = T.alloc_buffer((2 * buf_words,), dtype)
             red = T.alloc_buffer((NW * MC * NGU,), "float32")
             hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
             gi = T.alloc_buffer((FI * 4,), "float32")
