@@ -1,40 +1,43 @@
-"""Persistent tensor-core GRU/RNN for float16 at large batch: all time steps in ONE kernel, the recurrent
-weights in registers as mma B fragments, the product on tensor cores (mma.sync m16n8k16, fp16 x fp16 ->
-fp32 accumulation).
+"""Persistent GRU/RNN with a staged state, for large batch: all time steps in ONE kernel, each block's slice
+of R on chip, the whole state h_s staged into shared memory every step. float16: the product on tensor cores
+(mma.sync m16n8k16, fp16 x fp16 -> fp32 accumulation, R as B fragments in registers); float32: the same
+kernel with the product on FMA units (R slice in shared memory; tensor cores would round to TF32).
 
-Why a second persistent kernel. The SIMT engine (`persistent_gru`) keeps R on chip but multiplies with
-FMA units; at batch 64 and hidden 1024 a step is 200 M multiply-adds, ~6 us of the H100's FP32 peak
-before any hand-off, and the per-step path (GEMM + gate launches, ~23 us a step in fp16) was what ran
-there. cuDNN runs fp16 GRUs on tensor cores at ~20 us a step whatever the size. Tensor cores do the
-step's product in well under a microsecond; what remains is moving the state.
+Why another persistent kernel. The SIMT engine (`persistent_gru`) keeps R in registers and hands the state
+over word by word (LL flags), one batch column per accumulator: at batch 64 its chunks and hand-offs cost
+more than the per-step path's GEMM, which is what ran there (fp16 H1024 B64 ~23 us a step, cuDNN ~20).
+Here the state moves as one 16-byte-copy block per warp and the product is a small GEMM per block.
 
 Interface: that of `persistent_gru.persistent_gru_func` (and of the per-step `gru.recurrence_func`):
-  gate_i f32 [D, T, B, NG*H] (X W^T + folded biases), R fp16 [D, NG*H, H], rb_h f32 [D, H],
-  seq_lens i32 [B], h0 f32 [D, B, H]  ->  Y fp16 [T, D, B, H], Y_h fp16 [D, B, H].
+  gate_i f32 [D, T, B, NG*H] (X W^T + folded biases), R [D, NG*H, H], rb_h f32 [D, H],
+  seq_lens i32 [B], h0 f32 [D, B, H]  ->  Y [T, D, B, H], Y_h [D, B, H]   (R, Y, Y_h in the model dtype).
 GRU with linear_before_reset=1 (what PyTorch exports) and RNN (NG = 1); lbr=0 needs the r gate of
 every unit before the h-gate product (a second hand-off per step) and stays on the other paths.
 
-Work split. Direction d runs on blocks [d*G, (d+1)*G); block g owns UB hidden units j in [g*UB, (g+1)*UB)
-and the NG*UB rows of R of their gates, so the gate math is local. Its NW warps split k: warp w holds
-R[rows, w*KW : (w+1)*KW] as B fragments in registers for the whole run. A step, per chunk of MC batch
-rows:
-  1. each warp copies its k-slice of the fp16 state h_s [MC, KW] from global memory to its own region of
-     shared memory (cp.async.cg: 16 B, through L2, never a stale L1 line), in two commit groups (k halves);
-  2. ldmatrix A fragments, mma with the register B fragments: partial sums [MC, NG*UB] per warp (the first
-     half's product overlaps the second half's copy);
+Work split. Direction d runs on blocks [d*G*BS, (d+1)*G*BS); block (g, q) owns UB hidden units j in
+[g*UB, (g+1)*UB) (the NG*UB rows of R of their gates, so the gate math is local) and every BS-th chunk of
+MC batch rows from chunk q (`batch_split`: two blocks an SM when BS > 1). Its NW warps split k: warp w holds
+R[rows, w*KW : (w+1)*KW]. A step, per chunk:
+  1. each warp copies its k-slice of the state h_s [MC, KW] from global memory to its own region of
+     shared memory (cp.async.cg: 16 B, through L2, never a stale L1 line), in two commit groups (k halves;
+     `pipeline`: the next chunk's copy is in flight too);
+  2. the product over the warp's k-slice (fp16: ldmatrix A fragments x register B fragments; fp32: 16-byte
+     state and R reads, 4 FMAs a read): partial sums [MC, NG*UB] per warp; the first half's product
+     overlaps the second half's copy;
   3. partials to shared memory, __syncthreads, each thread sums the NW partials of its (row, unit)
-     items, applies the gates (state kept in float32 in shared memory), writes Y and publishes
-     h_{s+1} in fp16 to the other half of a double buffer in global memory;
-then a grid barrier (cooperative launch: all blocks resident) ends the step. The state enters the
-product rounded to fp16 (the fp16 GEMM's input, as in cuDNN); the update itself stays float32.
+     items, applies the gates (state kept in float32 in registers), writes Y and publishes h_{s+1} to the
+     other half of a double buffer in global memory;
+then a grid barrier (cooperative launch: all blocks resident) ends the step (`flags`: per-block ready
+flags instead, measured slower). fp16: the state enters the product rounded to fp16 (the fp16 GEMM's
+input, as in cuDNN); the update itself stays float32.
 
 sequence_lens: as in `persistent_gru` (state kept past a row's end, Y zero there, reverse starts at
 the row's last valid step, Y_h the state after the last valid step, zero for an empty row).
 
-The CPU variant runs the same staging, partial-sum, gate and publish code with serial loops and the
-product as plain float32 sums over each warp's k-slice of the fp16 state, so CI checks the work split,
-indexing, padding and numerics; the fragment layouts (ldmatrix, mma) only exist on the GPU and are
-checked there (`tests/test_persistent_mma.py -m gpu`).
+The CPU variant runs the same seeding, partial-sum, gate and publish code with serial loops and the
+product as plain float32 sums over each warp's k-slice of the state, so CI checks the work split, the
+batch split, indexing, padding and numerics; the fragment layouts (ldmatrix, mma), the copies and the
+barriers only exist on the GPU and are checked there (`tests/test_persistent_mma.py -m gpu`).
 """
 from __future__ import annotations
 
