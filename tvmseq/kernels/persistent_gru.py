@@ -94,6 +94,37 @@ def _check_acts(acts, D, cell="gru"):
     return acts
 
 
+def cell_math(acts, D: int, NG: int, clip):
+    """(f, g, clip) of a GRU (NG = 3) / RNN (NG = 1) kernel body: f(d, x) and g(d, x) the activations of
+    direction d (an if_then_else when the two directions differ; g None for an RNN), clip(x) the ONNX clip."""
+    from tvm.script import tirx as T
+
+    def per_dir(which):
+        fns = [acts[(len(acts) // D) * d + which] for d in range(D)]
+        if len(set(fns)) == 1:
+            return lambda d, x: fns[0].expr(x)
+        return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
+
+    if clip is None:
+        clipf = lambda x: x  # noqa: E731
+    else:
+        c_ = float(clip)
+        clipf = lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))  # noqa: E731
+    return per_dir(0), (per_dir(1) if NG == 3 else None), clipf
+
+
+def row_length(has_seq_lens: bool, B: int):
+    """length(Lens, b, seq): row b's sequence length clamped to [0, seq] (seq without sequence_lens)."""
+    from tvm.script import tirx as T
+
+    def length(Lens, b, seq):
+        if not has_seq_lens:
+            return seq
+        return T.max(T.min(Lens[T.min(b, B - 1)], seq), 0)
+
+    return length
+
+
 def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
     """(do_pass macro, vp): a pass of the engine over local weight rows [r0, r0 + nr): poll the LL words of
     one state vector (this thread's k-slice of batch chunk c), multiply by the rows (registers first,
@@ -180,19 +211,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
 
     # ---- per-direction math ---------------------------------------------------------------------
-    def per_dir(which):
-        fns = [acts[(len(acts) // D) * d + which] for d in range(D)]
-        if len(set(fns)) == 1:
-            return lambda d, x: fns[0].expr(x)
-        return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
-
-    f_act = per_dir(0)
-    g_act = per_dir(1) if cell == "gru" else None
-    if clip is None:
-        clipf = lambda x: x  # noqa: E731
-    else:
-        c_ = float(clip)
-        clipf = lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))  # noqa: E731
+    f_act, g_act, clipf = cell_math(acts, D, NG, clip)
     if directions == "forward":
         is_rev = lambda d: False  # noqa: E731
     elif directions == "reverse":
@@ -237,10 +256,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                     unit < H and k < H,
                     f32(Rw[d, ((R_reg + r) // U) * H + T.min(unit, H - 1), T.min(k, H - 1)]), T.float32(0))
 
-    def length(Lens, b, seq):
-        if not has_seq_lens:
-            return seq
-        return T.max(T.min(Lens[T.min(b, B - 1)], seq), 0)
+    length = row_length(has_seq_lens, B)
 
     # The state of the units a thread finishes lives in that thread's registers (GPU: hs[0, c * fin_iters
     # + i], local scope, so no barrier protects it; the CPU variant keeps one row per (block, thread)).

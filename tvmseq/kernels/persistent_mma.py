@@ -293,19 +293,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     G3 = NG * H
     buf_words = D * Bp * Hp                      # one half of the state double buffer (dtype)
 
-    def per_dir(which):
-        fns = [acts[(len(acts) // D) * d + which] for d in range(D)]
-        if len(set(fns)) == 1:
-            return lambda d, x: fns[0].expr(x)
-        return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
-
-    f_act = per_dir(0)
-    g_act = per_dir(1) if NG == 3 else None
-    if clip is None:
-        clipf = lambda x: x  # noqa: E731
-    else:
-        c_ = float(clip)
-        clipf = lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))  # noqa: E731
+    f_act, g_act, clipf = pg.cell_math(acts, D, NG, clip)
 
     def time_index(d, L, s):
         """The time step direction d handles at step s of a row of length L."""
@@ -315,10 +303,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             return L - 1 - s
         return T.if_then_else(d == 1, L - 1 - s, s)
 
-    def length(Lens, b, seq):
-        if not has_seq_lens:
-            return seq
-        return T.max(T.min(Lens[T.min(b, B - 1)], seq), 0)
+    length = pg.row_length(has_seq_lens, B)
 
     def r_row(g, col):
         """R row of block-local gate row col = gate * UB + unit."""
