@@ -27,8 +27,11 @@ CASES = {
     "gru_bi_b4_h512_lbr0_lens": ("rnn_node_model", dict(op="GRU", seq=23, batch=4, input_size=100, hidden=512,
                                                         direction="bidirectional", linear_before_reset=0,
                                                         with_seq_lens=True, with_initial_h=True), "persistent"),
-    "gru_b64_h512": ("rnn_node_model", dict(op="GRU", seq=20, batch=64, input_size=128, hidden=512,
+    "gru_b96_h512": ("rnn_node_model", dict(op="GRU", seq=20, batch=96, input_size=128, hidden=512,
                                             linear_before_reset=1), "per_step"),
+    "gru_bi_b64_h256_lens": ("rnn_node_model", dict(op="GRU", seq=21, batch=64, input_size=80, hidden=256,
+                                                    direction="bidirectional", linear_before_reset=1,
+                                                    with_seq_lens=True), "persistent_mma"),   # fp32: FMA product
     "rnn_bi_b8_h256_lens": ("rnn_node_model", dict(op="RNN", seq=31, batch=8, input_size=64, hidden=256,
                                                    direction="bidirectional", with_seq_lens=True), "persistent"),
     "gru_stack_4x512_b8": ("gru_stack_model", dict(layers=4, seq=30, batch=8, input_size=64, hidden=512),

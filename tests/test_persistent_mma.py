@@ -324,3 +324,21 @@ def test_prebuilt_on_gpu(case):
 
 if __name__ == "__main__":
     build_gpu_cases(sys.argv[1] if len(sys.argv) > 1 else "out/pmma")
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype,batch,path", [("float32", 64, "persistent_mma"), ("float32", 96, "per_step"),
+                                              ("float16", 32, "persistent_mma")])
+def test_importer_picks_the_path_for_a_gpu_target(dtype, batch, path):
+    """from_onnx for the H100 (no GPU needed to build the IRModule): the relax dtype of the node reaches the
+    schedule databases as its name (a PrimType there once raised 'not JSON serializable' on every GPU import)."""
+    import tvmseq
+    from tvmseq import models
+
+    model, _ = models.rnn_node_model("GRU", seq=3, batch=batch, input_size=16, hidden=256, linear_before_reset=1,
+                                     dtype=dtype)
+    mod = tvmseq.from_onnx(model, target="cuda")
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    assert any("recurrence" in n for n in names)
+    spec_dtype = pg.choose_path(1, batch, 256, dtype, "cuda")[0]
+    assert spec_dtype == path

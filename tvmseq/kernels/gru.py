@@ -60,6 +60,8 @@ class GruSpec:
         if self.num_directions != (2 if self.direction == "bidirectional" else 1):
             raise TvmseqError(f"direction {self.direction} needs num_directions "
                               f"{2 if self.direction == 'bidirectional' else 1}, got {self.num_directions}")
+        # a relax dtype (the importer's struct info) as its name: specs key caches and schedule databases
+        object.__setattr__(self, "dtype", str(self.dtype))
         if self.dtype not in ("float32", "float16"):
             raise TvmseqError(f"GRU supports float32 and float16, got {self.dtype}")
         if not self.activations:
