@@ -1,6 +1,6 @@
 """Schedule sweep of the tensor-core persistent GRU (units per block / warps / batch chunk) on the H100.
 
-  python3 scripts/pmma_sweep.py build out/pmma_sweep    # here (compiler); or `tvmseq tune persistent_mma ...`
+  python3 scripts/pmma_sweep.py build out/pmma_sweep [float32]  # here (compiler); or `tvmseq tune persistent_mma`
   python3 scripts/pmma_sweep.py run out/pmma_sweep      # GPU machine (runtime + torch)
 
 Each variant is checked against a float64 GRU (torch on the GPU) and its recurrence timed alone (seq 100,
@@ -130,4 +130,7 @@ def run(out: Path):
 
 
 if __name__ == "__main__":
-    {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]))
+    if sys.argv[1] == "build" and len(sys.argv) > 3:   # build DIR DTYPE: only that dtype's shapes
+        build(Path(sys.argv[2]), {k: v for k, v in SWEEP.items() if (*k, "float16")[3] == sys.argv[3]})
+    else:
+        {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]))

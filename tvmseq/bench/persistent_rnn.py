@@ -1,4 +1,5 @@
-"""`tvmseq bench persistent_rnn`: ONNX RNN on the persistent engine (`persistent_gru_func(cell="rnn")`)
+"""`tvmseq bench persistent_rnn`: ONNX RNN on the persistent engine (`persistent_gru_func(cell="rnn")`), or on
+the staged-state kernel where the importer picks it (`persistent_mma`: fp32 batch 32-64, hidden <= 512),
 against torch.nn.RNN(nonlinearity="tanh") (cuDNN), same process.
 
 Grid: fp32, seq 100, Tanh, hidden {256, 1024} x batch {1, 8, 64}, forward and bidirectional. tvmseq time
@@ -210,8 +211,10 @@ def check_test(entry: dict, mods: PrebuiltModules, dev, seq: int = TEST_SEQ, lau
 # ----------------------------------------------------------------------------------------------------
 
 
-def _kernels(D, B, H, I, dtype, direction, acts, clip, lens, target, name):
-    """{proj_<name>, rec_<name>}: the RNN input projection and the persistent recurrence (cell="rnn")."""
+def _kernels(D, B, H, I, dtype, direction, acts, clip, lens, target, name, path="persistent"):
+    """{proj_<name>, rec_<name>}: the RNN input projection and the recurrence (cell="rnn"): the SIMT engine
+    (path "persistent", the test kernels) or what the importer picks (path "auto": the engine or, at batch
+    32-64 and hidden <= 512 in fp32, the staged-state kernel)."""
     from ..kernels import gru, rnn
     from ..kernels import persistent_gru as pg
     from ..kernels.activations import Activation
@@ -219,7 +222,10 @@ def _kernels(D, B, H, I, dtype, direction, acts, clip, lens, target, name):
     acts_ = tuple(Activation.make(a) for a in acts)
     spec = rnn.RnnSpec(D, B, H, I, dtype, direction, acts_, clip, lens)
     proj = gru.schedule_input_projection(gru.input_projection_func(spec), target)["main"]
-    rec = pg.persistent_gru_func(D, B, H, dtype, 1, direction, list(acts_), clip, lens, target, cell="rnn")
+    if path == "auto":
+        rec, _, _ = pg.recurrence_func_auto(spec, target)
+    else:
+        rec = pg.persistent_gru_func(D, B, H, dtype, 1, direction, list(acts_), clip, lens, target, cell="rnn")
     return {f"proj_{name}": proj.with_attr("global_symbol", f"proj_{name}"),
             f"rec_{name}": rec.with_attr("global_symbol", f"rec_{name}")}
 
@@ -233,9 +239,16 @@ def _add(funcs, *args) -> tuple[bool, str]:
     return True, ""
 
 
-def _launch(D, B, H, dtype, target) -> dict:
+def _launch(D, B, H, dtype, target, path="persistent") -> dict:
     """threads, dynamic shared bytes and blocks of a persistent RNN launch (for `residency`)."""
     from ..kernels import persistent_gru as pg
+    from ..kernels import persistent_mma as pm
+
+    if path == "persistent_mma":
+        cfg = pm.default_config(D, B, H, target, "rnn", dtype=dtype)
+        geo = pm.MmaGeometry(D, B, H, 1, cfg, dtype)
+        return {"threads": geo.NT, "dyn_smem": geo.smem_bytes(), "blocks": geo.BLOCKS, "config": str(cfg),
+                "path": path}
 
     cfg = pg.default_gru_config(D, B, H, dtype, target, "rnn")
     geo = pg._geometry(D, B, H, cfg, True, "rnn")
@@ -260,18 +273,24 @@ def build_for_gpu(out_dir, target: str = "cuda", bench: bool = True, tests=TEST_
              "arch": str(tgt.attrs.get("arch", "")), "configs": [], "tests": [], "skipped": []}
     for c in (configs() if bench else ()):
         D, B, H = 2 if c["bidirectional"] else 1, c["batch"], c["hidden"]
-        ok, why = pg.fits_on_chip(D, B, H, c["dtype"], tgt, cell="rnn")
+        # the staged-state kernel where the importer picks it, else the SIMT engine (where it fits)
+        path, why = pg.choose_path(D, B, H, c["dtype"], tgt, cell="rnn")
+        if path != "persistent_mma":
+            path = "persistent"
+            ok, why = pg.fits_on_chip(D, B, H, c["dtype"], tgt, cell="rnn")
+        else:
+            ok = True
         sfx = _suffix(c)
         if ok:
             ok, why2 = _add(funcs, D, B, H, H, c["dtype"], "bidirectional" if D == 2 else "forward", ("Tanh",) * D,
-                            None, False, tgt, sfx)
+                            None, False, tgt, sfx, "auto" if path == "persistent_mma" else "persistent")
             why = why if ok else why2
         if not ok:
             print(f"skip {sfx}: {why}", flush=True)
             index["skipped"].append(dict(c, name=sfx, reason=why))
             continue
         index["configs"].append(dict(c, name=sfx, file=FILE, proj=f"proj_{sfx}", rec=f"rec_{sfx}", reason=why,
-                                     **(_launch(D, B, H, c["dtype"], tgt) if gpu else {})))
+                                     **(_launch(D, B, H, c["dtype"], tgt, path) if gpu else {})))
     for case in tests:
         D, B, H, dtype, direction, acts, clip, lens = case
         name, I = _test_name(case), H if (B, H) in BENCH_SIZED else TEST_INPUT_SIZE  # noqa: E741
@@ -433,7 +452,8 @@ def run_prebuilt(root, args) -> list[dict]:
                 row = {k: e[k] for k in ("name", "dtype", "bidirectional", "hidden", "batch")}
                 row.update(status="error", agree=False, reason=f"{type(err).__name__}: {err}"[:400])
                 print(f"{e['name']}: {row['reason']}", flush=True)
-        row.update(config=e.get("config"), ptxas=e.get("ptxas", {}).get(f"{e['rec']}_kernel"))
+        row.update(config=e.get("config"), path=e.get("path", "persistent"),
+                   ptxas=e.get("ptxas", {}).get(f"{e['rec']}_kernel"))
         rows.append(row)
         print_table([row], COLS)
         save(NAME, rows, meta(), None, args.out)  # keep what was measured if the run is cut short

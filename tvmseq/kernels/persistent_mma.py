@@ -433,14 +433,16 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     col = T.meta_var(nt * 8 + (lane % 4) * 2 + i % 2)
                     red[(w * MC + row) * NGU + col] = acc[(mt * NN + nt) * 4 + i]
 
+    RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
+
     @T.macro
     def product_simt(hbuf, stage, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane):
-        """float32: lane = (row lane % MC, column group lane / MC) of the chunk, CPL gate rows each; k walked in
-        fours: one 16-byte state read per lane and one 16-byte (broadcast) W read per gate row, so a lane
-        does 4 FMAs per shared-memory load; per commit group as product_gpu."""
-        row = T.meta_var(lane % MC)
-        cg = T.meta_var(lane // MC)
-        for v in unroll(CPL):
+        """float32: lane = (rows lane % 16 + 16 i for i < MC / 16, column half lane / 16), CW gate rows; k
+        walked in fours: one 16-byte state read per row and one 16-byte (broadcast) W read per gate row, each W
+        read used for every row the lane holds (8 FMAs a load at 32 chunk rows); per commit group as
+        product_gpu."""
+        cg = T.meta_var(lane // 16)
+        for v in unroll(RPL * CW):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
             if HALF and part > 0:   # the region is free once this warp's product of the first half is done
@@ -449,14 +451,18 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             T.evaluate(T.ptx["cp.async.wait_group"](0 if HALF else PARTS - 1 - part + PENDING))
             T.evaluate(T.call_extern("void", "__syncwarp"))
             for k4 in T.serial(KP // 4):
-                hv[T.ramp(0, 1, 4)] = stage[T.ramp(((slot * NW + w) * MC + row) * SROW + (0 if HALF else part * KP)
-                                                   + k4 * 4, 1, 4)]
-                for j in unroll(CPL):
-                    wv[T.ramp(0, 1, 4)] = wsm[T.ramp((cg * CPL + j) * Hp + w * KW + part * KP + k4 * 4, 1, 4)]
-                    acc[j] = acc[j] + hv[0] * wv[0] + hv[1] * wv[1] + hv[2] * wv[2] + hv[3] * wv[3]
+                for rr in unroll(RPL):
+                    hv[T.ramp(rr * 4, 1, 4)] = stage[T.ramp(
+                        ((slot * NW + w) * MC + lane % 16 + 16 * rr) * SROW + (0 if HALF else part * KP) + k4 * 4, 1, 4)]
+                for j in unroll(CW):
+                    wv[T.ramp(0, 1, 4)] = wsm[T.ramp((cg * CW + j) * Hp + w * KW + part * KP + k4 * 4, 1, 4)]
+                    for rr in unroll(RPL):
+                        acc[rr * CW + j] = (acc[rr * CW + j] + hv[rr * 4] * wv[0] + hv[rr * 4 + 1] * wv[1]
+                                            + hv[rr * 4 + 2] * wv[2] + hv[rr * 4 + 3] * wv[3])
         T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
-        for j in unroll(CPL):
-            red[(w * MC + row) * NGU + cg * CPL + j] = acc[j]
+        for rr in unroll(RPL):
+            for j in unroll(CW):
+                red[(w * MC + lane % 16 + 16 * rr) * NGU + cg * CW + j] = acc[rr * CW + j]
 
     @T.macro
     def product_cpu(hbuf, Rw, red, buf, d, g, c):
@@ -551,7 +557,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
                     bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
                     afrag = T.alloc_buffer((8,), "float16", scope="local")
-                    hv = T.alloc_buffer((4,), "float32", scope="local")
+                    hv = T.alloc_buffer((4 * max(MC // 16, 1),), "float32", scope="local")
                     wv = T.alloc_buffer((4,), "float32", scope="local")
                     acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
                     gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
