@@ -1,4 +1,4 @@
-"""One launch of chosen tensor-core GRU sweep variants (scripts/pmma_sweep.py build), for ncu:
+"""One launch of chosen float16 GRU sweep variants (scripts/pmma_sweep.py build), for ncu:
     ncu -k regex:m_d1_b256 --section SpeedOfLight ... python3 scripts/pmma_profile.py out/pmma_sweep NAME [NAME...]"""
 import json
 import sys

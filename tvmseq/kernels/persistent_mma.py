@@ -46,7 +46,6 @@ from dataclasses import dataclass
 
 from ..errors import TvmseqError
 from ..targets import is_gpu, resolve
-from .activations import Activation
 
 GATES = {"gru": 3, "rnn": 1}
 
@@ -177,7 +176,7 @@ class MmaGeometry:
         return None
 
 
-def candidate_configs(D: int, B: int, H: int, cell: str = "gru", dtype: str = "float16"):
+def candidate_configs(dtype: str = "float16"):
     """One block an SM, in order of preference: fewest units per block (most SMs busy), 8 warps before 16
     and 4, the largest batch chunk (fewest chunks a step) first."""
     for ub in (8, 16, 32):
@@ -204,7 +203,7 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
         split = batch_split_config(D, B, H, facts, rows)
         if split is not None and MmaGeometry(D, B, H, GATES[cell], split, dtype).check(facts) is None:
             return split
-    for cfg in candidate_configs(D, B, H, cell, dtype):
+    for cfg in candidate_configs(dtype):
         if MmaGeometry(D, B, H, GATES[cell], cfg, dtype).check(facts) is None:
             return cfg
     return None
