@@ -34,12 +34,7 @@ def build(out: Path) -> None:
     for key, variants in pmma_sweep.SWEEP.items():
         D, B, H, dtype = (*key, "float16")[:4]
         pick = _model_pick(D, B, H, dtype=dtype)
-        knobs = (pick.units_per_block, pick.num_warps, pick.chunk_rows, int(pick.pipeline))
-        extra = (pick.batch_split, int(pick.flags), int(pick.half_stage))
-        while extra and extra[-1] in (0, 1) and len(extra) > 1 and not any(extra[1:]):   # trailing defaults
-            extra = extra[:-1]
-        if extra != (1,):
-            knobs += extra
+        knobs = pick.knobs()
         sweep[key] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
     pmma_sweep.build(out, sweep)
 
@@ -51,18 +46,14 @@ def run(out: Path) -> None:
 
 
 def merge(results: Path) -> None:
+    from tvmseq.kernels.persistent_mma import MmaConfig
     from tvmseq.tune import measured
 
     trials = []
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step"):
-            u, w, c, p, *rest = r["config"]
             trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell="gru", dtype=r.get("dtype", "float16")),
-                               config=dict(units_per_block=u, num_warps=w, chunk_rows=c, pipeline=bool(p),
-                                           batch_split=rest[0] if rest else 1,
-                                           flags=bool(rest[1]) if len(rest) > 1 else False,
-                                           half_stage=bool(rest[2]) if len(rest) > 2 else False),
-                               us=r["us_step"]))
+                               config=dataclasses.asdict(MmaConfig.of(r["config"])), us=r["us_step"]))
     measured.merge("persistent_mma", trials,
                    lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"], k["dtype"])),
                    source=f"{results}: CUDA-event time per step, recurrence only (seq 100)")

@@ -40,13 +40,6 @@ def _name(D, B, H, cfg, dtype="float16"):
         f"{k}{v}" for k, v in zip("sfh", cfg[4:]))
 
 
-def _config(cfg):
-    from tvmseq.kernels import persistent_mma as pm
-
-    u, w, c, p, *rest = cfg
-    return pm.MmaConfig(u, w, c, bool(p), *(rest[:1]), *(bool(f) for f in rest[1:3]))
-
-
 def build(out: Path, sweep: dict | None = None):
     from tvmseq.bench.common import compile_for_gpu
     from tvmseq.kernels import persistent_mma as pm
@@ -59,13 +52,13 @@ def build(out: Path, sweep: dict | None = None):
     for key, cfgs in (sweep or SWEEP).items():
         D, B, H, dtype = (*key, "float16")[:4]
         for cfg in cfgs:
-            why = pm.MmaGeometry(D, B, H, 3, _config(cfg), dtype).check(rg.gpu_facts(tgt))
+            why = pm.MmaGeometry(D, B, H, 3, pm.MmaConfig.of(cfg), dtype).check(rg.gpu_facts(tgt))
             if why:
                 print("skip", D, B, H, cfg, why)
                 continue
             name = _name(D, B, H, cfg, dtype)
             funcs[name] = pm.persistent_mma_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward",
-                                                 None, None, False, tgt, _config(cfg)).with_attr(
+                                                 None, None, False, tgt, pm.MmaConfig.of(cfg)).with_attr(
                                                      "global_symbol", name)
             index.append(dict(D=D, B=B, H=H, dtype=dtype, config=list(cfg), name=name))
     ex, report = compile_for_gpu(funcs, tgt)

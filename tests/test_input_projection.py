@@ -222,3 +222,23 @@ def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
     f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in (X, W, bias)], out)
     want = numpy_projection(X[:, None], W, bias)[:, :, 0]
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_mma_projection_refuses_tiles_that_do_not_fit():
+    from tvmseq.errors import TvmseqError
+    from tvmseq.kernels import projection_mma as pmm
+
+    assert "warp tiles must be multiples of 16" in pmm.supports(3072, 1024, pmm.MmaGemmTile(bm=96, warps_m=4))
+    assert "do not split evenly" in pmm.supports(3072, 1024, pmm.MmaGemmTile(bm=48, warps_m=3))   # 704 copies, 384
+    with pytest.raises(TvmseqError, match=r"K=1000 \(input size\) of 32"):
+        pmm.projection_mma_func(1, 3072, 1000)
+
+
+def test_tensor_core_projection_falls_back_on_a_schedule_error(monkeypatch):
+    """A schedule error in the wmma rule is a warning and None (the caller then uses the SIMT template)."""
+    def broken(self, func, target):
+        raise RuntimeError("ScheduleError: simulated")
+
+    monkeypatch.setattr(ip.TensorCoreProjection, "apply", broken)
+    with pytest.warns(UserWarning, match="tensor-core input projection"):
+        assert ip.tensor_core_projection(_spec(1, 3, 37, 19, "float16"), H100) is None

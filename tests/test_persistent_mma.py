@@ -255,11 +255,6 @@ def _case_name(case):
     return f"pmma_{cell}_{direction}_h{H}_b{B}_{'lens' if lens else 'nolens'}" + ("_f32" if dtype else "")
 
 
-def _config(cfg):
-    u, w, c, *rest = cfg
-    return pm.MmaConfig(u, w, c, *(bool(p) for p in rest[:1]), *rest[1:2], *(bool(f) for f in rest[2:4]))
-
-
 def build_gpu_cases(out_dir):
     from tvmseq.bench.common import compile_for_gpu
 
@@ -271,7 +266,7 @@ def build_gpu_cases(out_dir):
         D, B, H, direction, cell, acts, clip, lens, cfg, *dtype = case
         acts_ = [Activation.make(a) for a in acts] * D if acts else None
         func = pm.persistent_mma_func(D, B, H, (dtype or ["float16"])[0], direction, acts_, clip, lens, tgt,
-                                      _config(cfg) if cfg else None, cell)
+                                      pm.MmaConfig.of(cfg) if cfg else None, cell)
         funcs[_case_name(case)] = func.with_attr("global_symbol", _case_name(case))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "pmma.so"))
@@ -342,3 +337,30 @@ def test_importer_picks_the_path_for_a_gpu_target(dtype, batch, path):
     assert any("recurrence" in n for n in names)
     spec_dtype = pg.choose_path(1, batch, 256, dtype, "cuda")[0]
     assert spec_dtype == path
+
+
+@needs_compiler
+def test_config_tuple_round_trip():
+    """The compact config tuples of the sweeps, the tuning script and the GPU cases read back the same."""
+    for knobs in [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 4, 16, 1, 2, 1), (8, 8, 32, 0, 1, 0, 1), (16, 8, 32, 1)]:
+        assert pm.MmaConfig.of(knobs).knobs() == knobs
+    assert pm.MmaConfig.of((8, 8, 64)) == pm.MmaConfig(8, 8, 64)
+    assert pm.MmaConfig.of((8, 4, 16, 1, 2, 1)) == pm.MmaConfig(8, 4, 16, pipeline=True, batch_split=2, flags=True)
+
+
+@needs_compiler
+def test_geometry_and_argument_errors():
+    from tvmseq.kernels import recurrent_gemm as rg
+
+    h100 = rg.gpu_facts(resolve("cuda"))
+    geo = lambda cfg, dtype="float32", H=256: pm.MmaGeometry(1, 64, H, 3, cfg, dtype).check(h100)  # noqa: E731
+    assert "16 or 32 chunk rows" in geo(pm.MmaConfig(8, 8, 64))
+    assert "half_stage is for float32" in geo(pm.MmaConfig(8, 8, 32, half_stage=True), "float16")
+    assert "half_stage is for float32" in geo(pm.MmaConfig(8, 8, 32, pipeline=True, half_stage=True))
+    assert "batch_split >= 1" in geo(pm.MmaConfig(8, 8, 32, batch_split=0))
+    assert "shared memory per block" in geo(pm.MmaConfig(32, 8, 32), H=4096)   # a 96 x 4096 float32 R slice
+    assert "threads x" in geo(pm.MmaConfig(8, 64, 32), "float16", H=1024)      # 64 warps
+    with pytest.raises(TvmseqError, match="batch and hidden must be >= 1"):
+        pm.persistent_mma_func(1, 0, 64, "float16", "forward", None, None, False, "llvm")
+    with pytest.raises(TvmseqError, match="cell must be one of"):
+        pm.persistent_mma_func(1, 16, 64, "float16", "forward", None, None, False, "llvm", cell="lstm")

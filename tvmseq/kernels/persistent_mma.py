@@ -104,6 +104,23 @@ class MmaConfig:
     flags: bool = False
     half_stage: bool = False
 
+    # the compact form the sweeps, the tuning script and the GPU test cases write a config in:
+    # (units, warps, rows[, pipeline[, batch_split[, flags[, half_stage]]]]), 0/1 for the switches
+    _OPTIONAL = (("pipeline", False), ("batch_split", 1), ("flags", False), ("half_stage", False))
+
+    @classmethod
+    def of(cls, knobs) -> "MmaConfig":
+        units, warps, rows, *rest = knobs
+        return cls(units, warps, rows, **{name: type(default)(value)
+                                          for (name, default), value in zip(cls._OPTIONAL, rest)})
+
+    def knobs(self) -> tuple:
+        """The compact tuple `of` reads back, trailing defaults left out (pipeline always kept)."""
+        rest = [int(getattr(self, name)) for name, _ in self._OPTIONAL]
+        while len(rest) > 1 and rest[-1] == int(self._OPTIONAL[len(rest) - 1][1]):
+            rest.pop()
+        return (self.units_per_block, self.num_warps, self.chunk_rows, *rest)
+
 
 @dataclass(frozen=True)
 class MmaGeometry:
@@ -531,35 +548,38 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         T.evaluate(T.cuda.func_call("tvmseq_flags_wait", T.address_of(flags[(d * BS + q) * G + T.min(w * KW // UB, G - 1)]),
                                     T.max(T.min(PW, G - w * KW // UB), 0), s, source_code=_WAIT_SRC))
 
-    # ---- the kernels ----------------------------------------------------------------------------
-    if gpu:
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-                 y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-            RbH = T.match_buffer(rb_h, (D, H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), dtype)
-            Yh = T.match_buffer(y_h, (D, B, H), dtype)
-            hbuf = T.alloc_buffer((2 * buf_words,), dtype, scope="global")
-            flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
+    # ---- the kernel (`gpu` picks the branch while the script is parsed: one signature for both) ------
+    @T.prim_func
+    def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+             y: T.handle, y_h: T.handle):
+        seq = T.int32()
+        GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+        Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+        RbH = T.match_buffer(rb_h, (D, H), "float32")
+        Lens = T.match_buffer(lens, (B,), "int32")
+        H0 = T.match_buffer(h0, (D, B, H), "float32")
+        Y = T.match_buffer(y, (seq, D, B, H), dtype)
+        Yh = T.match_buffer(y_h, (D, B, H), dtype)
+        hbuf = T.alloc_buffer((2 * buf_words,), dtype, scope="global")
+        if gpu:
+            if FLAGS:
+                flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
             for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
                   # __launch_bounds__(NT, blocks per SM): ptxas must leave room for a second block of a split
                   with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", PER_SM):
                     stage = T.alloc_buffer((SLOTS * NW * MC * SROW,), dtype, scope="shared.dyn")
-                    wsm = T.alloc_buffer((NGU * Hp if SIMT else 1,), "float32", scope="shared.dyn" if SIMT else "local")
                     red = T.alloc_buffer((NW * MC * NGU,), "float32", scope="shared.dyn")
                     hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
-                    bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
-                    afrag = T.alloc_buffer((8,), "float16", scope="local")
-                    hv = T.alloc_buffer((4 * max(MC // 16, 1),), "float32", scope="local")
-                    wv = T.alloc_buffer((4,), "float32", scope="local")
                     acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
                     gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
+                    if SIMT:
+                        wsm = T.alloc_buffer((NGU * Hp,), "float32", scope="shared.dyn")
+                        hv = T.alloc_buffer((4 * RPL,), "float32", scope="local")
+                        wv = T.alloc_buffer((4,), "float32", scope="local")
+                    else:
+                        bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
+                        afrag = T.alloc_buffer((8,), "float16", scope="local")
                     d = T.meta_var(gb // (G * BS))
                     g = T.meta_var(gb % (G * BS) // BS)
                     q = T.meta_var(gb % BS)
@@ -597,19 +617,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                         else:
                             T.cuda.grid_sync()
                     final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
-    else:
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-                 y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-            RbH = T.match_buffer(rb_h, (D, H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), dtype)
-            Yh = T.match_buffer(y_h, (D, B, H), dtype)
-            hbuf = T.alloc_buffer((2 * buf_words,), dtype)
+        else:
             red = T.alloc_buffer((NW * MC * NGU,), "float32")
             hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
             gi = T.alloc_buffer((FI * 4,), "float32")

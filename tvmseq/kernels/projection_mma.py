@@ -113,14 +113,14 @@ def projection_mma_func(D: int, N: int, K: int, gpu: bool = True, tile: MmaGemmT
                         "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, mt * 8, bfrag.data, nt * 4,
                         acc.data, (mt * NT8 + nt) * 4, False, dtype="float32"))
 
-    if gpu:
-        @T.prim_func
-        def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
-            rows = T.int32()
-            Xb = T.match_buffer(x, (rows, K), "float16")
-            Wb = T.match_buffer(w, (D, N, K), "float16")
-            Bias = T.match_buffer(bias, (D, N), "float32")
-            GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
+    @T.prim_func
+    def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+        rows = T.int32()
+        Xb = T.match_buffer(x, (rows, K), "float16")
+        Wb = T.match_buffer(w, (D, N, K), "float16")
+        Bias = T.match_buffer(bias, (D, N), "float32")
+        GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
+        if gpu:   # a compile-time branch: one signature for both variants
             for bz in T.thread_binding(D, thread="blockIdx.z"):
                 for by in T.thread_binding(N // BN, thread="blockIdx.y"):
                     for bx in T.thread_binding((rows + BM - 1) // BM, thread="blockIdx.x"):
@@ -149,14 +149,7 @@ def projection_mma_func(D: int, N: int, K: int, gpu: bool = True, tile: MmaGemmT
                                         n = T.meta_var(by * BN + wn * WN + nt * 8 + (lane % 4) * 2 + i % 2)
                                         if r < rows:
                                             GateI[bz, r, n] = acc[(mt * NT8 + nt) * 4 + i] + Bias[bz, n]
-    else:
-        @T.prim_func
-        def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
-            rows = T.int32()
-            Xb = T.match_buffer(x, (rows, K), "float16")
-            Wb = T.match_buffer(w, (D, N, K), "float16")
-            Bias = T.match_buffer(bias, (D, N), "float32")
-            GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
+        else:
             for d, m, n in T.grid(D, rows, N):
                 GateI[d, m, n] = Bias[d, n]
                 for k in T.serial(K):
