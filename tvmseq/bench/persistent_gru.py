@@ -121,8 +121,9 @@ def _rec_launch(c, target, path: str = "persistent"):
 
     D = 2 if c["bidirectional"] else 1
     if path == "persistent_mma":
-        geo = pm.MmaGeometry(D, c["batch"], c["hidden"], 3, pm.default_config(D, c["batch"], c["hidden"], target))
-        return geo.NT, geo.smem_bytes(), D * geo.G
+        cfg = pm.default_config(D, c["batch"], c["hidden"], target, dtype=c["dtype"])
+        geo = pm.MmaGeometry(D, c["batch"], c["hidden"], 3, cfg, c["dtype"])
+        return geo.NT, geo.smem_bytes(), geo.BLOCKS
     cfg = pg.default_gru_config(D, c["batch"], c["hidden"], c["dtype"], target)
     geo = pg._geometry(D, c["batch"], c["hidden"], cfg, True)
     return geo.NT, 4 * geo.R_smem * geo.Hp, cfg.num_blocks * D
