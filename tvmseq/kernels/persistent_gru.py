@@ -383,30 +383,30 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     smem_shape, smem_scope = ((R_smem, Hp), "shared.dyn") if R_smem else ((1, 1), "local")
     G3 = NG * H
 
-    if gpu:
-        @T.macro
-        def iteration_lbr1(GI, RbH, Lens, Y, ws, hs, a_reg, a_smem, cval, acc, red, gi, d, g, t, it, seq):
-            s = T.meta_var(it // NC)
-            c = T.meta_var(it % NC)
-            prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
-            pass_zrh(ws, word(d, 0, s % S), s, a_reg, a_smem, cval, acc, red, t % WS, t // WS, t, c)
-            if syncwarp_before_barrier:
-                T.evaluate(T.call_extern("void", "__syncwarp"))
-            T.tvm_storage_sync("shared")
-            finish_lbr1(Y, Lens, ws, hs, 0, red, gi, d, g, t, s, c, seq)
+    @T.macro
+    def iteration_lbr1(GI, RbH, Lens, Y, ws, hs, a_reg, a_smem, cval, acc, red, gi, d, g, t, it, seq):
+        s = T.meta_var(it // NC)
+        c = T.meta_var(it % NC)
+        prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq)
+        pass_zrh(ws, word(d, 0, s % S), s, a_reg, a_smem, cval, acc, red, t % WS, t // WS, t, c)
+        if syncwarp_before_barrier:
+            T.evaluate(T.call_extern("void", "__syncwarp"))
+        T.tvm_storage_sync("shared")
+        finish_lbr1(Y, Lens, ws, hs, 0, red, gi, d, g, t, s, c, seq)
 
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-                 y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-            RbH = T.match_buffer(rb_h, (D, H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), dtype)
-            Yh = T.match_buffer(y_h, (D, B, H), dtype)
-            ws = T.alloc_buffer((ws_words * 2,), "int32", scope="global")
+    @T.prim_func
+    def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+             y: T.handle, y_h: T.handle):
+        seq = T.int32()
+        GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+        Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+        RbH = T.match_buffer(rb_h, (D, H), "float32")
+        Lens = T.match_buffer(lens, (B,), "int32")
+        H0 = T.match_buffer(h0, (D, B, H), "float32")
+        Y = T.match_buffer(y, (seq, D, B, H), dtype)
+        Yh = T.match_buffer(y_h, (D, B, H), dtype)
+        ws = T.alloc_buffer((ws_words * 2,), "int32", scope="global")
+        if gpu:   # a compile-time branch: the GPU and CPU variants share one signature
             for gb in T.thread_binding(D * G, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
                     a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32", scope="local")
@@ -450,19 +450,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                             T.tvm_storage_sync("shared")
                             finish_h(Y, Lens, ws, hs, zs, 0, red1, gi, d, g, t, it // NC, it % NC, seq)
                     final_state(Yh, Lens, hs, 0, d, g, t, seq)
-    else:
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-                 y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-            RbH = T.match_buffer(rb_h, (D, H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), dtype)
-            Yh = T.match_buffer(y_h, (D, B, H), dtype)
-            ws = T.alloc_buffer((ws_words * 2,), "int32")
+        else:
             a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32")
             a_smem = T.alloc_buffer((max(R_smem, 1), Hp), "float32")
             cval = T.alloc_buffer((BC * KT,), "float32")

@@ -277,20 +277,21 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
     smem_shape, smem_scope = ((R_smem, Hp), "shared.dyn") if R_smem else ((1, 1), "local")
     G3 = 3 * H
 
-    if gpu:
-        @T.prim_func
-        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
-                 h0: T.handle, y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
-            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
-            BI = T.match_buffer(bias_i, (LW, G3), "float32")
-            RbH = T.match_buffer(rb_h, (L, H), "float32")
-            H0 = T.match_buffer(h0, (L, B, H), "float32")
-            Y = T.match_buffer(y, (L, seq, B, H), dtype)
-            Yh = T.match_buffer(y_h, (L, B, H), dtype)
-            ws = T.alloc_buffer((ll_words * 2 + L * G,), "int32", scope="global")
+    @T.prim_func
+    def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
+             h0: T.handle, y: T.handle, y_h: T.handle):
+        seq = T.int32()
+        GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+        Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+        Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+        BI = T.match_buffer(bias_i, (LW, G3), "float32")
+        RbH = T.match_buffer(rb_h, (L, H), "float32")
+        H0 = T.match_buffer(h0, (L, B, H), "float32")
+        Y = T.match_buffer(y, (L, seq, B, H), dtype)
+        Yh = T.match_buffer(y_h, (L, B, H), dtype)
+        # LL words, then (GPU) one progress counter per block: the CPU variant runs layers in order, needs none
+        ws = T.alloc_buffer((ll_words * 2 + (L * G if gpu else 0),), "int32", scope="global")
+        if gpu:   # a compile-time branch: the GPU and CPU variants share one signature
             for gb in T.thread_binding(L * G, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
                     a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32", scope="local")
@@ -327,20 +328,7 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
                         finish(GI0, BI, RbH, Y, ws, hs, 0, red_r, red_i, l, g, t, it // NC, it % NC)
                         T.tvm_storage_sync("shared")
                     final_state(Yh, hs, 0, l, g, t, seq)
-    else:
-        @T.prim_func
-        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
-                 h0: T.handle, y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
-            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
-            BI = T.match_buffer(bias_i, (LW, G3), "float32")
-            RbH = T.match_buffer(rb_h, (L, H), "float32")
-            H0 = T.match_buffer(h0, (L, B, H), "float32")
-            Y = T.match_buffer(y, (L, seq, B, H), dtype)
-            Yh = T.match_buffer(y_h, (L, B, H), dtype)
-            ws = T.alloc_buffer((ll_words * 2,), "int32")
+        else:
             a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32")
             a_smem = T.alloc_buffer((max(R_smem, 1), Hp), "float32")
             cval = T.alloc_buffer((BC * KT,), "float32")
