@@ -32,8 +32,8 @@ def build(out: Path) -> None:
 
     sweep = {}
     for key, variants in pmma_sweep.SWEEP.items():
-        D, B, H, dtype = (*key, "float16")[:4]
-        pick = _model_pick(D, B, H, dtype=dtype)
+        D, B, H, dtype, cell = pmma_sweep.sweep_key(key)
+        pick = _model_pick(D, B, H, cell, dtype)
         knobs = pick.knobs()
         sweep[key] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
     pmma_sweep.build(out, sweep)
@@ -52,7 +52,8 @@ def merge(results: Path) -> None:
     trials = []
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step"):
-            trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell="gru", dtype=r.get("dtype", "float16")),
+            trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell=r.get("cell", "gru"),
+                                        dtype=r.get("dtype", "float16")),
                                config=dataclasses.asdict(MmaConfig.of(r["config"])), us=r["us_step"]))
     measured.merge("persistent_mma", trials,
                    lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"], k["dtype"])),

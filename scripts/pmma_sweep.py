@@ -14,29 +14,38 @@ from pathlib import Path
 
 # (D, B, H) -> [(units per block, warps, chunk rows, pipeline)]; the first is the default's pick
 SWEEP = {
-    (1, 64, 1024): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1), (8, 8, 64, 0, 1, 1), (8, 8, 32, 1, 1, 1)],
-    (1, 256, 1024): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1), (8, 8, 64, 0, 1, 1)],
-    (2, 64, 1024): [(16, 8, 32, 0), (16, 8, 32, 1), (16, 8, 32, 1, 1, 1), (16, 8, 32, 0, 1, 1)],
-    (2, 256, 1024): [(16, 8, 32, 0), (16, 8, 32, 0, 1, 1), (16, 8, 32, 1, 1, 1)],
-    (1, 256, 512): [(8, 8, 32, 0, 4), (8, 8, 32, 0, 4, 1)],
-    (2, 256, 512): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1)],
-    (1, 64, 512): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1)],
-    (1, 64, 256): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 1)],
-    (1, 16, 1024): [(8, 8, 64, 0), (8, 8, 64, 0, 1, 1), (8, 8, 16, 0, 1, 1)],
-    # float32 (FMA product): (D, B, H, "float32"); 7th knob: half_stage
-    (1, 64, 1024, "float32"): [(8, 8, 16, 0), (8, 8, 32, 0, 1, 0, 1), (8, 16, 32, 0, 1, 0, 1), (8, 16, 16, 0)],
-    (1, 256, 1024, "float32"): [(8, 8, 16, 0), (8, 8, 32, 0, 1, 0, 1), (8, 16, 32, 0, 1, 0, 1)],
-    (2, 64, 1024, "float32"): [(8, 8, 16, 0), (8, 8, 32, 0, 1, 0, 1)],
-    (1, 64, 512, "float32"): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 0, 1)],
-    (2, 64, 512, "float32"): [(8, 8, 16, 0, 2), (8, 8, 32, 0, 1, 0, 1)],
-    (1, 64, 256, "float32"): [(8, 8, 32, 0, 2), (8, 8, 16, 0, 4)],
-    (1, 256, 512, "float32"): [(8, 8, 32, 0, 2), (8, 8, 16, 0, 4), (8, 8, 32, 0, 2, 0, 1)],
+    # session 5: 16 units a block with a batch split (one block an SM: half the state ingest of 8-unit blocks)
+    (1, 64, 1024): [(8, 8, 32, 0, 2), (16, 8, 16, 0, 2), (16, 8, 16, 1, 2), (16, 8, 32, 0, 2), (16, 16, 16, 0, 2)],
+    (1, 256, 1024): [(8, 8, 32, 0, 2), (16, 8, 32, 0, 2), (16, 8, 32, 1, 2), (16, 8, 16, 1, 2), (16, 8, 16, 0, 2)],
+    (1, 256, 512): [(8, 8, 32, 0, 4), (16, 8, 32, 0, 4), (16, 8, 32, 1, 4), (16, 8, 16, 0, 4)],
+    (1, 64, 512): [(8, 8, 32, 0, 2), (16, 8, 16, 0, 4), (16, 8, 32, 0, 2)],
+    (2, 256, 512): [(8, 8, 32, 0, 2), (16, 8, 32, 0, 2), (16, 8, 32, 1, 2), (16, 8, 16, 0, 2)],
+    (2, 64, 512): [(16, 8, 16, 0, 2), (16, 8, 32, 0, 2), (16, 8, 32, 1, 2)],
+    (2, 64, 1024): [(16, 8, 32, 1), (16, 8, 16, 0), (16, 16, 32, 0)],
+    (2, 256, 1024): [(16, 8, 32, 0), (16, 8, 32, 1), (16, 8, 16, 0), (16, 16, 32, 0)],
+    # float32 (FMA product): (D, B, H, "float32"); 7th knob: half_stage. Session 5: W rows padded (bank conflicts)
+    (1, 64, 512, "float32"): [(8, 8, 32, 0, 2), (8, 16, 32, 0, 2), (8, 4, 32, 0, 2)],
+    (1, 64, 256, "float32"): [(8, 8, 16, 0, 4), (8, 8, 32, 0, 2), (8, 16, 16, 0, 4)],
+    (1, 64, 1024, "float32"): [(8, 16, 32, 0, 1, 0, 1), (8, 8, 32, 0, 1, 0, 1)],
+    (2, 64, 512, "float32"): [(8, 8, 16, 0, 2), (8, 16, 16, 0, 2)],
+    (2, 64, 256, "float32"): [(8, 8, 16, 0, 4), (8, 8, 32, 0, 2), (8, 16, 16, 0, 4)],
+    (1, 256, 512, "float32"): [(8, 8, 32, 0, 2)],
+    # RNN (D, B, H, dtype, "rnn"): one gate, so fewer blocks (and a cheaper grid barrier) for the same rows
+    (1, 64, 256, "float32", "rnn"): [(8, 8, 32, 0, 2), (8, 8, 16, 0, 4), (16, 8, 32, 0, 2), (32, 8, 32, 0, 2),
+                                     (32, 8, 32, 0, 1)],
+    (1, 8, 256, "float32", "rnn"): [(8, 8, 16, 0), (16, 8, 16, 0), (32, 8, 16, 0)],
 }
 SEQ = 100
 
 
-def _name(D, B, H, cfg, dtype="float16"):
-    return f"m_{dtype[5:]}_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}p{cfg[3]}" + "".join(
+def sweep_key(key) -> tuple:
+    """(D, B, H[, dtype[, cell]]) -> (D, B, H, dtype, cell), float16 GRU by default."""
+    D, B, H, dtype, cell = (*key, "float16", "gru")[:5] if len(key) < 4 else (*key, "gru")[:5]
+    return D, B, H, dtype, cell
+
+
+def _name(D, B, H, cfg, dtype="float16", cell="gru"):
+    return f"m_{cell}_{dtype[5:]}_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}p{cfg[3]}" + "".join(
         f"{k}{v}" for k, v in zip("sfh", cfg[4:]))
 
 
@@ -50,17 +59,17 @@ def build(out: Path, sweep: dict | None = None):
     out.mkdir(parents=True, exist_ok=True)
     funcs, index = {}, []
     for key, cfgs in (sweep or SWEEP).items():
-        D, B, H, dtype = (*key, "float16")[:4]
+        D, B, H, dtype, cell = sweep_key(key)
         for cfg in cfgs:
-            why = pm.MmaGeometry(D, B, H, 3, pm.MmaConfig.of(cfg), dtype).check(rg.gpu_facts(tgt))
+            why = pm.MmaGeometry(D, B, H, pm.GATES[cell], pm.MmaConfig.of(cfg), dtype).check(rg.gpu_facts(tgt))
             if why:
                 print("skip", D, B, H, cfg, why)
                 continue
-            name = _name(D, B, H, cfg, dtype)
+            name = _name(D, B, H, cfg, dtype, cell)
             funcs[name] = pm.persistent_mma_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward",
-                                                 None, None, False, tgt, pm.MmaConfig.of(cfg)).with_attr(
+                                                 None, None, False, tgt, pm.MmaConfig.of(cfg), cell).with_attr(
                                                      "global_symbol", name)
-            index.append(dict(D=D, B=B, H=H, dtype=dtype, config=list(cfg), name=name))
+            index.append(dict(D=D, B=B, H=H, dtype=dtype, cell=cell, config=list(cfg), name=name))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "sweep.so"))
     for e in index:
@@ -74,6 +83,14 @@ def _reference(gate_i, R, rb_h, h0, D):
 
     T_, H = gate_i.shape[1], R.shape[-1]
     Y = torch.empty(T_, D, gate_i.shape[2], H, dtype=torch.float64, device="cuda")
+    if R.shape[1] == H:   # RNN (tanh): one gate, no rb_h
+        for d in range(D):
+            h = h0[d].double()
+            for s in range(T_):
+                t = T_ - 1 - s if d else s
+                h = torch.tanh(gate_i[d, t].double() + h @ R[d].double().T)
+                Y[t, d] = h
+        return Y
     for d in range(D):
         h = h0[d].double()
         Rz, Rr, Rh = R[d].double().split(H)
@@ -98,10 +115,11 @@ def run(out: Path):
     for e in index:
         D, B, H = e["D"], e["B"], e["H"]
         g = torch.Generator(device="cuda").manual_seed(0)
-        gate_i = torch.randn(D, SEQ, B, 3 * H, device="cuda", generator=g)
-        R = ((torch.rand(D, 3 * H, H, device="cuda", generator=g) * 2 - 1) * H ** -0.5).to(
+        NG = 1 if e.get("cell") == "rnn" else 3
+        gate_i = torch.randn(D, SEQ, B, NG * H, device="cuda", generator=g)
+        R = ((torch.rand(D, NG * H, H, device="cuda", generator=g) * 2 - 1) * H ** -0.5).to(
             getattr(torch, e.get("dtype", "float16")))
-        rb_h = torch.randn(D, H, device="cuda", generator=g) * 0.1
+        rb_h = torch.randn(D, H, device="cuda", generator=g) * 0.1 * (NG == 3)
         lens = torch.full((B,), SEQ, dtype=torch.int32, device="cuda")
         h0 = torch.randn(D, B, H, device="cuda", generator=g) * 0.5
         Y = torch.empty(SEQ, D, B, H, device="cuda", dtype=R.dtype)
@@ -123,7 +141,7 @@ def run(out: Path):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "build" and len(sys.argv) > 3:   # build DIR DTYPE: only that dtype's shapes
-        build(Path(sys.argv[2]), {k: v for k, v in SWEEP.items() if (*k, "float16")[3] == sys.argv[3]})
+    if sys.argv[1] == "build" and len(sys.argv) > 3:   # build DIR DTYPE|rnn: only that dtype's (cell's) shapes
+        build(Path(sys.argv[2]), {k: v for k, v in SWEEP.items() if sys.argv[3] in (*k, "float16")[3:]})
     else:
         {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]))

@@ -349,6 +349,23 @@ def test_config_tuple_round_trip():
 
 
 @needs_compiler
+def test_wide_block_rule():
+    """float16 GRU at H >= 512: 16-unit blocks, one an SM, split over the batch to fill >= 75% of the SMs."""
+    from tvmseq.kernels import recurrent_gemm as rg
+
+    h100 = rg.gpu_facts(resolve("cuda"))
+    assert pm.wide_block_config(1, 64, 1024, h100) == pm.MmaConfig(16, 8, 32, False, 2)    # 128 blocks
+    assert pm.wide_block_config(1, 64, 512, h100) == pm.MmaConfig(16, 8, 16, False, 4)     # 16 rows split further
+    assert pm.wide_block_config(1, 256, 1024, h100) == pm.MmaConfig(16, 8, 32, True, 2)    # 4 chunks: pipelined
+    assert pm.wide_block_config(1, 64, 256, h100) is None       # not measured below H 512
+    assert pm.wide_block_config(2, 64, 1024, h100) is None      # 128 blocks already: no split
+    assert pm.wide_block_config(1, 100, 768, h100) is None      # 96 blocks < 75% of 132 SMs
+    # the rule's pick is what default_config returns without a database entry, and it fits the H100
+    assert pm.default_config(1, 64, 1024, "cuda", measured=False) == pm.MmaConfig(16, 8, 32, False, 2)
+    assert pm.default_config(1, 64, 1024, "cuda", cell="rnn", measured=False).units_per_block == 8   # GRU only
+
+
+@needs_compiler
 def test_geometry_and_argument_errors():
     from tvmseq.kernels import recurrent_gemm as rg
 

@@ -154,6 +154,9 @@ class MmaGeometry:
     HALF = property(lambda self: self.cfg.half_stage)
     SROW = property(lambda self: (self.KW // 2 if self.HALF else self.KW) + 16 // self.ESZ)
     CPL = property(lambda self: self.MC * self.NGU // 32)              # SIMT: sums a lane accumulates
+    # SIMT: W row stride in shared memory (floats). Hp is a multiple of 128, so unpadded, the two lane halves'
+    # rows (j and NGU/2 + j) fall on the same banks: every 16-byte W read was a 2-way bank conflict
+    WROW = property(lambda self: self.Hp + 4)
     SLOTS = property(lambda self: 2 if self.cfg.pipeline else 1)      # staging buffers
     ITEMS = property(lambda self: self.MC * self.UB)                   # (row, unit) items per chunk
     FI = property(lambda self: math.ceil(self.ITEMS / self.NT))        # items a thread finishes
@@ -163,7 +166,7 @@ class MmaGeometry:
         return product + 4 * self.FI + self.NCB * self.FI + _REG_OVERHEAD
 
     def smem_bytes(self) -> int:
-        weights = 4 * self.NGU * self.Hp if self.SIMT else 0
+        weights = 4 * self.NGU * self.WROW if self.SIMT else 0
         return self.ESZ * self.SLOTS * self.NW * self.MC * self.SROW + 4 * self.NW * self.MC * self.NGU + weights
 
     def check(self, facts) -> str | None:
@@ -205,8 +208,8 @@ def candidate_configs(dtype: str = "float16"):
 def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: bool = True,
                    dtype: str = "float16") -> MmaConfig | None:
     """The measured winner (`schedules/measured/persistent_mma.json`, `schedules/tune_persistent_mma.py`) where
-    there is one, else the batch split that fills the GPU (`batch_split_config`), else the first candidate that
-    fits the target's GPU, or None."""
+    there is one, else the rules below in order (`wide_block_config`, `batch_split_config`), else the first
+    candidate that fits the target's GPU, or None."""
     from ..tune import measured as db
     from . import recurrent_gemm as rg
 
@@ -216,14 +219,47 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
         if config:
             return MmaConfig(**config)
     facts = rg.gpu_facts(target)
+    fits = lambda cfg: cfg is not None and MmaGeometry(D, B, H, GATES[cell], cfg, dtype).check(facts) is None  # noqa: E731
+    if dtype == "float16" and cell == "gru":
+        wide = wide_block_config(D, B, H, facts)
+        if fits(wide):
+            return wide
     for rows in ((32, 16) if dtype == "float32" else (32,)):
         split = batch_split_config(D, B, H, facts, rows)
-        if split is not None and MmaGeometry(D, B, H, GATES[cell], split, dtype).check(facts) is None:
+        if fits(split):
             return split
     for cfg in candidate_configs(dtype):
-        if MmaGeometry(D, B, H, GATES[cell], cfg, dtype).check(facts) is None:
+        if fits(cfg):
             return cfg
     return None
+
+
+# wide blocks (16 units) are used when they occupy at least this share of the SMs
+WIDE_MIN_FILL = 0.75
+
+
+def wide_block_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
+    """float16 GRU: 16 units a block (48 gate rows), one block an SM, batch split to fill the SMs: each SM
+    ingests the state once for 48 gate rows instead of twice for 2 x 24 (two 8-unit blocks), half the L2 ->
+    SM traffic a step. Chunk rows 32, or 16 where that splits further; the next chunk's copy in flight
+    (`pipeline`) when a block has 2+ chunks a step. None when the blocks would fill < WIDE_MIN_FILL of the
+    SMs (small H x B: more, smaller blocks win), need no split, or H < 512 (not measured there). Measured on the H100 (recurrence us a step,
+    artifacts/bench/pmma_sweep.json, run sweep6, against two 8-unit blocks an SM): H1024 B64 4.85 vs 6.25,
+    H1024 B256 15.6 vs 20.1, H512 B256 6.2 vs 7.2, H512 B64 (16 rows) 2.84 vs 3.14, bi H512 B64 3.90 vs 4.55."""
+    if H < 512:
+        return None
+    G = D * math.ceil(H / 16)
+    best = None
+    for rows in (32, 16):
+        split = 1
+        while G * split * 2 <= facts.num_sms and split * 2 <= math.ceil(B / rows):
+            split *= 2
+        if best is None or G * split > D * math.ceil(H / 16) * best.batch_split:
+            chunks = math.ceil(math.ceil(B / rows) / split)
+            best = MmaConfig(16, 8, rows, chunks >= 2, split)
+    if best.batch_split == 1 or G * best.batch_split < WIDE_MIN_FILL * facts.num_sms:
+        return None
+    return best
 
 
 def batch_split_config(D: int, B: int, H: int, facts, rows: int = 32) -> MmaConfig | None:
@@ -303,7 +339,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
                                                  geo.ITEMS, geo.FI)
     BS, NCB = geo.BS, geo.NCB
-    SIMT, CPL, EPC = geo.SIMT, geo.CPL, 16 // geo.ESZ     # EPC: state elements per 16-byte copy
+    SIMT, CPL, WROW, EPC = geo.SIMT, geo.CPL, geo.WROW, 16 // geo.ESZ     # EPC: state elements per 16-byte copy
     PER_SM = math.ceil(geo.BLOCKS / rg.gpu_facts(target).num_sms) if gpu else 1
     unroll = T.unroll if gpu else T.serial
     G3 = NG * H
@@ -346,13 +382,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
 
     @T.macro
     def load_w_slice(Rw, wsm, d, g, t):
-        """SIMT: the block's gate rows of R in shared memory, wsm[col * Hp + k] (zero past H)."""
+        """SIMT: the block's gate rows of R in shared memory, wsm[col * WROW + k] (zero past H)."""
         for i in T.serial(math.ceil(NGU * Hp / NT)):
             v = T.meta_var(i * NT + t)
             col = T.meta_var(v // Hp)
             k = T.meta_var(v % Hp)
             if v < NGU * Hp:
-                wsm[v] = T.if_then_else(g * UB + col % UB < H and k < H,
+                wsm[col * WROW + k] = T.if_then_else(g * UB + col % UB < H and k < H,
                                         Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float32(0))
 
     @T.macro
@@ -471,7 +507,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     hv[T.ramp(rr * 4, 1, 4)] = stage[T.ramp(
                         ((slot * NW + w) * MC + lane % 16 + 16 * rr) * SROW + (0 if HALF else part * KP) + k4 * 4, 1, 4)]
                 for j in unroll(CW):
-                    wv[T.ramp(0, 1, 4)] = wsm[T.ramp((cg * CW + j) * Hp + w * KW + part * KP + k4 * 4, 1, 4)]
+                    wv[T.ramp(0, 1, 4)] = wsm[T.ramp((cg * CW + j) * WROW + w * KW + part * KP + k4 * 4, 1, 4)]
                     for rr in unroll(RPL):
                         acc[rr * CW + j] = (acc[rr * CW + j] + hv[rr * 4] * wv[0] + hv[rr * 4 + 1] * wv[1]
                                             + hv[rr * 4 + 2] * wv[2] + hv[rr * 4 + 3] * wv[3])
@@ -574,7 +610,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
                     gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
                     if SIMT:
-                        wsm = T.alloc_buffer((NGU * Hp,), "float32", scope="shared.dyn")
+                        wsm = T.alloc_buffer((NGU * WROW,), "float32", scope="shared.dyn")
                         hv = T.alloc_buffer((4 * RPL,), "float32", scope="local")
                         wv = T.alloc_buffer((4,), "float32", scope="local")
                     else:
