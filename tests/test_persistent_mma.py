@@ -239,6 +239,11 @@ GPU_CASES = [
     (1, 64, 1024, "reverse", "gru", None, None, True, (8, 8, 32, 0, 2, 1)),      # ready flags, split
     (2, 45, 136, "bidirectional", "gru", None, None, True, (8, 4, 16, 1, 2, 1)),  # flags, padded k, pipelined
     (2, 33, 512, "bidirectional", "rnn", None, None, True, (8, 8, 16, 0, 1, 1)),  # flags, RNN
+    (1, 77, 520, "forward", "gru", None, None, True, (16, 8, 16, 1, 2)),        # wide blocks, odd H, pipelined
+    (1, 130, 1000, "reverse", "gru", None, 1.2, True, (16, 8, 32, 1, 2)),        # wide, 3 chunks a block, clip
+    (1, 70, 300, "reverse", "gru", None, None, True, (16, 8, 16, 0, 2, 0, 0, 0, 1)),   # bulk copies, odd k
+    (1, 21, 129, "forward", "rnn", ("Relu",), None, True, (8, 8, 16, 0, 1, 0, 0, 0, 1)),  # bulk, 2 k halves
+    (1, 64, 1024, "forward", "gru", None, None, True, (16, 8, 32, 0, 2, 0, 0, 1)),      # early gate loads
     # float32: the product on FMA units, R slice in shared memory
     (1, 64, 1024, "forward", "gru", None, None, True, None, "float32"),
     (2, 45, 136, "bidirectional", "gru", None, 0.9, True, (8, 4, 16, 1, 2), "float32"),
@@ -246,6 +251,8 @@ GPU_CASES = [
     (1, 50, 256, "forward", "rnn", ("Relu",), None, True, None, "float32"),
     (1, 64, 1024, "reverse", "gru", None, None, True, (8, 8, 32, 0, 1, 0, 1), "float32"),      # half_stage
     (2, 40, 200, "bidirectional", "gru", None, None, True, (8, 4, 32, 0, 2, 0, 1), "float32"),  # half, split
+    (2, 47, 136, "bidirectional", "gru", None, 0.9, True, (8, 4, 16, 0, 2, 0, 0, 0, 1), "float32"),  # bulk
+    (1, 51, 256, "forward", "rnn", ("Relu",), None, True, (8, 8, 16, 0, 4, 0, 0, 1, 1), "float32"),  # bulk, early
 ]
 TOL32 = dict(rtol=1e-4, atol=2e-5)
 
@@ -272,6 +279,12 @@ def build_gpu_cases(out_dir):
     ex.export_library(str(out / "pmma.so"))
     (out / "index.json").write_text(json.dumps({"cases": GPU_CASES, "ptxas": report}, indent=1))
     print(f"built {len(funcs)} kernels into {out}; ptxas: {report}")
+
+
+def test_gpu_case_names_are_unique():
+    """Each GPU case is one kernel of the prebuilt library, found by its name."""
+    names = [_case_name(case) for case in GPU_CASES]
+    assert len(set(names)) == len(names), [n for n in names if names.count(n) > 1]
 
 
 def _gpu_index():
@@ -342,7 +355,8 @@ def test_importer_picks_the_path_for_a_gpu_target(dtype, batch, path):
 @needs_compiler
 def test_config_tuple_round_trip():
     """The compact config tuples of the sweeps, the tuning script and the GPU cases read back the same."""
-    for knobs in [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 4, 16, 1, 2, 1), (8, 8, 32, 0, 1, 0, 1), (16, 8, 32, 1)]:
+    for knobs in [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 4, 16, 1, 2, 1), (8, 8, 32, 0, 1, 0, 1), (16, 8, 32, 1),
+                  (16, 8, 32, 0, 2, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 0, 1)]:
         assert pm.MmaConfig.of(knobs).knobs() == knobs
     assert pm.MmaConfig.of((8, 8, 64)) == pm.MmaConfig(8, 8, 64)
     assert pm.MmaConfig.of((8, 4, 16, 1, 2, 1)) == pm.MmaConfig(8, 4, 16, pipeline=True, batch_split=2, flags=True)
@@ -375,6 +389,7 @@ def test_geometry_and_argument_errors():
     assert "half_stage is for float32" in geo(pm.MmaConfig(8, 8, 32, half_stage=True), "float16")
     assert "half_stage is for float32" in geo(pm.MmaConfig(8, 8, 32, pipeline=True, half_stage=True))
     assert "batch_split >= 1" in geo(pm.MmaConfig(8, 8, 32, batch_split=0))
+    assert "bulk staging is for one staging slot" in geo(pm.MmaConfig(8, 8, 32, pipeline=True, bulk=True))
     assert "shared memory per block" in geo(pm.MmaConfig(32, 8, 32), H=4096)   # a 96 x 4096 float32 R slice
     assert "threads x" in geo(pm.MmaConfig(8, 64, 32), "float16", H=1024)      # 64 warps
     with pytest.raises(TvmseqError, match="batch and hidden must be >= 1"):

@@ -94,6 +94,17 @@ class MmaConfig:
                      owning its k-slice) instead of a grid barrier
     half_stage:      float32 only: stage a warp's k-slice in two halves through one half-size buffer (the
                      second copy after the first half's product), so 32-row chunks fit beside the R slice
+    early_gate:      load the next chunk's gate_i (the input projection, streamed from DRAM) as soon as this
+                     chunk's gate math is done, so the last chunk's loads for step s + 1 are in flight across the
+                     grid barrier instead of issued after it
+    bulk:            sm_90: stage the state with one bulk copy (cp.async.bulk, the TMA unit) per row and k half,
+                     completion on a per-warp mbarrier, instead of 16-byte cp.async (8x fewer copy instructions:
+                     ncu had the 16-byte copies throttling the load/store queue, lg_throttle); not with pipeline
+                     or half_stage. Correct (GPU cases, sanitizers) but measured SLOWER everywhere (sweep8: fp16
+                     H1024 B64 4.89 -> 6.31 us a step, H512 B64 2.82 -> 4.11): 64-256-byte bulk copies cost more
+                     than the 16-byte ones; off by default (a whole-slice copy would need a swizzled state layout)
+    early_gate and bulk were added in session 5; early_gate won only at some shapes (H1024 B256 14.6 -> 13.9,
+    RNN H256 B64 2.21 -> 2.10) and lost at others (H1024 B64 4.88 -> 5.04), so only the database turns it on.
     """
 
     units_per_block: int = 8
@@ -103,10 +114,13 @@ class MmaConfig:
     batch_split: int = 1
     flags: bool = False
     half_stage: bool = False
+    early_gate: bool = False
+    bulk: bool = False
 
     # the compact form the sweeps, the tuning script and the GPU test cases write a config in:
-    # (units, warps, rows[, pipeline[, batch_split[, flags[, half_stage]]]]), 0/1 for the switches
-    _OPTIONAL = (("pipeline", False), ("batch_split", 1), ("flags", False), ("half_stage", False))
+    # (units, warps, rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk]]]]]]), 0/1 switches
+    _OPTIONAL = (("pipeline", False), ("batch_split", 1), ("flags", False), ("half_stage", False),
+                 ("early_gate", False), ("bulk", False))
 
     @classmethod
     def of(cls, knobs) -> "MmaConfig":
@@ -177,6 +191,8 @@ class MmaGeometry:
             return f"config {c}: units_per_block must be a multiple of 8, chunk_rows of 16, batch_split >= 1"
         if self.SIMT and self.MC not in (16, 32):
             return f"config {c}: the float32 product needs 16 or 32 chunk rows (lanes x rows)"
+        if c.bulk and (c.pipeline or self.HALF):
+            return f"config {c}: bulk staging is for one staging slot (no pipeline, no half_stage)"
         if self.HALF and (not self.SIMT or c.pipeline or self.KTW % 2):
             return f"config {c}: half_stage is for float32, without pipeline, with an even number of k16 tiles"
         if facts is None:
@@ -438,15 +454,38 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
 
     SLOTS = geo.SLOTS
     PENDING = PARTS if SLOTS == 2 else 0   # groups of the next chunk's copy issued before this chunk's waits
+    BULK, ESZ = cfg.bulk, geo.ESZ
 
     @T.macro
-    def stage_gpu(hbuf, stage, buf, d, c, slot, w, lane, first=0):
+    def stage_bulk(hbuf, stage, mbar, buf, d, c, slot, w, lane, part):
+        """k half `part` of warp w's rows of chunk c: one cp.async.bulk per row (KP elements), all completing on
+        mbarrier (w, part); lane 0 arms it with the byte count (0 past the block's last chunk: the phase still
+        completes, so the waits' parity is the chunk count). The proxy fence orders this lane's earlier generic
+        reads of the slot (ldmatrix) and the grid barrier's acquire of the state before the async-proxy copy."""
+        if lane == 0:
+            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
+                T.address_of(mbar[w * PARTS + part]),
+                T.Cast("uint32", T.if_then_else(c < NCH, MC * KP * ESZ, 0)))
+        T.evaluate(T.call_extern("void", "__syncwarp"))
+        if c < NCH:
+            T.ptx["fence.proxy.async"]()
+            for i in unroll(math.ceil(MC / 32)):
+                if i * 32 + lane < MC:
+                    T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
+                        T.address_of(stage[((slot * NW + w) * MC + i * 32 + lane) * SROW + part * KP]),
+                        T.address_of(hbuf[hidx(buf, d, c * MC + i * 32 + lane, w * KW + part * KP)]),
+                        T.uint32(KP * ESZ), T.address_of(mbar[w * PARTS + part]))
+
+    @T.macro
+    def stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, first=0):
         """Warp w's k-slice of chunk c's state rows -> its region of staging slot `slot` (16 B copies), one
         commit group per k half from `first` (half_stage: one half per call, at column 0 of the region).
         Nothing is copied for c >= NCH (past the block's last chunk), but the groups are still committed,
         so the waits of `product_gpu` count the same number of groups every chunk."""
         for part in unroll(first, first + 1 if HALF else PARTS):
-            if c < NCH:
+            if BULK:
+                stage_bulk(hbuf, stage, mbar, buf, d, c, slot, w, lane, part)
+            elif c < NCH:
                 # MC a multiple of 16, KP of 8: whole rounds of 32 lanes
                 for i in unroll(MC * KP // EPC // 32):
                     q = T.meta_var(i * 32 + lane)
@@ -455,17 +494,26 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     T.evaluate(T.s_tir.cp_async_raw.legacy(
                         stage.access_ptr("w"), ((slot * NW + w) * MC + row) * SROW + col - (part * KP if HALF else 0),
                         hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype=dtype))
-            T.evaluate(T.ptx["cp.async.commit_group"]())
+            if not BULK:
+                T.evaluate(T.ptx["cp.async.commit_group"]())
 
     @T.macro
-    def product_gpu(stage, bfrag, afrag, acc, red, slot, w, lane):
+    def wait_part(mbar, w, part, phase, pending):
+        """This warp's copies of k half `part` have landed in shared memory (both staging mechanisms)."""
+        if BULK:
+            T.evaluate(T.cuda.mbarrier_wait(T.address_of(mbar[w * PARTS + part]), phase % 2))
+        else:
+            T.evaluate(T.ptx["cp.async.wait_group"](pending))
+            T.evaluate(T.call_extern("void", "__syncwarp"))
+
+    @T.macro
+    def product_gpu(stage, mbar, bfrag, afrag, acc, red, slot, w, lane, phase):
         """Partial sums of warp w over its k-slice of the chunk in staging slot `slot`: acc (C fragments) ->
         red[w, row, gate row]."""
         for v in unroll(MT * NN * 4):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
-            T.evaluate(T.ptx["cp.async.wait_group"](PARTS - 1 - part + PENDING))
-            T.evaluate(T.call_extern("void", "__syncwarp"))
+            wait_part(mbar, w, part, phase, PARTS - 1 - part + PENDING)
             for kp in unroll(KTW // PARTS):
                 for mt in unroll(MT):
                     T.evaluate(T.ptx_legacy.ldmatrix(
@@ -488,7 +536,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
 
     @T.macro
-    def product_simt(hbuf, stage, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane):
+    def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, phase):
         """float32: lane = (rows lane % 16 + 16 i for i < MC / 16, column half lane / 16), CW gate rows; k
         walked in fours: one 16-byte state read per row and one 16-byte (broadcast) W read per gate row, each W
         read used for every row the lane holds (8 FMAs a load at 32 chunk rows); per commit group as
@@ -499,9 +547,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         for part in unroll(PARTS):
             if HALF and part > 0:   # the region is free once this warp's product of the first half is done
                 T.evaluate(T.call_extern("void", "__syncwarp"))
-                stage_gpu(hbuf, stage, buf, d, c, slot, w, lane, part)
-            T.evaluate(T.ptx["cp.async.wait_group"](0 if HALF else PARTS - 1 - part + PENDING))
-            T.evaluate(T.call_extern("void", "__syncwarp"))
+                stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, part)
+            wait_part(mbar, w, part, phase, 0 if HALF else PARTS - 1 - part + PENDING)
             for k4 in T.serial(KP // 4):
                 for rr in unroll(RPL):
                     hv[T.ramp(rr * 4, 1, 4)] = stage[T.ramp(
@@ -576,6 +623,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                                                    hst[hoff + ci * FI + i], T.float32(0)))
 
     FLAGS = cfg.flags
+    EARLY = cfg.early_gate
     PW = math.ceil(KW / UB)    # producer blocks of a warp's k-slice
 
     @T.macro
@@ -609,6 +657,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
                     acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
                     gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
+                    mbar = T.alloc_buffer((NW * PARTS,), "uint64", scope="shared")
                     if SIMT:
                         wsm = T.alloc_buffer((NGU * WROW,), "float32", scope="shared.dyn")
                         hv = T.alloc_buffer((4 * RPL,), "float32", scope="local")
@@ -624,26 +673,39 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     else:
                         load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
                     seed(H0, hbuf, hst, 0, d, g, q, t)
+                    if BULK:
+                        if t % 32 == 0:
+                            for part in unroll(PARTS):
+                                T.ptx["mbarrier.init.shared::cta.b64"](T.address_of(mbar[t // 32 * PARTS + part]),
+                                                                       T.uint32(1))
+                            T.ptx["fence.mbarrier_init.release.cluster"]()
                     if FLAGS:
                         if t == 0:
                             flags[(d * BS + q) * G + g] = 0
+                    if EARLY:
+                        prefetch(GI, RbH, Lens, gi, d, g, t, 0, q, seq)
                     T.cuda.grid_sync()
                     for s in T.serial(seq):
                         if FLAGS:
                             wait_producers(flags, d, q, t // 32, s)
                         if SLOTS == 2:
-                            stage_gpu(hbuf, stage, s % 2, d, q, 0, t // 32, t % 32)
+                            stage_gpu(hbuf, stage, mbar, s % 2, d, q, 0, t // 32, t % 32)
                         for ci in T.serial(NCB):
-                            prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                            stage_gpu(hbuf, stage, s % 2, d, q + (ci + SLOTS - 1) * BS, (ci + SLOTS - 1) % SLOTS,
+                            if not EARLY:
+                                prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
+                            stage_gpu(hbuf, stage, mbar, s % 2, d, q + (ci + SLOTS - 1) * BS, (ci + SLOTS - 1) % SLOTS,
                                       t // 32, t % 32)
                             if SIMT:
-                                product_simt(hbuf, stage, wsm, hv, wv, acc, red, s % 2, d, q + ci * BS, ci % SLOTS,
-                                             t // 32, t % 32)
+                                product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, s % 2, d, q + ci * BS,
+                                             ci % SLOTS, t // 32, t % 32, s * NCB + ci)
                             else:
-                                product_gpu(stage, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32)
+                                product_gpu(stage, mbar, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32,
+                                            s * NCB + ci)
                             T.tvm_storage_sync("shared")
                             finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
+                            if EARLY:   # the next chunk's, or step s + 1's first (clamped past the last step)
+                                prefetch(GI, RbH, Lens, gi, d, g, t, T.if_then_else(ci + 1 < NCB, s, s + 1),
+                                         q + (ci + 1) % NCB * BS, seq)
                             T.tvm_storage_sync("shared")
                         if FLAGS:
                             if t == 0:

@@ -49,7 +49,8 @@ def supports(N: int, K: int, tile: MmaGemmTile = MmaGemmTile()) -> str | None:
     wm, wn = tile.bm // tile.warps_m, tile.bn // tile.warps_n
     if wm % 16 or wn % 16 or tile.bk % 16 or tile.bm % tile.warps_m or tile.bn % tile.warps_n:
         return f"tile {tile}: warp tiles must be multiples of 16 and bk of 16"
-    if (tile.bm + tile.bn) * tile.bk // 8 % tile.threads:
+    if tile.bm * tile.bk // 8 % tile.threads or tile.bn * tile.bk // 8 % tile.threads:
+        # the A and the W copies are two separate loops of whole rounds over the threads
         return f"tile {tile}: the 16-byte copies of a stage do not split evenly over {tile.threads} threads"
     if N % tile.bn or K % tile.bk:
         return f"N={N} (gate rows) must be a multiple of {tile.bn} and K={K} (input size) of {tile.bk}"
