@@ -54,6 +54,13 @@ elif [ "$PART" = E ]; then   # bulk staging: GPU cases, sanitizers on the bulk c
   timeout 200 python3 scripts/pmma_sweep.py run out/pmma8 > $RES/sweep_pmma8.log 2>&1
   echo "sweep pmma8 rc=$?"; cp out/pmma8/results.json $RES/results_pmma8.json 2>/dev/null
   cut -c1-130 $RES/sweep_pmma8.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/' | tail -40
+elif [ "$PART" = H ]; then   # final: models (float2 projection epilogue), projection tiles, the GRU grid
+  TVMSEQ_GPU_MODELS=out/gm5 timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_models.py \
+    -p no:cacheprovider > $RES/pytest_models.log 2>&1; tail -1 $RES/pytest_models.log
+  timeout 60 python3 scripts/tc_projection_sweep.py run out/tcproj6 > $RES/tcproj6.log 2>&1
+  echo "tcproj rc=$?"; cp out/tcproj6/results.json $RES/results_tcproj6.json; cut -c1-160 $RES/tcproj6.log
+  timeout 400 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru5 --out $RES --budget 360 > $RES/pgru.log 2>&1
+  echo "pgru rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru.log | sort -u | awk '!seen[$1 $2 $3 $4]++' | cut -c1-140
 elif [ "$PART" = C ]; then   # checks of the final build + the RNN bench + the projection tile sweep
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
     -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log

@@ -15,8 +15,9 @@ operand): one ldmatrix.x4 per pair of n8 tiles and k16. Shared rows are padded b
 16-byte rows of an ldmatrix phase fall on distinct banks. Needs N % BN == 0 and K % BK == 0 (the GRU/RNN
 shapes: 3H and I multiples of 128 and 32); `supports` says so, and the caller falls back to the wmma rule.
 
-The CPU variant is the plain loop nest (the numerics of the interface); the fragment layouts are checked on
-the GPU (`tests/test_input_projection.py -m gpu` through `python tests/test_input_projection.py out/proj_mma`).
+The CPU variant is the plain loop nest (the numerics of the interface); the fragment layouts and the
+epilogue are checked on the GPU by `scripts/tc_projection_sweep.py` (every tile against torch, including a
+row count that is not a multiple of the tile) and by the float16 whole-model tests (`tests/test_gpu_models.py`).
 """
 from __future__ import annotations
 
@@ -143,13 +144,15 @@ def projection_mma_func(D: int, N: int, K: int, gpu: bool = True, tile: MmaGemmT
                                 # slice kt + S - 1 refills the stage slice kt - 1 used: everyone is past it
                                 load_stage(Xb, Wb, smem, rows, bz, bx * BM, by * BN, kt + S - 1, (kt + S - 1) % S, t)
                                 compute_stage(smem, afrag, bfrag, acc, kt % S, wm, wn, lane)
+                            # a lane's C fragment holds column pairs (n, n + 1): one 8-byte store each
                             for mt in unroll(MT):
                                 for nt in unroll(NT8):
-                                    for i in unroll(4):
-                                        r = T.meta_var(bx * BM + wm * WM + mt * 16 + lane // 4 + 8 * (i // 2))
-                                        n = T.meta_var(by * BN + wn * WN + nt * 8 + (lane % 4) * 2 + i % 2)
+                                    for h in unroll(2):
+                                        r = T.meta_var(bx * BM + wm * WM + mt * 16 + lane // 4 + 8 * h)
+                                        n = T.meta_var(by * BN + wn * WN + nt * 8 + (lane % 4) * 2)
                                         if r < rows:
-                                            GateI[bz, r, n] = acc[(mt * NT8 + nt) * 4 + i] + Bias[bz, n]
+                                            GateI[bz, r, T.ramp(n, 1, 2)] = (acc[T.ramp((mt * NT8 + nt) * 4 + 2 * h, 1, 2)]
+                                                                             + Bias[bz, T.ramp(n, 1, 2)])
         else:
             for d, m, n in T.grid(D, rows, N):
                 GateI[d, m, n] = Bias[d, n]
