@@ -61,6 +61,12 @@ elif [ "$PART" = H ]; then   # final: models (float2 projection epilogue), proje
   echo "tcproj rc=$?"; cp out/tcproj6/results.json $RES/results_tcproj6.json; cut -c1-160 $RES/tcproj6.log
   timeout 400 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru5 --out $RES --budget 360 > $RES/pgru.log 2>&1
   echo "pgru rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru.log | sort -u | awk '!seen[$1 $2 $3 $4]++' | cut -c1-140
+elif [ "$PART" = R ]; then   # the RNN bench with the final database, and the GRU grid once more (cuDNN's spread)
+  timeout 150 python3 -m tvmseq.bench.persistent_rnn --prebuilt out/prnn5 --no-tests --out $RES > $RES/prnn.log 2>&1
+  echo "prnn rc=$?"; tail -16 $RES/prnn.log | cut -c1-160
+  mkdir -p $RES/grid3
+  timeout 400 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru5 --out $RES/grid3 --budget 360 > $RES/pgru3.log 2>&1
+  echo "pgru rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru3.log | sort -u | awk '!seen[$1 $2 $3 $4]++' | cut -c1-140
 elif [ "$PART" = C ]; then   # checks of the final build + the RNN bench + the projection tile sweep
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
     -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log
