@@ -67,6 +67,12 @@ elif [ "$PART" = R ]; then   # the RNN bench with the final database, and the GR
   mkdir -p $RES/grid3
   timeout 400 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru5 --out $RES/grid3 --budget 360 > $RES/pgru3.log 2>&1
   echo "pgru rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru3.log | sort -u | awk '!seen[$1 $2 $3 $4]++' | cut -c1-140
+elif [ "$PART" = S9 ]; then   # sweep 9 (float32 product registers/unroll) + the GPU cases
+  TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
+    -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log
+  timeout 200 python3 scripts/pmma_sweep.py run out/pmma9 > $RES/sweep_pmma9.log 2>&1
+  echo "sweep pmma9 rc=$?"; cp out/pmma9/results.json $RES/results_pmma9.json 2>/dev/null
+  cut -c1-130 $RES/sweep_pmma9.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/' | tail -40
 elif [ "$PART" = C ]; then   # checks of the final build + the RNN bench + the projection tile sweep
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
     -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log

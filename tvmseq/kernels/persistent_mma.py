@@ -72,10 +72,11 @@ __forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, i
 # Below this batch the SIMT engine (one batch column per accumulator, no 16-row m tile to fill) wins.
 MMA_MIN_BATCH = 16
 # float32 (product on FMA units): where it beat the per-step path and the SIMT engine on the H100, recurrence
-# us a step (artifacts/bench/pmma_sweep.json): H512 B64 7.9 vs 10.8 (per-step), H256 B64 3.2 vs 5.3 (engine);
-# not at H1024 B64 (28.6 vs 20.2) or H512 B256 (24.1 vs 18.8)
+# us a step (artifacts/bench/pmma_sweep.json, sweep9): H512 B64 6.2 vs 10.8 (per-step), H256 B64 3.0 vs 5.3
+# (engine); not at H1024 B64 (21.6 vs 20.2) or H512 B256 (19.3 vs 18.6-19.0, a tie)
 SIMT_MIN_BATCH, SIMT_MAX_BATCH, SIMT_MAX_HIDDEN = 32, 64, 512
 _REG_OVERHEAD = 40
+SIMT_UNROLL = 16          # float32 product: k4 loops up to this many steps are unrolled
 _MAX_REGS = 224           # leave ptxas room under 255
 
 
@@ -176,7 +177,7 @@ class MmaGeometry:
     FI = property(lambda self: math.ceil(self.ITEMS / self.NT))        # items a thread finishes
 
     def regs_estimate(self) -> int:
-        product = self.CPL + 8 if self.SIMT else self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4
+        product = self.CPL + 4 * self.MC // 16 + 2 * self.NGU if self.SIMT else self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4
         return product + 4 * self.FI + self.NCB * self.FI + _REG_OVERHEAD
 
     def smem_bytes(self) -> int:
@@ -549,15 +550,19 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 T.evaluate(T.call_extern("void", "__syncwarp"))
                 stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, part)
             wait_part(mbar, w, part, phase, 0 if HALF else PARTS - 1 - part + PENDING)
-            for k4 in T.serial(KP // 4):
+            # every operand of a k4 step is loaded into its own registers before its FMAs (one W register set
+            # reused per gate row serialised each load behind the previous row's FMAs), and short k loops are
+            # unrolled, so the loads of step k4 + 1 can issue under the FMAs of step k4
+            for k4 in (unroll if KP // 4 <= SIMT_UNROLL else T.serial)(KP // 4):
                 for rr in unroll(RPL):
                     hv[T.ramp(rr * 4, 1, 4)] = stage[T.ramp(
                         ((slot * NW + w) * MC + lane % 16 + 16 * rr) * SROW + (0 if HALF else part * KP) + k4 * 4, 1, 4)]
                 for j in unroll(CW):
-                    wv[T.ramp(0, 1, 4)] = wsm[T.ramp((cg * CW + j) * WROW + w * KW + part * KP + k4 * 4, 1, 4)]
+                    wv[T.ramp(j * 4, 1, 4)] = wsm[T.ramp((cg * CW + j) * WROW + w * KW + part * KP + k4 * 4, 1, 4)]
+                for j in unroll(CW):
                     for rr in unroll(RPL):
-                        acc[rr * CW + j] = (acc[rr * CW + j] + hv[rr * 4] * wv[0] + hv[rr * 4 + 1] * wv[1]
-                                            + hv[rr * 4 + 2] * wv[2] + hv[rr * 4 + 3] * wv[3])
+                        acc[rr * CW + j] = (acc[rr * CW + j] + hv[rr * 4] * wv[j * 4] + hv[rr * 4 + 1] * wv[j * 4 + 1]
+                                            + hv[rr * 4 + 2] * wv[j * 4 + 2] + hv[rr * 4 + 3] * wv[j * 4 + 3])
         T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
         for rr in unroll(RPL):
             for j in unroll(CW):
@@ -661,7 +666,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     if SIMT:
                         wsm = T.alloc_buffer((NGU * WROW,), "float32", scope="shared.dyn")
                         hv = T.alloc_buffer((4 * RPL,), "float32", scope="local")
-                        wv = T.alloc_buffer((4,), "float32", scope="local")
+                        wv = T.alloc_buffer((4 * CW,), "float32", scope="local")
                     else:
                         bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
                         afrag = T.alloc_buffer((8,), "float16", scope="local")
