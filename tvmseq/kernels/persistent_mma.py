@@ -205,8 +205,9 @@ class MmaGeometry:
             return f"{self.NT} threads x {per_sm} blocks per SM: too many"
         cap = min(_MAX_REGS, facts.regs_per_sm // (self.NT * per_sm))
         if self.regs_estimate() > cap:
-            return (f"~{self.regs_estimate()} registers per thread (B fragments {self.KTW}x{self.NN}, "
-                    f"accumulators {self.MT}x{self.NN}) > {cap} ({per_sm} block(s) per SM)")
+            what = (f"{self.CPL} accumulators, {2 * self.NGU} W operands" if self.SIMT else
+                    f"B fragments {self.KTW}x{self.NN}, accumulators {self.MT}x{self.NN}")
+            return f"~{self.regs_estimate()} registers per thread ({what}) > {cap} ({per_sm} block(s) per SM)"
         smem_cap = facts.smem_per_block if per_sm == 1 else (facts.smem_per_block + 1024) // per_sm - 1024
         if self.smem_bytes() > smem_cap:
             return f"{self.smem_bytes()} B shared memory per block > {smem_cap} ({per_sm} block(s) per SM)"
