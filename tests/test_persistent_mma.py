@@ -391,7 +391,7 @@ def test_geometry_and_argument_errors():
     assert "batch_split >= 1" in geo(pm.MmaConfig(8, 8, 32, batch_split=0))
     assert "bulk staging is for one staging slot" in geo(pm.MmaConfig(8, 8, 32, pipeline=True, bulk=True))
     assert "shared memory per block" in geo(pm.MmaConfig(16, 8, 32), H=2048)   # a 48 x 2048 float32 R slice
-    assert "96 W operands" in geo(pm.MmaConfig(32, 8, 32))                      # 48 gate rows a lane: spills
+    assert "192 W operands" in geo(pm.MmaConfig(32, 8, 32))                     # 48 gate rows a lane: spills
     assert "threads x" in geo(pm.MmaConfig(8, 64, 32), "float16", H=1024)      # 64 warps
     with pytest.raises(TvmseqError, match="batch and hidden must be >= 1"):
         pm.persistent_mma_func(1, 0, 64, "float16", "forward", None, None, False, "llvm")
