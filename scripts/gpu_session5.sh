@@ -73,6 +73,15 @@ elif [ "$PART" = S9 ]; then   # sweep 9 (float32 product registers/unroll) + the
   timeout 200 python3 scripts/pmma_sweep.py run out/pmma9 > $RES/sweep_pmma9.log 2>&1
   echo "sweep pmma9 rc=$?"; cp out/pmma9/results.json $RES/results_pmma9.json 2>/dev/null
   cut -c1-130 $RES/sweep_pmma9.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/' | tail -40
+elif [ "$PART" = F ]; then   # the final build: whole models, the GRU grid twice (two processes: cuDNN's spread)
+  TVMSEQ_GPU_MODELS=out/gm5 timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_models.py \
+    -p no:cacheprovider > $RES/pytest_models.log 2>&1; tail -1 $RES/pytest_models.log
+  for run in 4 5; do
+    mkdir -p $RES/grid$run
+    timeout 250 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru_final5 --out $RES/grid$run --budget 220 \
+      > $RES/pgru$run.log 2>&1
+    echo "pgru run $run rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru$run.log | sort -u | awk '!seen[$1 $2 $3 $4]++' | cut -c1-140
+  done
 elif [ "$PART" = C ]; then   # checks of the final build + the RNN bench + the projection tile sweep
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
     -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log
