@@ -177,7 +177,10 @@ class MmaGeometry:
     FI = property(lambda self: math.ceil(self.ITEMS / self.NT))        # items a thread finishes
 
     def regs_estimate(self) -> int:
-        product = self.CPL + 4 * self.MC // 16 + 2 * self.NGU if self.SIMT else self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4
+        if self.SIMT:   # accumulators, the state operands (4 a row) and the W operands (4 a gate row)
+            product = self.CPL + 4 * self.MC // 16 + 2 * self.NGU
+        else:           # B fragments (R), accumulators, the A fragment
+            product = self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4
         return product + 4 * self.FI + self.NCB * self.FI + _REG_OVERHEAD
 
     def smem_bytes(self) -> int:
@@ -261,9 +264,10 @@ def wide_block_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
     ingests the state once for 48 gate rows instead of twice for 2 x 24 (two 8-unit blocks), half the L2 ->
     SM traffic a step. Chunk rows 32, or 16 where that splits further; the next chunk's copy in flight
     (`pipeline`) when a block has 2+ chunks a step. None when the blocks would fill < WIDE_MIN_FILL of the
-    SMs (small H x B: more, smaller blocks win), need no split, or H < 512 (not measured there). Measured on the H100 (recurrence us a step,
-    artifacts/bench/pmma_sweep.json, run sweep6, against two 8-unit blocks an SM): H1024 B64 4.85 vs 6.25,
-    H1024 B256 15.6 vs 20.1, H512 B256 6.2 vs 7.2, H512 B64 (16 rows) 2.84 vs 3.14, bi H512 B64 3.90 vs 4.55."""
+    SMs (small H x B: more, smaller blocks win), need no split, or H < 512 (not measured there). Measured on
+    the H100 (recurrence us a step, artifacts/bench/pmma_sweep.json, run sweep6, against two 8-unit blocks an
+    SM): H1024 B64 4.85 vs 6.25, H1024 B256 15.6 vs 20.1, H512 B256 6.2 vs 7.2, H512 B64 (16 rows) 2.84 vs
+    3.14, bi H512 B64 3.90 vs 4.55."""
     if H < 512:
         return None
     G = D * math.ceil(H / 16)
@@ -272,7 +276,7 @@ def wide_block_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
         split = 1
         while G * split * 2 <= facts.num_sms and split * 2 <= math.ceil(B / rows):
             split *= 2
-        if best is None or G * split > D * math.ceil(H / 16) * best.batch_split:
+        if best is None or split > best.batch_split:   # more blocks; a tie keeps the larger chunk
             chunks = math.ceil(math.ceil(B / rows) / split)
             best = MmaConfig(16, 8, rows, chunks >= 2, split)
     if best.batch_split == 1 or G * best.batch_split < WIDE_MIN_FILL * facts.num_sms:
