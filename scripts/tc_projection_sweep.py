@@ -15,10 +15,12 @@ from pathlib import Path
 # session 5: the mma kernel's best tile (bk 64) against 64 x 64 warp tiles (4 warps), fewer ldmatrix an mma; then
 # (tcproj6) the best three again after the epilogue's float2 stores
 # (session 4's list: git log; its results: artifacts/bench/tc_projection_sweep.json)
-SHAPES = [(1, 64, 1024), (1, 256, 1024), (2, 37, 1024)]   # batch 37: 3700 rows, a partial last row tile
+SHAPES = [(1, 64, 1024), (1, 256, 1024), (2, 37, 1024), (1, 256, 512), (2, 64, 1024)]   # batch 37: a partial row tile
 TILES = []   # wmma rule (warps_m, frags_m, warps_n, frags_n, k_frags)
 # hand-scheduled mma.sync kernel (bm, bn, bk, warps_m, warps_n, stages)
-MMA_TILES = [(128, 128, 64, 2, 4, 3), (128, 128, 64, 2, 2, 3), (128, 128, 64, 4, 2, 3)]
+MMA_TILES = [(128, 128, 64, 2, 4, 3)]
+# warpgroup kernel (kernels/projection_wgmma.py): (bm, bn, stages)
+WGMMA_TILES = [(128, 128, 3), (128, 256, 3), (256, 128, 3), (128, 128, 2)]
 SEQ = 100
 
 
@@ -33,6 +35,7 @@ def build(out: Path):
     from tvmseq.kernels import gru
     from tvmseq.kernels import input_projection as ip
     from tvmseq.kernels import projection_mma as pmm
+    from tvmseq.kernels import projection_wgmma as pwg
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
@@ -64,6 +67,13 @@ def build(out: Path):
             name = _name(D, B, H, tile, "mma")
             funcs[name] = pmm.projection_mma_func(D, 3 * H, H, True, t).with_attr("global_symbol", name)
             index.append(dict(D=D, B=B, H=H, tile=list(tile), kind="mma", name=name))
+        for tile in WGMMA_TILES:
+            t = pwg.WgmmaTile(*tile)
+            if pwg.supports(3 * H, H, t) or t.smem_bytes() > 227 * 1024:
+                continue
+            name = _name(D, B, H, tile, "wgmma")
+            funcs[name] = pwg.projection_wgmma_func(D, 3 * H, H, True, t).with_attr("global_symbol", name)
+            index.append(dict(D=D, B=B, H=H, tile=list(tile), kind="wgmma", name=name))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "tcproj.so"))
     for e in index:

@@ -192,9 +192,14 @@ def test_float16_projection_takes_tensor_cores_on_the_gpu():
     func, tile = ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), H100)
     assert tile == ip.FLAT and "gru_input_projection" == func.attrs["global_symbol"]
     src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
-    for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4",
-                   "cp.async.cg.shared.global"):
+    for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "fence.proxy.async.shared::cta",
+                   "cp.async.cg.shared.global"):   # sm_90a: the warpgroup kernel
         assert needle in src, needle
+    a100 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    func80, _ = ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), a100)   # no wgmma there: mma.sync
+    src80 = tvm.compile(tvm.IRModule({"main": func80}), target=a100).mod.imports[0].inspect_source()
+    for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4"):
+        assert needle in src80, needle
     odd, tile = ip.projection_for(_spec(2, 3, 37, 19, "float16"), H100)   # N, K no tile divides: wmma rule
     assert tile == ip.FLAT and "wmma" in tvm.compile(tvm.IRModule({"main": odd}), target=H100).mod.imports[0] \
         .inspect_source()
@@ -222,6 +227,17 @@ def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
     f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in (X, W, bias)], out)
     want = numpy_projection(X[:, None], W, bias)[:, :, 0]
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_wgmma_projection_refuses_shapes_it_cannot_tile():
+    from tvmseq.errors import TvmseqError
+    from tvmseq.kernels import projection_wgmma as pwg
+
+    assert "multiple of 64" in pwg.supports(3072, 1024, pwg.WgmmaTile(bm=96))
+    assert "up to 256" in pwg.supports(3072, 1024, pwg.WgmmaTile(bn=512))
+    with pytest.raises(TvmseqError, match=r"K=1000 \(input size\) of 64"):
+        pwg.projection_wgmma_func(1, 3072, 1000)
+    assert pwg.projection_wgmma_func(1, 128, 64, gpu=False) is not None   # the CPU variant: mma's loop nest
 
 
 def test_mma_projection_refuses_tiles_that_do_not_fit():

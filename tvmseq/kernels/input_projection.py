@@ -28,6 +28,7 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 
 from ..tune import space
 from .projection_mma import MmaGemmTile
+from .projection_wgmma import WgmmaTile
 
 # Measured on the H100 (artifacts/bench/search_compare.json, the pool of
 # gemm_m6400_n3072_k1024_f32_nk_bias = the GRU input GEMM of batch 64, seq 100, H = I = 1024): the
@@ -286,6 +287,10 @@ TENSOR_CORE_TILE = TensorCoreTile()
 
 
 MMA_TILE = MmaGemmTile(bm=128, bn=128, bk=64, warps_m=2, warps_n=4, stages=3)
+# sm_90a: the warpgroup kernel (`projection_wgmma`), 412-462 TFLOP/s at this tile against 245-262 for the mma.sync
+# kernel, 0.66-0.69x cuBLAS (scripts/tc_projection_sweep.py, artifacts/bench/tc_projection_sweep.json, run
+# session5_wgmma: GRU input GEMMs of batch 37/64/256, H = I = 512/1024; 128 x 256, 256 x 128 and 2 stages slower)
+WGMMA_TILE = WgmmaTile(bm=128, bn=128, stages=3)
 
 
 class TensorCoreProjection:
@@ -399,14 +404,18 @@ class TensorCoreProjection:
 
 def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> tirx.PrimFunc | None:
     """float16 on a GPU: the flat projection on tensor cores, fp16 inputs, fp32 accumulation: the hand-scheduled
-    mma.sync kernel (`projection_mma`, sm_80+) where its tile divides N and K, else `TensorCoreProjection`
-    (wmma 16x16x16; always with an explicit `tile`); None elsewhere or when the rule declines. The SIMT
-    template runs fp16 at fp32 FMA speed (1.25 ms at batch 64, H = I = 1024, against cuBLAS's 0.20 ms)."""
-    from . import projection_mma
+    warpgroup kernel (`projection_wgmma`, sm_90a) or mma.sync kernel (`projection_mma`, sm_80+) where its
+    tile divides N and K, else `TensorCoreProjection` (wmma 16x16x16; always with an explicit `tile`); None
+    elsewhere or when the rule declines. The SIMT template runs fp16 at fp32 FMA speed (1.25 ms at batch 64,
+    H = I = 1024, against cuBLAS's 0.20 ms)."""
+    from . import projection_mma, projection_wgmma
 
     if spec.dtype != "float16" or target is None or target.kind.name != "cuda" or sm_version(target) < 70:
         return None
     D, N, K = spec.num_directions, spec.gates * spec.hidden, spec.input_size
+    if tile is None and str(target.attrs.get("arch", "")) == "sm_90a" \
+            and projection_wgmma.supports(N, K, WGMMA_TILE) is None:   # wgmma exists on sm_90a only
+        return projection_wgmma.projection_wgmma_func(D, N, K, True, WGMMA_TILE)
     if tile is None and sm_version(target) >= 80 and projection_mma.supports(N, K, MMA_TILE) is None:
         return projection_mma.projection_mma_func(D, N, K, True, MMA_TILE)
     try:

@@ -1,0 +1,152 @@
+"""The float16 input projection on Hopper's warpgroup tensor cores (wgmma), hand-scheduled in TIRx.
+
+gate_i[d, m, n] = sum_k X[m, k] W[d, n, k] + bias[d, n] over the flat m = (t, b) rows (symbolic): the
+interface of `projection_mma` (mma.sync), which reached 250 TFLOP/s, 0.40x cuBLAS, at the GRU input GEMM's
+shapes. wgmma reads both operands straight from shared memory (no ldmatrix, no fragment registers) and runs
+64 x BN x 16 per instruction for a whole warpgroup.
+
+Block tile BM x BN, one consumer warpgroup (128 threads) per 64 rows; K walked 64 at a time (one 128-byte
+row of fp16 per tile row) through STAGES shared-memory stages filled by 16-byte cp.async, every thread
+copying. The tiles are stored in the 128-byte swizzle layout wgmma's descriptors describe (16-byte chunk c of
+row r at chunk c ^ (r % 8), 8-row atoms of 1 KB, each tile 1 KB aligned); a k16 step advances the descriptor's
+start address by 32 bytes. A stage's copies land through the generic proxy and wgmma reads through the async
+proxy, hence the proxy fence before the barrier that publishes a stage. Accumulators: BN / 2 float32 registers
+a thread, the m16n8 C-fragment layout per 8 columns; the epilogue adds the bias and stores column pairs.
+
+Needs N % BN == 0 and K % 64 == 0 (`supports`); sm_90a only (the caller checks the target). The CPU variant
+is `projection_mma`'s loop nest (the interface's numerics); the layouts are checked on the GPU by
+`scripts/tc_projection_sweep.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import TvmseqError
+
+BK = 64            # k per stage: one 128-byte swizzle row of fp16
+SWIZZLE_128B = 3   # T.cuda.wgmma_encode_matrix_descriptor's code for the 128-byte swizzle
+ATOM = 1024        # bytes of an 8-row swizzle atom: the descriptor's stride between row groups
+
+
+@dataclass(frozen=True)
+class WgmmaTile:
+    bm: int = 128      # rows per block: 64 per consumer warpgroup
+    bn: int = 128      # gate rows per block: the wgmma N (a multiple of 8, <= 256)
+    stages: int = 3
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bm // 64)
+
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * BK * 2 + ATOM   # + slack to align the first tile
+
+
+def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile()) -> str | None:
+    if tile.bm % 64 or tile.bn % 8 or not 8 <= tile.bn <= 256:
+        return f"tile {tile}: bm a multiple of 64, bn a multiple of 8 up to 256"
+    if N % tile.bn or K % BK:
+        return f"N={N} (gate rows) must be a multiple of {tile.bn} and K={K} (input size) of {BK}"
+    return None
+
+
+def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaTile = WgmmaTile()):
+    """prim_func(X [rows, K] fp16, W [D, N, K] fp16, bias [D, N] f32, gate_i [D, rows, N] f32)."""
+    from tvm.script import tirx as T
+
+    from .projection_mma import projection_mma_func
+
+    why = supports(N, K, tile)
+    if why:
+        raise TvmseqError(f"wgmma projection: {why}")
+    if not gpu:
+        return projection_mma_func(D, N, K, gpu=False)
+    BM, BN, S, NT = tile.bm, tile.bn, tile.stages, tile.threads
+    ACC = BN // 2                      # float32 accumulators a thread
+    KT = K // BK
+    ROW = BK                           # halfs a tile row (128 bytes)
+    A_ELEMS, B_ELEMS = BM * ROW, BN * ROW
+    STAGE = A_ELEMS + B_ELEMS          # halfs a stage (a multiple of 512 halfs = 1 KB)
+    unroll = T.unroll
+    shape = f"m64n{BN}k16"
+
+    def wgmma(acc, da, db, accumulate):
+        return T.ptx[f"wgmma.mma_async.sync.aligned.{shape}.f32.f16.f16"](
+            *[acc[i] for i in range(ACC)], da[0], db[0], T.ptx.pred(accumulate), 1, 1, 0, 0)
+
+    def swz(r, c):
+        """half offset of 16-byte chunk c of row r inside a 1 KB-aligned tile."""
+        return r * ROW + T.bitwise_xor(c, r % 8) * 8
+
+    @T.macro
+    def load_stage(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
+        if kt < KT:
+            for i in unroll(BM * 8 // NT):
+                q = T.meta_var(i * NT + t)
+                T.evaluate(T.s_tir.cp_async_raw.legacy(
+                    smem.access_ptr("w"), base + st * STAGE + swz(q // 8, q % 8),
+                    Xb.data, T.min(m0 + q // 8, rows - 1) * K + kt * BK + (q % 8) * 8, 16, dtype="float16"))
+            for i in unroll(BN * 8 // NT):
+                q = T.meta_var(i * NT + t)
+                T.evaluate(T.s_tir.cp_async_raw.legacy(
+                    smem.access_ptr("w"), base + st * STAGE + A_ELEMS + swz(q // 8, q % 8),
+                    Wb.data, (d * N + n0 + q // 8) * K + kt * BK + (q % 8) * 8, 16, dtype="float16"))
+        T.evaluate(T.ptx["cp.async.commit_group"]())
+
+    @T.prim_func
+    def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+        rows = T.int32()
+        Xb = T.match_buffer(x, (rows, K), "float16")
+        Wb = T.match_buffer(w, (D, N, K), "float16")
+        Bias = T.match_buffer(bias, (D, N), "float32")
+        GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
+        # blockIdx.x walks the gate-row tiles: the blocks running together share X rows (read from DRAM once)
+        # and re-read W (the smaller operand) from L2; the other order streamed X once per gate-row tile
+        for bz in T.thread_binding(D, thread="blockIdx.z"):
+            for bx in T.thread_binding((rows + BM - 1) // BM, thread="blockIdx.y"):
+                for by in T.thread_binding(N // BN, thread="blockIdx.x"):
+                    for t in T.thread_binding(NT, thread="threadIdx.x"):
+                        smem = T.alloc_buffer((S * STAGE + ATOM // 2,), "float16", scope="shared.dyn")
+                        acc = T.alloc_buffer((ACC,), "float32", scope="local")
+                        da = T.alloc_buffer((1,), "uint64", scope="local")
+                        db = T.alloc_buffer((1,), "uint64", scope="local")
+                        wg = T.meta_var(t // 128)
+                        lane = T.meta_var(t % 32)
+                        # halfs from the dynamic shared base to the first 1 KB boundary (computed once: inside
+                        # the copies' condition its read of the buffer's address would need a barrier there)
+                        off = T.alloc_buffer((1,), "int32", scope="local")
+                        off[0] = (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM
+                                  ) % ATOM // 2
+                        base = T.meta_var(off[0])
+                        for v in unroll(ACC):
+                            acc[v] = T.float32(0)
+                        for st in unroll(S - 1):
+                            load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, st, st, t)
+                        for kt in T.serial(KT):
+                            T.evaluate(T.ptx["cp.async.wait_group"](S - 2))
+                            T.ptx["fence.proxy.async.shared::cta"]()
+                            T.tvm_storage_sync("shared")
+                            load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, kt + S - 1, (kt + S - 1) % S, t)
+                            T.ptx["wgmma.fence.sync.aligned"]()
+                            for kk in unroll(BK // 16):
+                                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
+                                    T.address_of(da[0]),
+                                    T.address_of(smem[base + kt % S * STAGE + wg * 64 * ROW + kk * 16]), 1, ATOM // 16,
+                                    SWIZZLE_128B))
+                                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
+                                    T.address_of(db[0]),
+                                    T.address_of(smem[base + kt % S * STAGE + A_ELEMS + kk * 16]), 1, ATOM // 16,
+                                    SWIZZLE_128B))
+                                T.evaluate(wgmma(acc, da, db, kt * 4 + kk > 0))
+                            T.ptx["wgmma.commit_group.sync.aligned"]()
+                            T.ptx["wgmma.wait_group.sync.aligned"](0)
+                        for j in unroll(BN // 8):
+                            for h in unroll(2):
+                                r = T.meta_var(bx * BM + wg * 64 + (t % 128) // 32 * 16 + lane // 4 + 8 * h)
+                                n = T.meta_var(by * BN + j * 8 + (lane % 4) * 2)
+                                if r < rows:
+                                    GateI[bz, r, T.ramp(n, 1, 2)] = (acc[T.ramp(j * 4 + 2 * h, 1, 2)]
+                                                                     + Bias[bz, T.ramp(n, 1, 2)])
+
+    return main.with_attrs({"tirx.is_scheduled": True, "global_symbol": "gru_input_projection",
+                            "tirx.noalias": True})
