@@ -76,9 +76,9 @@ elif [ "$PART" = S9 ]; then   # sweep 9 (float32 product registers/unroll) + the
 elif [ "$PART" = F ]; then   # the final build: whole models, the GRU grid twice (two processes: cuDNN's spread)
   TVMSEQ_GPU_MODELS=out/gm5 timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_models.py \
     -p no:cacheprovider > $RES/pytest_models.log 2>&1; tail -1 $RES/pytest_models.log
-  for run in 4 5; do
+  for run in ${RUNS:-4 5}; do
     mkdir -p $RES/grid$run
-    timeout 250 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru_final5 --out $RES/grid$run --budget 220 \
+    timeout 250 python3 -m tvmseq.bench.persistent_gru --prebuilt out/${PGRU:-pgru_final5} --out $RES/grid$run --budget 220 \
       > $RES/pgru$run.log 2>&1
     echo "pgru run $run rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru$run.log | sort -u | awk '!seen[$1 $2 $3 $4]++' | cut -c1-140
   done
