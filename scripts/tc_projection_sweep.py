@@ -15,12 +15,12 @@ from pathlib import Path
 # session 5: the mma kernel's best tile (bk 64) against 64 x 64 warp tiles (4 warps), fewer ldmatrix an mma; then
 # (tcproj6) the best three again after the epilogue's float2 stores
 # (session 4's list: git log; its results: artifacts/bench/tc_projection_sweep.json)
-SHAPES = [(1, 64, 1024), (1, 256, 1024), (2, 37, 1024), (1, 256, 512), (2, 64, 1024)]   # batch 37: a partial row tile
+SHAPES = [(1, 64, 1024), (1, 256, 1024), (2, 37, 1024)]   # batch 37: a partial row tile
 TILES = []   # wmma rule (warps_m, frags_m, warps_n, frags_n, k_frags)
 # hand-scheduled mma.sync kernel (bm, bn, bk, warps_m, warps_n, stages)
-MMA_TILES = [(128, 128, 64, 2, 4, 3)]
+MMA_TILES = []
 # warpgroup kernel (kernels/projection_wgmma.py): (bm, bn, stages)
-WGMMA_TILES = [(128, 128, 3), (128, 256, 3), (256, 128, 3), (128, 128, 2)]
+WGMMA_TILES = [(128, 128, 3), (128, 128, 4, 1), (128, 128, 3, 1), (128, 256, 4, 1), (128, 128, 5, 1)]
 SEQ = 100
 
 

@@ -192,9 +192,11 @@ def test_float16_projection_takes_tensor_cores_on_the_gpu():
     func, tile = ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), H100)
     assert tile == ip.FLAT and "gru_input_projection" == func.attrs["global_symbol"]
     src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
-    for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "fence.proxy.async.shared::cta",
-                   "cp.async.cg.shared.global"):   # sm_90a: the warpgroup kernel
+    for needle in ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "fence.proxy.async.shared::cta",
+                   "cp.async.cg.shared.global", "wgmma.wait_group.sync.aligned 1"):   # sm_90a: the warpgroup kernel
         assert needle in src, needle
+    f640, _ = ip.projection_for(_spec(1, 64, 640, 640, "float16"), H100)   # N 1920: 256 does not divide it
+    assert "m64n128k16" in tvm.compile(tvm.IRModule({"main": f640}), target=H100).mod.imports[0].inspect_source()
     a100 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
     func80, _ = ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), a100)   # no wgmma there: mma.sync
     src80 = tvm.compile(tvm.IRModule({"main": func80}), target=a100).mod.imports[0].inspect_source()
@@ -235,6 +237,7 @@ def test_wgmma_projection_refuses_shapes_it_cannot_tile():
 
     assert "multiple of 64" in pwg.supports(3072, 1024, pwg.WgmmaTile(bm=96))
     assert "up to 256" in pwg.supports(3072, 1024, pwg.WgmmaTile(bn=512))
+    assert "3+ stages" in pwg.supports(3072, 1024, pwg.WgmmaTile(stages=2, inflight=True))
     with pytest.raises(TvmseqError, match=r"K=1000 \(input size\) of 64"):
         pwg.projection_wgmma_func(1, 3072, 1000)
     assert pwg.projection_wgmma_func(1, 128, 64, gpu=False) is not None   # the CPU variant: mma's loop nest

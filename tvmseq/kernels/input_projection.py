@@ -287,10 +287,11 @@ TENSOR_CORE_TILE = TensorCoreTile()
 
 
 MMA_TILE = MmaGemmTile(bm=128, bn=128, bk=64, warps_m=2, warps_n=4, stages=3)
-# sm_90a: the warpgroup kernel (`projection_wgmma`), 412-462 TFLOP/s at this tile against 245-262 for the mma.sync
-# kernel, 0.66-0.69x cuBLAS (scripts/tc_projection_sweep.py, artifacts/bench/tc_projection_sweep.json, run
-# session5_wgmma: GRU input GEMMs of batch 37/64/256, H = I = 512/1024; 128 x 256, 256 x 128 and 2 stages slower)
-WGMMA_TILE = WgmmaTile(bm=128, bn=128, stages=3)
+# sm_90a: the warpgroup kernel (`projection_wgmma`), the first tile whose bn divides N. Measured on the H100
+# (scripts/tc_projection_sweep.py, artifacts/bench/tc_projection_sweep.json, runs session5_wgmma*: GRU input
+# GEMMs of batch 37/64/256, H = I = 1024): 128 x 256, 4 stages, a wgmma group kept in flight 428-495 TFLOP/s,
+# 0.69-0.73x cuBLAS; 128 x 128, 3 stages 409-462 (the mma.sync kernel: 245-262)
+WGMMA_TILES = (WgmmaTile(bm=128, bn=256, stages=4, inflight=True), WgmmaTile(bm=128, bn=128, stages=3))
 
 
 class TensorCoreProjection:
@@ -413,9 +414,10 @@ def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> 
     if spec.dtype != "float16" or target is None or target.kind.name != "cuda" or sm_version(target) < 70:
         return None
     D, N, K = spec.num_directions, spec.gates * spec.hidden, spec.input_size
-    if tile is None and str(target.attrs.get("arch", "")) == "sm_90a" \
-            and projection_wgmma.supports(N, K, WGMMA_TILE) is None:   # wgmma exists on sm_90a only
-        return projection_wgmma.projection_wgmma_func(D, N, K, True, WGMMA_TILE)
+    if tile is None and str(target.attrs.get("arch", "")) == "sm_90a":   # wgmma exists on sm_90a only
+        for wg_tile in WGMMA_TILES:
+            if projection_wgmma.supports(N, K, wg_tile) is None:
+                return projection_wgmma.projection_wgmma_func(D, N, K, True, wg_tile)
     if tile is None and sm_version(target) >= 80 and projection_mma.supports(N, K, MMA_TILE) is None:
         return projection_mma.projection_mma_func(D, N, K, True, MMA_TILE)
     try:

@@ -33,6 +33,8 @@ class WgmmaTile:
     bm: int = 128      # rows per block: 64 per consumer warpgroup
     bn: int = 128      # gate rows per block: the wgmma N (a multiple of 8, <= 256)
     stages: int = 3
+    inflight: bool = False   # keep one k step's wgmma group running across the next barrier (prefetch
+                             # distance stages - 2: the stage a copy refills was read two steps before)
 
     @property
     def threads(self) -> int:
@@ -45,6 +47,8 @@ class WgmmaTile:
 def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile()) -> str | None:
     if tile.bm % 64 or tile.bn % 8 or not 8 <= tile.bn <= 256:
         return f"tile {tile}: bm a multiple of 64, bn a multiple of 8 up to 256"
+    if tile.stages < (3 if tile.inflight else 2):
+        return f"tile {tile}: {3 if tile.inflight else 2}+ stages"
     if N % tile.bn or K % BK:
         return f"N={N} (gate rows) must be a multiple of {tile.bn} and K={K} (input size) of {BK}"
     return None
@@ -62,6 +66,8 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     if not gpu:
         return projection_mma_func(D, N, K, gpu=False)
     BM, BN, S, NT = tile.bm, tile.bn, tile.stages, tile.threads
+    P = S - 2 if tile.inflight else S - 1    # k steps loaded ahead
+    LIVE = 1 if tile.inflight else 0          # wgmma groups left running at the end of a k step
     ACC = BN // 2                      # float32 accumulators a thread
     KT = K // BK
     ROW = BK                           # halfs a tile row (128 bytes)
@@ -120,13 +126,13 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                         base = T.meta_var(off[0])
                         for v in unroll(ACC):
                             acc[v] = T.float32(0)
-                        for st in unroll(S - 1):
+                        for st in unroll(P):
                             load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, st, st, t)
                         for kt in T.serial(KT):
-                            T.evaluate(T.ptx["cp.async.wait_group"](S - 2))
+                            T.evaluate(T.ptx["cp.async.wait_group"](P - 1))
                             T.ptx["fence.proxy.async.shared::cta"]()
                             T.tvm_storage_sync("shared")
-                            load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, kt + S - 1, (kt + S - 1) % S, t)
+                            load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, kt + P, (kt + P) % S, t)
                             T.ptx["wgmma.fence.sync.aligned"]()
                             for kk in unroll(BK // 16):
                                 T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
@@ -139,7 +145,8 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                                     SWIZZLE_128B))
                                 T.evaluate(wgmma(acc, da, db, kt * 4 + kk > 0))
                             T.ptx["wgmma.commit_group.sync.aligned"]()
-                            T.ptx["wgmma.wait_group.sync.aligned"](0)
+                            T.ptx["wgmma.wait_group.sync.aligned"](LIVE)
+                        T.ptx["wgmma.wait_group.sync.aligned"](0)
                         for j in unroll(BN // 8):
                             for h in unroll(2):
                                 r = T.meta_var(bx * BM + wg * 64 + (t % 128) // 32 * 16 + lane // 4 + 8 * h)
