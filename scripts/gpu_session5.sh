@@ -85,6 +85,9 @@ elif [ "$PART" = F ]; then   # the final build: whole models, the GRU grid twice
 elif [ "$PART" = T ]; then   # the wgmma projection against the mma.sync one and cuBLAS
   timeout 120 python3 scripts/tc_projection_sweep.py run out/${TCDIR:-tcproj7} > $RES/tcproj.log 2>&1
   echo "tcproj rc=$?"; cp out/${TCDIR:-tcproj7}/results.json $RES/results_tcproj.json; cut -c1-170 $RES/tcproj.log
+elif [ "$PART" = P ]; then   # tvmseq bench input_projection (fp16 rows: the importer's tensor-core kernel too)
+  timeout 200 python3 -m tvmseq.bench.input_projection --prebuilt out/proj5 --out $RES > $RES/proj.log 2>&1
+  echo "proj rc=$?"; tail -16 $RES/proj.log | cut -c1-250
 elif [ "$PART" = C ]; then   # checks of the final build + the RNN bench + the projection tile sweep
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
     -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log

@@ -1,6 +1,8 @@
 """`tvmseq bench input_projection`: the GRU/RNN input projection (one GEMM over all steps, float32 out)
 scheduled by the tiled SGEMM template (`kernels/input_projection.py`) against dlight's Matmul rule (the
-schedule it replaced) and torch (cuBLAS, TF32 off) in the same process, checked against float64.
+schedule it replaced) and torch (cuBLAS, TF32 off) in the same process, checked against float64. float16 rows
+also time the tensor-core kernel the importer picks for the target (`input_projection.projection_for` on the
+flat rows: wgmma on sm_90a), column `tc`.
 
   python3 -m tvmseq.bench.input_projection --build out/proj      # here (TVM compiler, sm_90a SASS)
   python3 -m tvmseq.bench.input_projection --prebuilt out/proj   # GPU machine (TVM runtime + torch)
@@ -57,7 +59,11 @@ def build(out_dir, target: str = "cuda") -> Path:
         sfx = _suffix(c)
         funcs[f"tiled_{sfx}"] = tiled.mod["main"].with_attrs({"global_symbol": f"tiled_{sfx}", "tirx.is_scheduled": True})
         funcs[f"dlight_{sfx}"] = dlight.with_attr("global_symbol", f"dlight_{sfx}")
-        index["configs"].append(dict(directions=D, batch=B, input=I, n=N, seq=seq, dtype=dtype, suffix=sfx))
+        tc, tile = ip.projection_for(spec, tgt) if dtype == "float16" else (None, None)
+        if tile == ip.FLAT:   # the importer's tensor-core kernel (flat rows: same memory, other shapes)
+            funcs[f"tc_{sfx}"] = tc.with_attr("global_symbol", f"tc_{sfx}")
+        index["configs"].append(dict(directions=D, batch=B, input=I, n=N, seq=seq, dtype=dtype, suffix=sfx,
+                                     tc=tile == ip.FLAT))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out_dir / f"{NAME}.so"))
     for e in index["configs"]:
@@ -77,10 +83,13 @@ def run_one(mod, e) -> dict:
     X = torch.randn(seq, B, I, device="cuda", generator=g).to(tdt)
     W = (torch.randn(D, N, I, device="cuda", generator=g) * I ** -0.5).to(tdt)
     bias = torch.randn(D, N, device="cuda", generator=g)
-    outs = {k: torch.empty(D, seq, B, N, device="cuda") for k in ("tiled", "dlight")}
+    kinds = ("tiled", "dlight", "tc") if e.get("tc") else ("tiled", "dlight")
+    outs = {k: torch.empty(D, seq, B, N, device="cuda") for k in kinds}
     tv = tvm.runtime.from_dlpack
-    calls = {k: (mod[f"{k}_{e['suffix']}"], [tv(X), tv(W), tv(bias), tv(outs[k])]) for k in outs}
     X2 = X.reshape(seq * B, I)
+    calls = {k: (mod[f"{k}_{e['suffix']}"], [tv(X), tv(W), tv(bias), tv(outs[k])]) for k in kinds if k != "tc"}
+    if e.get("tc"):   # flat interface: X [seq * B, I] -> gate_i [D, seq * B, N], views of the same tensors
+        calls["tc"] = (mod[f"tc_{e['suffix']}"], [tv(X2), tv(W), tv(bias), tv(outs["tc"].view(D, seq * B, N))])
 
     def peer():  # cuBLAS: the same GEMM per direction, float32 out (fp16 inputs: fp16 GEMM, then widened)
         return [(X2 @ W[d].T).float() + bias[d] for d in range(D)]
@@ -100,11 +109,14 @@ def run_one(mod, e) -> dict:
     row["vs_dlight"] = row["dlight_ms"] / row["tiled_ms"]
     row["vs_torch"] = row["torch_ms"] / row["tiled_ms"]
     row["agree"] = row["err_tiled"] < (1e-3 if dtype == "float16" else 1e-5)
+    if "tc" in calls:
+        row.update(err_tc=err(outs["tc"]), tc_tflops=flops / row["tc_ms"] / 1e9, tc_vs_torch=row["torch_ms"] / row["tc_ms"])
+        row["agree"] = row["agree"] and row["err_tc"] < 1e-3
     return row
 
 
 COLUMNS = ["directions", "batch", "input", "n", "dtype", "tiled_ms", "dlight_ms", "torch_ms", "tiled_tflops",
-           "vs_dlight", "vs_torch", "err_tiled", "err_torch", "agree"]
+           "vs_dlight", "vs_torch", "tc_ms", "tc_tflops", "tc_vs_torch", "err_tiled", "err_torch", "agree"]
 
 
 def run_prebuilt(prebuilt, out=None) -> list[dict]:
