@@ -238,6 +238,7 @@ def test_wgmma_projection_refuses_shapes_it_cannot_tile():
     assert "multiple of 64" in pwg.supports(3072, 1024, pwg.WgmmaTile(bm=96))
     assert "up to 256" in pwg.supports(3072, 1024, pwg.WgmmaTile(bn=512))
     assert "3+ stages" in pwg.supports(3072, 1024, pwg.WgmmaTile(stages=2, inflight=True))
+    assert "do not split over 512 threads" in pwg.supports(3072, 1024, pwg.WgmmaTile(bm=256, bn=32))  # 256 copies
     with pytest.raises(TvmseqError, match=r"K=1000 \(input size\) of 64"):
         pwg.projection_wgmma_func(1, 3072, 1000)
     assert pwg.projection_wgmma_func(1, 128, 64, gpu=False) is not None   # the CPU variant: mma's loop nest

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from ..errors import TvmseqError
 
 BK = 64            # k per stage: one 128-byte swizzle row of fp16
+CPR = BK // 8      # 16-byte chunks a tile row (the swizzle permutes them within 8-row atoms)
 SWIZZLE_128B = 3   # T.cuda.wgmma_encode_matrix_descriptor's code for the 128-byte swizzle
 ATOM = 1024        # bytes of an 8-row swizzle atom: the descriptor's stride between row groups
 
@@ -45,8 +46,13 @@ class WgmmaTile:
 
 
 def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile()) -> str | None:
+    """Why the kernel cannot run an N x K weight (None: it can)."""
     if tile.bm % 64 or tile.bn % 8 or not 8 <= tile.bn <= 256:
         return f"tile {tile}: bm a multiple of 64, bn a multiple of 8 up to 256"
+    if tile.bn * CPR % tile.threads:
+        # the W copies are whole rounds over the threads (the X copies always are: bm * 8 / (2 bm) rounds);
+        # a remainder would leave W rows of every stage unloaded
+        return f"tile {tile}: the {tile.bn * CPR} 16-byte W copies of a stage do not split over {tile.threads} threads"
     if tile.stages < (3 if tile.inflight else 2):
         return f"tile {tile}: {3 if tile.inflight else 2}+ stages"
     if N % tile.bn or K % BK:
@@ -87,16 +93,16 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     @T.macro
     def load_stage(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
         if kt < KT:
-            for i in unroll(BM * 8 // NT):
+            for i in unroll(BM * CPR // NT):
                 q = T.meta_var(i * NT + t)
                 T.evaluate(T.s_tir.cp_async_raw.legacy(
-                    smem.access_ptr("w"), base + st * STAGE + swz(q // 8, q % 8),
-                    Xb.data, T.min(m0 + q // 8, rows - 1) * K + kt * BK + (q % 8) * 8, 16, dtype="float16"))
-            for i in unroll(BN * 8 // NT):
+                    smem.access_ptr("w"), base + st * STAGE + swz(q // CPR, q % CPR),
+                    Xb.data, T.min(m0 + q // CPR, rows - 1) * K + kt * BK + (q % CPR) * 8, 16, dtype="float16"))
+            for i in unroll(BN * CPR // NT):
                 q = T.meta_var(i * NT + t)
                 T.evaluate(T.s_tir.cp_async_raw.legacy(
-                    smem.access_ptr("w"), base + st * STAGE + A_ELEMS + swz(q // 8, q % 8),
-                    Wb.data, (d * N + n0 + q // 8) * K + kt * BK + (q % 8) * 8, 16, dtype="float16"))
+                    smem.access_ptr("w"), base + st * STAGE + A_ELEMS + swz(q // CPR, q % CPR),
+                    Wb.data, (d * N + n0 + q // CPR) * K + kt * BK + (q % CPR) * 8, 16, dtype="float16"))
         T.evaluate(T.ptx["cp.async.commit_group"]())
 
     @T.prim_func
