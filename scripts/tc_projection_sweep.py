@@ -60,20 +60,17 @@ def build(out: Path):
                 continue
             funcs[_name(D, B, H, tile)] = f
             index.append(dict(D=D, B=B, H=H, tile=list(tile), kind="wmma", name=_name(D, B, H, tile)))
-        for tile in MMA_TILES:
-            t = pmm.MmaGemmTile(*tile)
-            if pmm.supports(3 * H, H, t) or t.smem_bytes() > 227 * 1024:
-                continue
-            name = _name(D, B, H, tile, "mma")
-            funcs[name] = pmm.projection_mma_func(D, 3 * H, H, True, t).with_attr("global_symbol", name)
-            index.append(dict(D=D, B=B, H=H, tile=list(tile), kind="mma", name=name))
-        for tile in WGMMA_TILES:
-            t = pwg.WgmmaTile(*tile)
-            if pwg.supports(3 * H, H, t) or t.smem_bytes() > 227 * 1024:
-                continue
-            name = _name(D, B, H, tile, "wgmma")
-            funcs[name] = pwg.projection_wgmma_func(D, 3 * H, H, True, t).with_attr("global_symbol", name)
-            index.append(dict(D=D, B=B, H=H, tile=list(tile), kind="wgmma", name=name))
+        # the hand-scheduled kernels: (kind, tiles, tile class, supports, prim_func builder)
+        for kind, tiles, Tile, supports, make in (
+                ("mma", MMA_TILES, pmm.MmaGemmTile, pmm.supports, pmm.projection_mma_func),
+                ("wgmma", WGMMA_TILES, pwg.WgmmaTile, pwg.supports, pwg.projection_wgmma_func)):
+            for tile in tiles:
+                t = Tile(*tile)
+                if supports(3 * H, H, t) or t.smem_bytes() > 227 * 1024:
+                    continue
+                name = _name(D, B, H, tile, kind)
+                funcs[name] = make(D, 3 * H, H, True, t).with_attr("global_symbol", name)
+                index.append(dict(D=D, B=B, H=H, tile=list(tile), kind=kind, name=name))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "tcproj.so"))
     for e in index:
