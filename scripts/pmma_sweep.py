@@ -14,15 +14,23 @@ from pathlib import Path
 
 # (D, B, H) -> [(units per block, warps, chunk rows, pipeline)]; the first is the default's pick
 SWEEP = {
-    # session 5, sweep 9: the float32 product with its operands in separate registers and short k loops unrolled
-    (1, 64, 512, "float32"): [(8, 8, 32, 0, 2), (8, 16, 32, 0, 2)],
-    (1, 64, 256, "float32"): [(8, 8, 16, 0, 4), (8, 8, 16, 0, 4, 0, 0, 1)],
-    (1, 64, 1024, "float32"): [(8, 16, 32, 0, 1, 0, 1), (8, 8, 32, 0, 1, 0, 1)],
-    (2, 64, 512, "float32"): [(8, 8, 16, 0, 2)],
-    (2, 64, 256, "float32"): [(8, 8, 32, 0, 2), (8, 8, 16, 0, 4)],
-    (1, 256, 512, "float32"): [(8, 8, 32, 0, 2)],
-    (1, 256, 1024, "float32"): [(8, 8, 32, 0, 1, 0, 1)],
-    (1, 64, 256, "float32", "rnn"): [(8, 8, 16, 0, 4, 0, 0, 1)],
+    # session 6, sweep 11: the image layout (one bulk copy a warp's k half) with clusters multicasting the copies,
+    # after the proxy-fence change (sweep 10: the same kernel with a full fence.proxy.async before every copy;
+    # clusters of 4 and 8 did not launch at 128 blocks: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)
+    (1, 64, 1024): [(16, 8, 32, 0, 2), (16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2), (16, 8, 32, 0, 2, 0, 0, 1, 1, 1, 2),
+                    (16, 8, 16, 1, 2, 0, 0, 0, 1, 1, 2)],
+    (1, 256, 1024): [(16, 8, 16, 1, 2, 0, 0, 1), (16, 8, 16, 1, 2, 0, 0, 1, 1, 1), (16, 8, 16, 1, 2, 0, 0, 1, 1, 1, 2),
+                     (16, 8, 32, 1, 2, 0, 0, 1, 1, 1, 2), (16, 8, 32, 1, 2, 0, 0, 0, 1, 1, 2)],
+    (2, 64, 1024): [(16, 8, 32, 1, 1), (16, 8, 32, 1, 1, 0, 0, 0, 1, 1, 2), (16, 8, 32, 0, 1, 0, 0, 0, 1, 1, 2)],
+    (2, 256, 1024): [(16, 8, 32, 1, 1), (16, 8, 32, 1, 1, 0, 0, 0, 1, 1, 2), (16, 8, 16, 1, 1, 0, 0, 1, 1, 1, 2)],
+    (1, 256, 512): [(16, 8, 32, 1, 4), (16, 8, 32, 1, 4, 0, 0, 0, 1, 1, 2)],
+    (1, 64, 512): [(16, 8, 16, 0, 4), (16, 8, 16, 0, 4, 0, 0, 0, 1, 1, 2)],
+    (1, 64, 512, "float32"): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2), (8, 8, 32, 0, 2, 0, 0, 1, 1, 1, 2),
+                              (8, 16, 32, 0, 2, 0, 0, 0, 1, 1, 2)],
+    (2, 64, 512, "float32"): [(8, 8, 16, 0, 2), (8, 8, 16, 0, 2, 0, 0, 0, 1, 1, 2), (8, 8, 32, 0, 1, 0, 0, 0, 1, 1, 2)],
+    (1, 64, 256, "float32", "rnn"): [(8, 8, 16, 0, 4, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 1, 1, 1),
+                                     (8, 8, 16, 0, 4, 0, 0, 1, 1, 1, 2)],
+    (1, 64, 256, "float32"): [(8, 8, 16, 0, 4, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 1, 1, 1, 2)],
 }
 SEQ = 100
 
@@ -35,7 +43,7 @@ def sweep_key(key) -> tuple:
 
 def _name(D, B, H, cfg, dtype="float16", cell="gru"):
     return f"m_{cell}_{dtype[5:]}_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}p{cfg[3]}" + "".join(
-        f"{k}{v}" for k, v in zip("sfheb", cfg[4:]))
+        f"{k}{v}" for k, v in zip("sfhebix", cfg[4:]))
 
 
 def build(out: Path, sweep: dict | None = None):

@@ -58,6 +58,9 @@ def run_cpu(inputs, D, B, H, seq, direction, acts, clip, has_lens, config, cell=
     (16, 16, pm and pm.MmaConfig(8, 1, 64)),    # exact tiles
     (24, 70, pm and pm.MmaConfig(8, 2, 16, False, 2)),   # batch split: 5 chunks -> 6 (3 per block)
     (40, 45, pm and pm.MmaConfig(16, 1, 16, True, 3)),   # batch split 3, pipelined flag (GPU only)
+    # the state in the staging image layout (chunk, warp, k half, row, padded column), batch split 3
+    (72, 45, pm and pm.MmaConfig(8, 2, 16, True, 3, bulk=True, image=True)),
+    (48, 37, pm and pm.MmaConfig(8, 3, 16, False, 2, bulk=True, image=True, cluster=2)),   # 3 warps: one k16 each
 ])
 def test_gru_matches_numpy(H, B, config, direction):
     D = 2 if direction == "bidirectional" else 1
@@ -72,7 +75,8 @@ def test_gru_matches_numpy(H, B, config, direction):
 
 @needs_compiler
 @pytest.mark.parametrize("direction,config", [("bidirectional", pm and pm.MmaConfig(8, 2, 16, False, 2)),
-                                              ("reverse", pm and pm.MmaConfig(16, 3, 32))])
+                                              ("reverse", pm and pm.MmaConfig(16, 3, 32)),
+                                              ("forward", pm and pm.MmaConfig(8, 1, 32, bulk=True, image=True))])
 def test_float32_matches_numpy(direction, config):
     """float32 (the FMA product on the GPU): the same kernel keeps a float32 state buffer, float32 tolerances."""
     D = 2 if direction == "bidirectional" else 1
@@ -177,14 +181,17 @@ def test_rejects_bad_arguments():
 @needs_compiler
 @pytest.mark.parametrize("D,B,H,cell", [(1, 64, 1024, "gru"), (2, 256, 1024, "gru"), (1, 64, 512, "rnn")])
 def test_cuda_codegen(D, B, H, cell):
-    """Builds for the H100 without a GPU: tensor-core and async-copy instructions, one grid barrier per
-    step, registers within the estimate's budget and (with nvcc) no spills."""
+    """Builds for the H100 without a GPU (the database's config where it has one): tensor-core and async-copy
+    instructions (cluster multicast where the config asks for it), the grid barrier, registers within the estimate's budget and (with nvcc) no spills."""
     tgt = resolve("cuda")
     func = pm.persistent_mma_func(D, B, H, "float16", "bidirectional" if D == 2 else "forward", None, None, True,
                                   tgt, cell=cell)
     src = tvm.compile(tvm.IRModule({"k": func}), target=tgt).mod.imports[0].inspect_source()
+    cfg = pm.default_config(D, B, H, tgt, cell)
+    staging = ["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+               if cfg.cluster > 1 else "cp.async.bulk"] if cfg.bulk else ["cp.async.cg.shared.global"]
     for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4",
-                   "cp.async.cg.shared.global", "cg::this_grid().sync()"):
+                   "cg::this_grid().sync()", *staging):
         assert needle in src, needle
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
@@ -192,6 +199,36 @@ def test_cuda_codegen(D, B, H, cell):
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+
+
+def _dyn_shared_bytes(func, tgt) -> int:
+    """Bytes of the merged dynamic shared memory allocation TVM gives the built kernel (its launch size)."""
+    import re
+
+    seen = []
+
+    @tvm.instrument.pass_instrument
+    class Capture:
+        def run_after_pass(self, mod, info):
+            if info.name.endswith("MergeSharedMemoryAllocations"):
+                seen.extend(int(n) for n in re.findall(r'buf_dyn_shmem = T.alloc_buffer\(\((\d+),\)', str(mod)))
+
+    with tvm.transform.PassContext(instruments=[Capture()]):
+        tvm.compile(tvm.IRModule({"k": func}), target=tgt)
+    return seen[-1]
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype,H,knobs", [("float32", 512, (8, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)),
+                                           ("float16", 1024, (16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2))])
+def test_bulk_image_copies_get_their_whole_staging_buffer(dtype, H, knobs):
+    """The image copies write whole padded k halves into the staging buffer; shared-memory merging sizes a
+    buffer by the accesses it sees, so the kernel must get all of smem_bytes() (an address_of destination once
+    left the float32 buffer 16 bytes short: compute-sanitizer memcheck, invalid __shared__ write of 4608 bytes)."""
+    tgt = resolve("cuda")
+    cfg = pm.MmaConfig.of(knobs)
+    func = pm.persistent_mma_func(1, 64, H, dtype, "forward", None, None, True, tgt, cfg)
+    assert _dyn_shared_bytes(func, tgt) == pm.MmaGeometry(1, 64, H, 3, cfg, dtype).smem_bytes()
 
 
 @needs_compiler
@@ -244,6 +281,12 @@ GPU_CASES = [
     (1, 70, 300, "reverse", "gru", None, None, True, (16, 8, 16, 0, 2, 0, 0, 0, 1)),   # bulk copies, odd k
     (1, 21, 129, "forward", "rnn", ("Relu",), None, True, (8, 8, 16, 0, 1, 0, 0, 0, 1)),  # bulk, 2 k halves
     (1, 64, 1024, "forward", "gru", None, None, True, (16, 8, 32, 0, 2, 0, 0, 1)),      # early gate loads
+    # the state in the staging image layout, one bulk copy a k half; clusters multicast the copies
+    (1, 64, 1024, "reverse", "gru", None, 0.8, False, (16, 8, 32, 0, 2, 0, 0, 0, 1, 1)),   # image
+    (1, 60, 1024, "forward", "gru", None, None, True, (16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)),  # cluster 2
+    (1, 250, 1016, "forward", "gru", None, 1.2, True, (16, 8, 32, 1, 2, 0, 0, 1, 1, 1, 2)),  # 4 chunks, pipelined
+    (2, 90, 500, "bidirectional", "gru", None, None, True, (16, 8, 16, 1, 1, 0, 0, 0, 1, 1, 4)),  # cluster 4
+    (1, 23, 250, "forward", "rnn", ("Relu",), None, True, (8, 8, 16, 0, 1, 0, 0, 0, 1, 1, 2)),  # RNN, cluster
     # float32: the product on FMA units, R slice in shared memory
     (1, 64, 1024, "forward", "gru", None, None, True, None, "float32"),
     (2, 45, 136, "bidirectional", "gru", None, 0.9, True, (8, 4, 16, 1, 2), "float32"),
@@ -253,6 +296,8 @@ GPU_CASES = [
     (2, 40, 200, "bidirectional", "gru", None, None, True, (8, 4, 32, 0, 2, 0, 1), "float32"),  # half, split
     (2, 47, 136, "bidirectional", "gru", None, 0.9, True, (8, 4, 16, 0, 2, 0, 0, 0, 1), "float32"),  # bulk
     (1, 51, 256, "forward", "rnn", ("Relu",), None, True, (8, 8, 16, 0, 4, 0, 0, 1, 1), "float32"),  # bulk, early
+    (1, 64, 512, "forward", "gru", None, None, True, (8, 8, 32, 0, 2, 0, 0, 0, 1, 1), "float32"),  # image
+    (2, 47, 128, "bidirectional", "gru", None, 0.9, True, (8, 4, 16, 1, 2, 0, 0, 0, 1, 1, 2), "float32"),  # cluster
 ]
 TOL32 = dict(rtol=1e-4, atol=2e-5)
 
@@ -356,7 +401,7 @@ def test_importer_picks_the_path_for_a_gpu_target(dtype, batch, path):
 def test_config_tuple_round_trip():
     """The compact config tuples of the sweeps, the tuning script and the GPU cases read back the same."""
     for knobs in [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 4, 16, 1, 2, 1), (8, 8, 32, 0, 1, 0, 1), (16, 8, 32, 1),
-                  (16, 8, 32, 0, 2, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 0, 1)]:
+                  (16, 8, 32, 0, 2, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 0, 1), (16, 8, 32, 1, 2, 0, 0, 1, 1, 1, 2)]:
         assert pm.MmaConfig.of(knobs).knobs() == knobs
     assert pm.MmaConfig.of((8, 8, 64)) == pm.MmaConfig(8, 8, 64)
     assert pm.MmaConfig.of((8, 4, 16, 1, 2, 1)) == pm.MmaConfig(8, 4, 16, pipeline=True, batch_split=2, flags=True)
@@ -389,7 +434,12 @@ def test_geometry_and_argument_errors():
     assert "half_stage is for float32" in geo(pm.MmaConfig(8, 8, 32, half_stage=True), "float16")
     assert "half_stage is for float32" in geo(pm.MmaConfig(8, 8, 32, pipeline=True, half_stage=True))
     assert "batch_split >= 1" in geo(pm.MmaConfig(8, 8, 32, batch_split=0))
-    assert "bulk staging is for one staging slot" in geo(pm.MmaConfig(8, 8, 32, pipeline=True, bulk=True))
+    assert "bulk staging copies whole k halves" in geo(pm.MmaConfig(8, 8, 32, half_stage=True, bulk=True))
+    assert "staged by bulk copies" in geo(pm.MmaConfig(8, 8, 32, image=True))
+    assert "only with the image layout" in geo(pm.MmaConfig(8, 8, 32, bulk=True, cluster=2))
+    assert "cluster must be one of (1, 2, 4)" in geo(pm.MmaConfig(8, 8, 32, bulk=True, image=True, cluster=8))
+    assert "co-resident" in geo(pm.MmaConfig(16, 8, 32, False, 2, bulk=True, image=True, cluster=4), "float16", 1024)
+    assert "do not split into clusters of 4" in geo(pm.MmaConfig(8, 8, 32, bulk=True, image=True, cluster=4), H=200)
     assert "shared memory per block" in geo(pm.MmaConfig(16, 8, 32), H=2048)   # a 48 x 2048 float32 R slice
     assert "192 W operands" in geo(pm.MmaConfig(32, 8, 32))                     # 48 gate rows a lane: spills
     assert "threads x" in geo(pm.MmaConfig(8, 64, 32), "float16", H=1024)      # 64 warps

@@ -76,6 +76,10 @@ MMA_MIN_BATCH = 16
 # (engine); not at H1024 B64 (21.6 vs 20.2) or H512 B256 (19.3 vs 18.6-19.0, a tie)
 SIMT_MIN_BATCH, SIMT_MAX_BATCH, SIMT_MAX_HIDDEN = 32, 64, 512
 _REG_OVERHEAD = 40
+# one-block-an-SM blocks that launched cooperatively in clusters on the H100 (sweeps 10-11): 128 in clusters of 2,
+# 64 in clusters of 4; 128 in clusters of 4 or 8 failed (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: the GPCs' SM
+# counts do not divide into them). Other sizes were not measured, so they are refused.
+CLUSTER_MAX_BLOCKS = {1: 1 << 30, 2: 128, 4: 64}
 SIMT_UNROLL = 16          # float32 product: k4 loops up to this many steps are unrolled
 _MAX_REGS = 224           # leave ptxas room under 255
 
@@ -106,6 +110,13 @@ class MmaConfig:
                      than the 16-byte ones; off by default (a whole-slice copy would need a swizzled state layout)
     early_gate and bulk were added in session 5; early_gate won only at some shapes (H1024 B256 14.6 -> 13.9,
     RNN H256 B64 2.21 -> 2.10) and lost at others (H1024 B64 4.88 -> 5.04), so only the database turns it on.
+    image:           (with bulk) keep the state in global memory in the staging image layout (chunk, warp, k half,
+                     row, padded columns: exactly what a warp's staging region holds), so each region arrives by
+                     ONE bulk copy (MC rows x one k half, 2-9 KB) instead of one per row; writers scatter into it
+    cluster:         (with image, sm_90) thread-block clusters of this many blocks with the same batch chunks and
+                     consecutive unit groups: each block copies 1/cluster of the regions and multicasts them to
+                     every block of its cluster (L2 -> SM traffic / cluster); with several chunks a step, a
+                     cluster barrier keeps a block from refilling a peer's slot before the peer has read it
     """
 
     units_per_block: int = 8
@@ -117,11 +128,13 @@ class MmaConfig:
     half_stage: bool = False
     early_gate: bool = False
     bulk: bool = False
+    image: bool = False
+    cluster: int = 1
 
-    # the compact form the sweeps, the tuning script and the GPU test cases write a config in:
-    # (units, warps, rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk]]]]]]), 0/1 switches
+    # the compact form the sweeps, the tuning script and the GPU test cases write a config in: (units, warps,
+    # rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk[, image[, cluster]]]]]]]]), 0/1 switches
     _OPTIONAL = (("pipeline", False), ("batch_split", 1), ("flags", False), ("half_stage", False),
-                 ("early_gate", False), ("bulk", False))
+                 ("early_gate", False), ("bulk", False), ("image", False), ("cluster", 1))
 
     @classmethod
     def of(cls, knobs) -> "MmaConfig":
@@ -165,9 +178,15 @@ class MmaGeometry:
     Bp = property(lambda self: self.NCH * self.MC)
     SIMT = property(lambda self: self.dtype == "float32")
     ESZ = property(lambda self: 4 if self.SIMT else 2)                 # bytes of a state element
-    # staged row stride (elements): 16 B of padding, so ldmatrix rows / float4 rows fall on distinct banks
+    # a warp's k-slice is copied in PARTS commit groups (k halves when KTW is even) of KP columns
+    PARTS = property(lambda self: 2 if self.KTW % 2 == 0 else 1)
+    KP = property(lambda self: self.KW // self.PARTS)
     HALF = property(lambda self: self.cfg.half_stage)
-    SROW = property(lambda self: (self.KW // 2 if self.HALF else self.KW) + 16 // self.ESZ)
+    IMAGE = property(lambda self: self.cfg.image)
+    # staged row stride (elements): 16 B of padding, so ldmatrix rows / float4 rows fall on distinct banks.
+    # A warp's staging region holds MC rows of its k-slice, or (image) PARTS blocks of MC rows of one k half
+    SROW = property(lambda self: (self.KP if self.HALF or self.IMAGE else self.KW) + 16 // self.ESZ)
+    REGION = property(lambda self: (self.PARTS if self.IMAGE else 1) * self.MC * self.SROW)
     CPL = property(lambda self: self.MC * self.NGU // 32)              # SIMT: sums a lane accumulates
     # SIMT: W row stride in shared memory (floats). Hp is a multiple of 128, so unpadded, the two lane halves'
     # rows (j and NGU/2 + j) fall on the same banks: every 16-byte W read was a 2-way bank conflict
@@ -185,7 +204,7 @@ class MmaGeometry:
 
     def smem_bytes(self) -> int:
         weights = 4 * self.NGU * self.WROW if self.SIMT else 0
-        return self.ESZ * self.SLOTS * self.NW * self.MC * self.SROW + 4 * self.NW * self.MC * self.NGU + weights
+        return self.ESZ * self.SLOTS * self.NW * self.REGION + 4 * self.NW * self.MC * self.NGU + weights
 
     def check(self, facts) -> str | None:
         """Why this geometry cannot run (one resident block per SM), or None."""
@@ -195,8 +214,17 @@ class MmaGeometry:
             return f"config {c}: units_per_block must be a multiple of 8, chunk_rows of 16, batch_split >= 1"
         if self.SIMT and self.MC not in (16, 32):
             return f"config {c}: the float32 product needs 16 or 32 chunk rows (lanes x rows)"
-        if c.bulk and (c.pipeline or self.HALF):
-            return f"config {c}: bulk staging is for one staging slot (no pipeline, no half_stage)"
+        if c.bulk and self.HALF:
+            return f"config {c}: bulk staging copies whole k halves (no half_stage)"
+        if c.image and not c.bulk:
+            return f"config {c}: the image layout is staged by bulk copies (bulk)"
+        if c.cluster not in CLUSTER_MAX_BLOCKS or (c.cluster > 1 and not c.image):
+            return f"config {c}: cluster must be one of {tuple(CLUSTER_MAX_BLOCKS)}, and > 1 only with the image layout"
+        if self.G % c.cluster:
+            return f"config {c}: {self.G} unit groups do not split into clusters of {c.cluster}"
+        if c.cluster > 1 and self.BLOCKS > CLUSTER_MAX_BLOCKS.get(c.cluster, 0):
+            return (f"{self.BLOCKS} blocks in clusters of {c.cluster}: more than the "
+                    f"{CLUSTER_MAX_BLOCKS.get(c.cluster, 0)} measured to be co-resident (cooperative launch)")
         if self.HALF and (not self.SIMT or c.pipeline or self.KTW % 2):
             return f"config {c}: half_stage is for float32, without pipeline, with an even number of k16 tiles"
         if facts is None:
@@ -365,7 +393,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     PER_SM = math.ceil(geo.BLOCKS / rg.gpu_facts(target).num_sms) if gpu else 1
     unroll = T.unroll if gpu else T.serial
     G3 = NG * H
-    buf_words = D * Bp * Hp                      # one half of the state double buffer (dtype)
+    PARTS, KP, IMAGE, REGION, HALF, CS = geo.PARTS, geo.KP, geo.IMAGE, geo.REGION, geo.HALF, cfg.cluster
+    # one half of the state double buffer (dtype): [D, Bp, Hp], or the staging image [D, NCH, NW, PARTS, MC, SROW]
+    buf_words = D * Bp * (NW * PARTS * SROW if IMAGE else Hp)
 
     f_act, g_act, clipf = pg.cell_math(acts, D, NG, clip)
 
@@ -384,7 +414,17 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         return (col // UB) * H + g * UB + col % UB
 
     def hidx(buf, d, b, k):
+        if IMAGE:   # row b % MC of chunk b // MC, column k % KP of k half (k % KW) // KP of warp k // KW's slice
+            region = (d * NCH + b // MC) * NW + k // KW
+            return buf * buf_words + ((region * PARTS + k % KW // KP) * MC + b % MC) * SROW + k % KP
         return buf * buf_words + (d * Bp + b) * Hp + k
+
+    def soff(slot, w, row, part):
+        """Offset in the staging buffer of row `row`, k half `part` of warp w's region in slot `slot`
+        (half_stage: both halves go to column 0 in turn)."""
+        if IMAGE:
+            return (slot * NW + w) * REGION + (part * MC + row) * SROW
+        return (slot * NW + w) * REGION + row * SROW + (0 if HALF else part * KP)
 
     # ---- set-up ---------------------------------------------------------------------------------
     @T.macro
@@ -454,60 +494,93 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
 
     # The copy of a warp's k-slice goes in PARTS commit groups (k halves when KTW is even): the product of
     # the first half starts while the second is still in flight.
-    PARTS = 2 if KTW % 2 == 0 else 1
-    KP = KW // PARTS   # columns per part (a multiple of 16)
-    HALF = geo.HALF
 
     SLOTS = geo.SLOTS
     PENDING = PARTS if SLOTS == 2 else 0   # groups of the next chunk's copy issued before this chunk's waits
     BULK, ESZ = cfg.bulk, geo.ESZ
 
     @T.macro
-    def stage_bulk(hbuf, stage, mbar, buf, d, c, slot, w, lane, part):
-        """k half `part` of warp w's rows of chunk c: one cp.async.bulk per row (KP elements), all completing on
-        mbarrier (w, part); lane 0 arms it with the byte count (0 past the block's last chunk: the phase still
-        completes, so the waits' parity is the chunk count). The proxy fence orders this lane's earlier generic
-        reads of the slot (ldmatrix) and the grid barrier's acquire of the state before the async-proxy copy."""
-        if lane == 0:
-            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
-                T.address_of(mbar[w * PARTS + part]),
-                T.Cast("uint32", T.if_then_else(c < NCH, MC * KP * ESZ, 0)))
-        T.evaluate(T.call_extern("void", "__syncwarp"))
-        if c < NCH:
+    def proxy_fences(c):
+        if c < BS:   # the first copy of a step: global and shared memory (one full fence measured faster than two)
             T.ptx["fence.proxy.async"]()
-            for i in unroll(math.ceil(MC / 32)):
-                if i * 32 + lane < MC:
-                    T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
-                        T.address_of(stage[((slot * NW + w) * MC + i * 32 + lane) * SROW + part * KP]),
-                        T.address_of(hbuf[hidx(buf, d, c * MC + i * 32 + lane, w * KW + part * KP)]),
-                        T.uint32(KP * ESZ), T.address_of(mbar[w * PARTS + part]))
+        elif CS == 1:
+            T.ptx["fence.proxy.async.shared::cta"]()
+        else:   # the multicast writes into the peers' slots too (their reads: ordered by the cluster barrier)
+            T.ptx["fence.proxy.async.shared::cluster"]()
 
     @T.macro
-    def stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, first=0):
+    def stage_bulk(hbuf, stage, mbar, buf, d, c, slot, w, lane, part, rank):
+        """k half `part` of warp w's rows of chunk c, completing on mbarrier (slot, w, part), which lane 0 arms
+        with the byte count. Nothing (no arm, no copy) past the block's last chunk, so a barrier's phases are
+        exactly the chunks staged through its slot. Per row: one cp.async.bulk a row (KP elements). Image: the
+        k half's MC padded rows are contiguous in hbuf, one copy; in a cluster, block `rank` copies the halves
+        with (w * PARTS + part) % cluster == rank and multicasts them (data and byte count land at the same
+        offsets in every block of the cluster, each arming its own barrier). Proxy fences: a shared-memory one
+        orders this lane's earlier generic reads of the slot (ldmatrix) before the async-proxy write into it; the
+        grid barrier's acquire of the state must also be ordered before the async-proxy read of it, once a step
+        (the block's first chunk, c < batch_split): a full fence there, the shared-memory one for later chunks.
+        A full fence.proxy.async before every copy (sweep 10) made chunks wait for this thread's global stores of
+        the previous chunk: fp16 H1024 B256, 16-row chunks, 22.1 us a step, 15.3 with the fences split (sweep 11). The image copy names its destination by access_ptr with the extent written: shared
+        memory merging sizes each buffer by the accesses it sees, and a byte count is not one (an address_of
+        destination left the float32 staging buffer 16 bytes short, caught by compute-sanitizer memcheck)."""
+        if c < NCH:
+            if IMAGE:
+                if lane == 0:
+                    T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
+                        T.address_of(mbar[(slot * NW + w) * PARTS + part]), T.uint32(MC * SROW * ESZ))
+                    if (w * PARTS + part) % CS == rank:
+                        proxy_fences(c)
+                        if CS == 1:
+                            T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
+                                stage.access_ptr("w", offset=soff(slot, w, 0, part), extent=MC * SROW),
+                                T.address_of(hbuf[hidx(buf, d, c * MC, w * KW + part * KP)]),
+                                T.uint32(MC * SROW * ESZ), T.address_of(mbar[(slot * NW + w) * PARTS + part]))
+                        else:
+                            T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"](
+                                stage.access_ptr("w", offset=soff(slot, w, 0, part), extent=MC * SROW),
+                                T.address_of(hbuf[hidx(buf, d, c * MC, w * KW + part * KP)]),
+                                T.uint32(MC * SROW * ESZ), T.address_of(mbar[(slot * NW + w) * PARTS + part]),
+                                T.uint16((1 << CS) - 1))
+            else:
+                if lane == 0:
+                    T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
+                        T.address_of(mbar[(slot * NW + w) * PARTS + part]), T.uint32(MC * KP * ESZ))
+                T.evaluate(T.call_extern("void", "__syncwarp"))
+                proxy_fences(c)
+                for i in unroll(math.ceil(MC / 32)):
+                    if i * 32 + lane < MC:
+                        T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
+                            T.address_of(stage[soff(slot, w, i * 32 + lane, part)]),
+                            T.address_of(hbuf[hidx(buf, d, c * MC + i * 32 + lane, w * KW + part * KP)]),
+                            T.uint32(KP * ESZ), T.address_of(mbar[(slot * NW + w) * PARTS + part]))
+
+    @T.macro
+    def stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, rank, first=0):
         """Warp w's k-slice of chunk c's state rows -> its region of staging slot `slot` (16 B copies), one
         commit group per k half from `first` (half_stage: one half per call, at column 0 of the region).
         Nothing is copied for c >= NCH (past the block's last chunk), but the groups are still committed,
         so the waits of `product_gpu` count the same number of groups every chunk."""
         for part in unroll(first, first + 1 if HALF else PARTS):
             if BULK:
-                stage_bulk(hbuf, stage, mbar, buf, d, c, slot, w, lane, part)
+                stage_bulk(hbuf, stage, mbar, buf, d, c, slot, w, lane, part, rank)
             elif c < NCH:
                 # MC a multiple of 16, KP of 8: whole rounds of 32 lanes
                 for i in unroll(MC * KP // EPC // 32):
                     q = T.meta_var(i * 32 + lane)
                     row = T.meta_var(q // (KP // EPC))
-                    col = T.meta_var(part * KP + (q % (KP // EPC)) * EPC)
+                    col = T.meta_var((q % (KP // EPC)) * EPC)
                     T.evaluate(T.s_tir.cp_async_raw.legacy(
-                        stage.access_ptr("w"), ((slot * NW + w) * MC + row) * SROW + col - (part * KP if HALF else 0),
-                        hbuf.data, hidx(buf, d, c * MC + row, w * KW + col), 16, dtype=dtype))
+                        stage.access_ptr("w"), soff(slot, w, row, part) + col,
+                        hbuf.data, hidx(buf, d, c * MC + row, w * KW + part * KP + col), 16, dtype=dtype))
             if not BULK:
                 T.evaluate(T.ptx["cp.async.commit_group"]())
 
     @T.macro
-    def wait_part(mbar, w, part, phase, pending):
-        """This warp's copies of k half `part` have landed in shared memory (both staging mechanisms)."""
+    def wait_part(mbar, slot, w, part, phase, pending):
+        """This warp's copies of k half `part` have landed in shared memory (both staging mechanisms; `phase`:
+        the chunks staged through this slot before)."""
         if BULK:
-            T.evaluate(T.cuda.mbarrier_wait(T.address_of(mbar[w * PARTS + part]), phase % 2))
+            T.evaluate(T.cuda.mbarrier_wait(T.address_of(mbar[(slot * NW + w) * PARTS + part]), phase % 2))
         else:
             T.evaluate(T.ptx["cp.async.wait_group"](pending))
             T.evaluate(T.call_extern("void", "__syncwarp"))
@@ -519,13 +592,12 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         for v in unroll(MT * NN * 4):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
-            wait_part(mbar, w, part, phase, PARTS - 1 - part + PENDING)
+            wait_part(mbar, slot, w, part, phase, PARTS - 1 - part + PENDING)
             for kp in unroll(KTW // PARTS):
                 for mt in unroll(MT):
                     T.evaluate(T.ptx_legacy.ldmatrix(
                         False, 4, ".b16", afrag.data, 0, stage.access_ptr("r"),
-                        ((slot * NW + w) * MC + mt * 16 + lane % 16) * SROW
-                        + (part * KTW // PARTS + kp) * 16 + 8 * (lane // 16), dtype="float16"))
+                        soff(slot, w, mt * 16 + lane % 16, part) + kp * 16 + 8 * (lane // 16), dtype="float16"))
                     for nt in unroll(NN):
                         T.evaluate(T.ptx_legacy.mma(
                             "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, 0, bfrag.data,
@@ -542,7 +614,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
 
     @T.macro
-    def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, phase):
+    def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase):
         """float32: lane = (rows lane % 16 + 16 i for i < MC / 16, column half lane / 16), CW gate rows; k
         walked in fours: one 16-byte state read per row and one 16-byte (broadcast) W read per gate row, each W
         read used for every row the lane holds (8 FMAs a load at 32 chunk rows); per commit group as
@@ -553,15 +625,14 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         for part in unroll(PARTS):
             if HALF and part > 0:   # the region is free once this warp's product of the first half is done
                 T.evaluate(T.call_extern("void", "__syncwarp"))
-                stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, part)
-            wait_part(mbar, w, part, phase, 0 if HALF else PARTS - 1 - part + PENDING)
+                stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, rank, part)
+            wait_part(mbar, slot, w, part, phase, 0 if HALF else PARTS - 1 - part + PENDING)
             # every operand of a k4 step is loaded into its own registers before its FMAs (one W register set
             # reused per gate row serialised each load behind the previous row's FMAs), and short k loops are
             # unrolled, so the loads of step k4 + 1 can issue under the FMAs of step k4
             for k4 in (unroll if KP // 4 <= SIMT_UNROLL else T.serial)(KP // 4):
                 for rr in unroll(RPL):
-                    hv[T.ramp(rr * 4, 1, 4)] = stage[T.ramp(
-                        ((slot * NW + w) * MC + lane % 16 + 16 * rr) * SROW + (0 if HALF else part * KP) + k4 * 4, 1, 4)]
+                    hv[T.ramp(rr * 4, 1, 4)] = stage[T.ramp(soff(slot, w, lane % 16 + 16 * rr, part) + k4 * 4, 1, 4)]
                 for j in unroll(CW):
                     wv[T.ramp(j * 4, 1, 4)] = wsm[T.ramp((cg * CW + j) * WROW + w * KW + part * KP + k4 * 4, 1, 4)]
                 for j in unroll(CW):
@@ -658,73 +729,86 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         if gpu:
             if FLAGS:
                 flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
-            for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
-                for t in T.thread_binding(NT, thread="threadIdx.x"):
-                  # __launch_bounds__(NT, blocks per SM): ptxas must leave room for a second block of a split
-                  with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", PER_SM):
-                    stage = T.alloc_buffer((SLOTS * NW * MC * SROW,), dtype, scope="shared.dyn")
-                    red = T.alloc_buffer((NW * MC * NGU,), "float32", scope="shared.dyn")
-                    hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
-                    acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
-                    gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
-                    mbar = T.alloc_buffer((NW * PARTS,), "uint64", scope="shared")
-                    if SIMT:
-                        wsm = T.alloc_buffer((NGU * WROW,), "float32", scope="shared.dyn")
-                        hv = T.alloc_buffer((4 * RPL,), "float32", scope="local")
-                        wv = T.alloc_buffer((4 * CW,), "float32", scope="local")
-                    else:
-                        bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
-                        afrag = T.alloc_buffer((8,), "float16", scope="local")
-                    d = T.meta_var(gb // (G * BS))
-                    g = T.meta_var(gb % (G * BS) // BS)
-                    q = T.meta_var(gb % BS)
-                    if SIMT:
-                        load_w_slice(Rw, wsm, d, g, t)
-                    else:
-                        load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
-                    seed(H0, hbuf, hst, 0, d, g, q, t)
-                    if BULK:
-                        if t % 32 == 0:
-                            for part in unroll(PARTS):
-                                T.ptx["mbarrier.init.shared::cta.b64"](T.address_of(mbar[t // 32 * PARTS + part]),
-                                                                       T.uint32(1))
-                            T.ptx["fence.mbarrier_init.release.cluster"]()
-                    if FLAGS:
-                        if t == 0:
-                            flags[(d * BS + q) * G + g] = 0
-                    if EARLY:
-                        prefetch(GI, RbH, Lens, gi, d, g, t, 0, q, seq)
-                    T.cuda.grid_sync()
-                    for s in T.serial(seq):
-                        if FLAGS:
-                            wait_producers(flags, d, q, t // 32, s)
-                        if SLOTS == 2:
-                            stage_gpu(hbuf, stage, mbar, s % 2, d, q, 0, t // 32, t % 32)
-                        for ci in T.serial(NCB):
-                            if not EARLY:
-                                prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                            stage_gpu(hbuf, stage, mbar, s % 2, d, q + (ci + SLOTS - 1) * BS, (ci + SLOTS - 1) % SLOTS,
-                                      t // 32, t % 32)
-                            if SIMT:
-                                product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, s % 2, d, q + ci * BS,
-                                             ci % SLOTS, t // 32, t % 32, s * NCB + ci)
-                            else:
-                                product_gpu(stage, mbar, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32,
-                                            s * NCB + ci)
-                            T.tvm_storage_sync("shared")
-                            finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
-                            if EARLY:   # the next chunk's, or step s + 1's first (clamped past the last step)
-                                prefetch(GI, RbH, Lens, gi, d, g, t, T.if_then_else(ci + 1 < NCB, s, s + 1),
-                                         q + (ci + 1) % NCB * BS, seq)
-                            T.tvm_storage_sync("shared")
-                        if FLAGS:
-                            if t == 0:
-                                T.evaluate(T.cuda.func_call("tvmseq_flag_publish",
-                                                            T.address_of(flags[(d * BS + q) * G + g]), s + 1,
-                                                            source_code=_PUBLISH_SRC))
-                        else:
-                            T.cuda.grid_sync()
-                    final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
+            # clusters (launch attribute) of CS consecutive blocks; extent 1 launches none
+            for rank in T.thread_binding(CS, thread="clusterCtaIdx.x"):
+              for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
+                  for t in T.thread_binding(NT, thread="threadIdx.x"):
+                    # __launch_bounds__(NT, blocks per SM): ptxas must leave room for a second block of a split
+                    with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", PER_SM):
+                      stage = T.alloc_buffer((SLOTS * NW * REGION,), dtype, scope="shared.dyn")
+                      red = T.alloc_buffer((NW * MC * NGU,), "float32", scope="shared.dyn")
+                      hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
+                      acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
+                      gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
+                      mbar = T.alloc_buffer((SLOTS * NW * PARTS,), "uint64", scope="shared")
+                      if SIMT:
+                          wsm = T.alloc_buffer((NGU * WROW,), "float32", scope="shared.dyn")
+                          hv = T.alloc_buffer((4 * RPL,), "float32", scope="local")
+                          wv = T.alloc_buffer((4 * CW,), "float32", scope="local")
+                      else:
+                          bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
+                          afrag = T.alloc_buffer((8,), "float16", scope="local")
+                      d = T.meta_var(gb // (G * BS))
+                      # a cluster's blocks share the batch chunks (q) and own consecutive unit groups (g)
+                      g = T.meta_var(gb % (G * BS) // BS if CS == 1 else gb % G)
+                      q = T.meta_var(gb % BS if CS == 1 else gb % (G * BS) // G)
+                      if SIMT:
+                          load_w_slice(Rw, wsm, d, g, t)
+                      else:
+                          load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
+                      seed(H0, hbuf, hst, 0, d, g, q, t)
+                      if BULK:
+                          if t % 32 == 0:
+                              for slot, part in T.grid(SLOTS, PARTS):
+                                  T.ptx["mbarrier.init.shared::cta.b64"](
+                                      T.address_of(mbar[(slot * NW + t // 32) * PARTS + part]), T.uint32(1))
+                              T.ptx["fence.mbarrier_init.release.cluster"]()
+                          if CS > 1:   # every block's barriers initialised before any peer multicasts into it
+                              T.ptx["barrier.cluster.arrive.release"]()
+                              T.ptx["barrier.cluster.wait.acquire"]()
+                      if FLAGS:
+                          if t == 0:
+                              flags[(d * BS + q) * G + g] = 0
+                      if EARLY:
+                          prefetch(GI, RbH, Lens, gi, d, g, t, 0, q, seq)
+                      T.cuda.grid_sync()
+                      for s in T.serial(seq):
+                          if FLAGS:
+                              wait_producers(flags, d, q, t // 32, s)
+                          if SLOTS == 2:
+                              stage_gpu(hbuf, stage, mbar, s % 2, d, q, 0, t // 32, t % 32, rank)
+                          for ci in T.serial(NCB):
+                              if not EARLY:
+                                  prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
+                              if CS > 1:   # the slot refilled next was read by chunk ci - 1: every peer is done
+                                  if ci > 0:
+                                      T.ptx["barrier.cluster.wait.acquire"]()
+                              stage_gpu(hbuf, stage, mbar, s % 2, d, q + (ci + SLOTS - 1) * BS, (ci + SLOTS - 1) % SLOTS,
+                                        t // 32, t % 32, rank)
+                              # the chunks staged through slot ci % SLOTS before this one (bulk barrier parity)
+                              phase = T.meta_var(s * ((NCB + SLOTS - 1 - ci % SLOTS) // SLOTS) + ci // SLOTS)
+                              if SIMT:
+                                  product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, s % 2, d, q + ci * BS,
+                                               ci % SLOTS, t // 32, t % 32, rank, phase)
+                              else:
+                                  product_gpu(stage, mbar, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32, phase)
+                              if CS > 1:
+                                  if ci < NCB - 1:
+                                      T.ptx["barrier.cluster.arrive.release"]()
+                              T.tvm_storage_sync("shared")
+                              finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
+                              if EARLY:   # the next chunk's, or step s + 1's first (clamped past the last step)
+                                  prefetch(GI, RbH, Lens, gi, d, g, t, T.if_then_else(ci + 1 < NCB, s, s + 1),
+                                           q + (ci + 1) % NCB * BS, seq)
+                              T.tvm_storage_sync("shared")
+                          if FLAGS:
+                              if t == 0:
+                                  T.evaluate(T.cuda.func_call("tvmseq_flag_publish",
+                                                              T.address_of(flags[(d * BS + q) * G + g]), s + 1,
+                                                              source_code=_PUBLISH_SRC))
+                          else:
+                              T.cuda.grid_sync()
+                      final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
         else:
             red = T.alloc_buffer((NW * MC * NGU,), "float32")
             hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
