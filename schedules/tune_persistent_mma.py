@@ -7,7 +7,9 @@ staging) by measurement, and record the winners in schedules/measured/persistent
   tvmseq tune persistent_mma merge out/pmma_sweep/results.json  # here: winners -> the database
 
 The variants per (D, B, H) are scripts/pmma_sweep.py's SWEEP (the rule's pick is added where missing). A winner
-replaces the rule's pick only when >= 3% faster in the same run.
+replaces the rule's pick only when >= 3% faster. The results file may hold several runs (artifacts/bench/pmma_sweep.json
+holds all sweeps, oldest first): a config timed again counts with its newest time, since the kernel changed between
+sweeps (session 6, sweep 12: every config re-timed after the partial-sum stores changed).
 """
 from __future__ import annotations
 
@@ -49,12 +51,13 @@ def merge(results: Path) -> None:
     from tvmseq.kernels.persistent_mma import MmaConfig
     from tvmseq.tune import measured
 
-    trials = []
+    newest = {}   # the kernel changes between sweeps: a config's newest timing (rows are in run order) counts
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step"):
-            trials.append(dict(key=dict(D=r["D"], B=r["B"], H=r["H"], cell=r.get("cell", "gru"),
-                                        dtype=r.get("dtype", "float16")),
-                               config=dataclasses.asdict(MmaConfig.of(r["config"])), us=r["us_step"]))
+            key = dict(D=r["D"], B=r["B"], H=r["H"], cell=r.get("cell", "gru"), dtype=r.get("dtype", "float16"))
+            config = dataclasses.asdict(MmaConfig.of(r["config"]))
+            newest[json.dumps([key, config], sort_keys=True)] = dict(key=key, config=config, us=r["us_step"])
+    trials = list(newest.values())
     measured.merge("persistent_mma", trials,
                    lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"], k["dtype"])),
                    source=f"{results}: CUDA-event time per step, recurrence only (seq 100)")

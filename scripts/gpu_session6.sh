@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 6 on the H100, runtime-only TVM (carry .gpu and the out/ payloads built here):
 #   bash scripts/gpu_session6.sh A   staged-state kernel with the image layout / clusters: gpu tests (out/pmma),
-#                                    sweep (out/$SWEEP: pmma10, pmma11), memcheck + racecheck of the image and
-#                                    cluster cases
+#                                    sweep (out/$SWEEP: pmma10-12), memcheck + racecheck of the image and
+#                                    cluster cases (env SWEEP, CASES, RACE: the sweep and the sanitizers' -k)
 # Results come back as $OUT/session6_<part>.tgz.
 set +e
 PART=${1:-A}
@@ -11,7 +11,8 @@ source .gpu/env.sh || exit 1
 export PYTHONUNBUFFERED=1
 RES=/tmp/res6_$PART; rm -rf $RES; mkdir -p $RES
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $RES/gpu.txt
-IMAGE_CASES="h1024_b60 or h1016 or h500_b90 or h250_b23 or (h1024_b64_nolens) or h512_b64_lens_f32 or h128_b47"
+IMAGE_CASES=${CASES:-"h1024_b60 or h1016 or h500_b90 or h250_b23 or (h1024_b64_nolens) or h512_b64_lens_f32 or h128_b47"}
+RACE_CASES=${RACE:-"h500_b90 or h128_b47 or h250_b23"}
 if [ "$PART" = A ]; then
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
     -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; grep -E "FAILED|Error|passed|failed" $RES/pytest_pmma.log | tail -8 | cut -c1-300
@@ -19,7 +20,7 @@ if [ "$PART" = A ]; then
   echo "sweep $SWEEP rc=$?"; cp out/$SWEEP/results.json $RES/results_$SWEEP.json 2>/dev/null
   cut -c1-150 $RES/sweep_$SWEEP.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/' | tail -45
   for tool in memcheck racecheck; do
-    [ $tool = racecheck ] && IMAGE_CASES="h500_b90 or h128_b47 or h250_b23"   # racecheck: the small ones
+    [ $tool = racecheck ] && IMAGE_CASES=$RACE_CASES   # racecheck: the small ones
     timeout 110 compute-sanitizer --tool $tool --print-limit 20 env TVMSEQ_PMMA_PREBUILT=out/pmma python3 -m pytest \
       -q -m gpu tests/test_persistent_mma.py -k "$IMAGE_CASES" -p no:cacheprovider > $RES/image_$tool.log 2>&1
     echo "== $tool rc=$?"; grep -E "SUMMARY|passed|failed" $RES/image_$tool.log | tail -3

@@ -171,3 +171,20 @@ def test_persistent_gru_build_always_times_the_model_pick(monkeypatch):
         pick = tune._model_pick(D, B, H)
         assert (pick.num_blocks, pick.num_warps, pick.batch_chunk) in variants
         assert set(pgru_sweep.SWEEP[(D, B, H)]) <= set(variants)
+
+
+def test_persistent_mma_merge_counts_a_configs_newest_timing(tmp_path, monkeypatch):
+    """A config timed in several sweeps counts with its newest time (the kernel changed in between): an old,
+    faster timing of a variant must not make it the winner once a later sweep timed it slower."""
+    tune = _script("tune_persistent_mma")
+    pick = tune._model_pick(1, 64, 512)
+    other = (16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)
+    row = lambda config, us, run: dict(D=1, B=64, H=512, dtype="float16", cell="gru", config=list(config),  # noqa: E731
+                                       us_step=us, ok=True, run=run)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([row(pick.knobs(), 3.0, "a"), row(other, 2.0, "a"),      # 33% faster in run a
+                                   row(pick.knobs(), 3.0, "b"), row(other, 3.5, "b")]))    # slower in run b
+    original = measured.merge
+    monkeypatch.setattr(measured, "merge", lambda *a, **k: original(*a, **dict(k, root=tmp_path)))
+    tune.merge(results)
+    assert json.loads((tmp_path / "persistent_mma.json").read_text())["entries"] == []

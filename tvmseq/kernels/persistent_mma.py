@@ -585,6 +585,20 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             T.evaluate(T.ptx["cp.async.wait_group"](pending))
             T.evaluate(T.call_extern("void", "__syncwarp"))
 
+    def red_col(row, col):
+        """Where partial sum (row, gate row col) sits in its row of `red`: columns swizzled by the row so the
+        products' vector stores hit distinct banks (st.shared.v2/v4 written out: nvcc split the first of each
+        group of vector stores from the C source into scalar ones). float32 (16-byte stores, lanes = rows r..r+7 at one
+        column): 16-byte chunk ^ row bit 2 (rows r and r + 4 were 2-way conflicts, and the scalar stores before
+        4-way); float16 (8-byte stores, lanes = 4 rows x 4 column pairs) at NGU = 16 mod 32 (16-unit GRU
+        blocks): column bit 3 ^ row bit 1 (rows r and r + 2 fell on the same banks). The gate math's reads
+        (a warp = whole rows of UB units, rows sharing these row bits) stay conflict-free."""
+        if SIMT:
+            return T.bitwise_xor(col, (row // 4 % 2) * 4) if NGU % 8 == 0 else col
+        if NGU % 32 == 16:
+            return T.bitwise_xor(col, (row // 2 % 2) * 8)
+        return col
+
     @T.macro
     def product_gpu(stage, mbar, bfrag, afrag, acc, red, slot, w, lane, phase):
         """Partial sums of warp w over its k-slice of the chunk in staging slot `slot`: acc (C fragments) ->
@@ -606,12 +620,15 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
         for mt in unroll(MT):
             for nt in unroll(NN):
-                for i in unroll(4):
-                    row = T.meta_var(mt * 16 + lane // 4 + 8 * (i // 2))
-                    col = T.meta_var(nt * 8 + (lane % 4) * 2 + i % 2)
-                    red[(w * MC + row) * NGU + col] = acc[(mt * NN + nt) * 4 + i]
+                for h in unroll(2):   # C fragment halves: rows lane / 4 and + 8, columns (lane % 4) * 2 + 0, 1
+                    row = T.meta_var(mt * 16 + lane // 4 + 8 * h)
+                    col = T.meta_var(nt * 8 + (lane % 4) * 2)
+                    T.ptx["st.shared.v2.f32"](
+                        red.access_ptr("w", offset=(w * MC + row) * NGU + red_col(row, col), extent=2),
+                        *[acc[(mt * NN + nt) * 4 + 2 * h + e] for e in range(2)])
 
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
+
 
     @T.macro
     def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase):
@@ -641,26 +658,29 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                             + hv[rr * 4 + 2] * wv[j * 4 + 2] + hv[rr * 4 + 3] * wv[j * 4 + 3])
         T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
         for rr in unroll(RPL):
-            for j in unroll(CW):
-                red[(w * MC + lane % 16 + 16 * rr) * NGU + cg * CW + j] = acc[rr * CW + j]
+            for j4 in unroll(CW // 4):   # 16-byte stores (CW = NGU / 2 is a multiple of 4)
+                row = T.meta_var(lane % 16 + 16 * rr)
+                T.ptx["st.shared.v4.f32"](
+                    red.access_ptr("w", offset=(w * MC + row) * NGU + red_col(row, cg * CW + 4 * j4), extent=4),
+                    *[acc[rr * CW + 4 * j4 + e] for e in range(4)])
 
     @T.macro
     def product_cpu(hbuf, Rw, red, buf, d, g, c):
         """The same partial sums with serial loops (float32 products of the fp16 state and R)."""
         for w, row, col in T.grid(NW, MC, NGU):
-            red[(w * MC + row) * NGU + col] = T.float32(0)
+            red[(w * MC + row) * NGU + red_col(row, col)] = T.float32(0)
             for k in T.serial(KW):
                 unit = T.meta_var(g * UB + col % UB)
                 kk = T.meta_var(w * KW + k)
                 if unit < H and kk < H:
-                    red[(w * MC + row) * NGU + col] = red[(w * MC + row) * NGU + col] + T.Cast(
+                    red[(w * MC + row) * NGU + red_col(row, col)] = red[(w * MC + row) * NGU + red_col(row, col)] + T.Cast(
                         "float32", hbuf[hidx(buf, d, c * MC + row, kk)]) * T.Cast(
                         "float32", Rw[d, r_row(g, col), kk])
 
     def gate_sum(red, row, col):
-        total = red[row * NGU + col]
+        total = red[row * NGU + red_col(row, col)]
         for w in range(1, NW):
-            total = total + red[(w * MC + row) * NGU + col]
+            total = total + red[(w * MC + row) * NGU + red_col(row, col)]
         return total
 
     def cell_update(red, gi, d, i, row, u, h):
