@@ -1,6 +1,7 @@
 """Schedule sweep of the tensor-core persistent GRU (units per block / warps / batch chunk) on the H100.
 
   python3 scripts/pmma_sweep.py build out/pmma_sweep [float32]  # here (compiler); or `tvmseq tune persistent_mma`
+  python3 scripts/pmma_sweep.py build-wg out/pwg_sweep  # here: the warpgroup kernel's variants (WG_SWEEP)
   python3 scripts/pmma_sweep.py run out/pmma_sweep      # GPU machine (runtime + torch)
 
 Each variant is checked against a float64 GRU (torch on the GPU) and its recurrence timed alone (seq 100,
@@ -76,6 +77,51 @@ def build(out: Path, sweep: dict | None = None):
     print(f"built {len(funcs)} variants")
 
 
+# the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
+WG_SWEEP = {
+    (1, 64, 1024): [(16, 1), (8, 1)],
+    (1, 256, 1024): [(16, 2), (16, 1)],
+    (2, 64, 1024): [(16, 1)],
+    (2, 256, 1024): [(16, 1)],
+    (1, 64, 512): [(16, 1), (16, 2), (8, 1)],
+    (1, 256, 512): [(16, 2), (16, 4), (8, 1)],
+    (2, 256, 512): [(16, 2)],
+    (1, 64, 256): [(16, 1), (8, 1), (8, 2)],
+    (1, 256, 256): [(16, 4), (8, 2), (8, 4)],
+}
+
+
+def build_wg(out: Path, sweep: dict | None = None):
+    """The warpgroup kernel's variants, same index format as `build` (config: (units, batch split))."""
+    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.kernels import persistent_wgmma as pw
+    from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.targets import resolve
+
+    tgt = resolve("cuda")
+    out.mkdir(parents=True, exist_ok=True)
+    funcs, index = {}, []
+    for key, cfgs in (sweep or WG_SWEEP).items():
+        D, B, H, dtype, cell = sweep_key(key)
+        for cfg in cfgs:
+            why = pw.WgmmaRecGeometry(D, B, H, pw.GATES[cell], pw.WgmmaRecConfig.of(cfg)).check(rg.gpu_facts(tgt))
+            if why:
+                print("skip", D, B, H, cfg, why)
+                continue
+            name = f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}"
+            funcs[name] = pw.persistent_wgmma_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None,
+                                                   None, False, tgt, pw.WgmmaRecConfig.of(cfg), cell).with_attr(
+                                                       "global_symbol", name)
+            index.append(dict(D=D, B=B, H=H, dtype=dtype, cell=cell, kernel="persistent_wgmma", config=list(cfg),
+                              name=name))
+    ex, report = compile_for_gpu(funcs, tgt)
+    ex.export_library(str(out / "sweep.so"))
+    for e in index:
+        e["ptxas"] = report.get(e["name"] + "_kernel", {})
+    (out / "index.json").write_text(json.dumps(index, indent=1))
+    print(f"built {len(funcs)} variants")
+
+
 def _reference(gate_i, R, rb_h, h0, D):
     import torch
 
@@ -142,4 +188,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "build" and len(sys.argv) > 3:   # build DIR DTYPE|rnn: only that dtype's (cell's) shapes
         build(Path(sys.argv[2]), {k: v for k, v in SWEEP.items() if sys.argv[3] in (*k, "float16")[3:]})
     else:
-        {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]))
+        {"build": build, "build-wg": build_wg, "run": run}[sys.argv[1]](Path(sys.argv[2]))

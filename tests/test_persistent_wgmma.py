@@ -1,0 +1,212 @@
+"""Persistent GRU/RNN on warpgroup tensor cores (kernels/persistent_wgmma.py): the CPU variant (same seeding,
+image-layout state, accumulator-layout items, gate math; the product as serial float32 sums) against a float64
+numpy GRU/RNN on odd sizes, every direction, sequence_lens, clip, several chunks and batch splits; the
+geometry checks; CUDA code generation (wgmma, bulk copies, no spills); (marked gpu) the prebuilt kernels on the
+GPU, where the descriptors, the swizzle and the accumulator layout are exercised.
+
+GPU kernels: `python tests/test_persistent_wgmma.py out/pwg` builds them here (sm_90a); run
+`pytest -m gpu tests/test_persistent_wgmma.py` there with out/pwg carried (or TVMSEQ_PWG_PREBUILT)."""
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_persistent_gru import batched_reference, default_acts, make_problem, reference  # noqa: E402
+from test_persistent_mma import rnn_problem, rnn_reference  # noqa: E402
+
+from tvmseq.errors import TvmseqError  # noqa: E402
+
+try:
+    import tvm
+
+    from tvmseq.kernels import persistent_wgmma as pw
+    from tvmseq.kernels.activations import Activation
+    from tvmseq.targets import resolve
+except ImportError:
+    pw = None
+needs_compiler = pytest.mark.skipif(pw is None, reason="TVM compiler not available")
+
+TOL = dict(rtol=1e-2, atol=4e-3)   # the fp16 state in the product
+
+
+def run_cpu(inputs, D, B, H, seq, direction, acts, clip, has_lens, config, cell="gru"):
+    func = pw.persistent_wgmma_func(D, B, H, "float16", direction, list(acts), clip, has_lens, "llvm", config, cell)
+    name = func.attrs["global_symbol"]
+    f = tvm.compile(tvm.IRModule({name: func}), target="llvm")[name]
+    Y = tvm.runtime.tensor(np.full((seq, D, B, H), np.nan, np.float16))   # poisoned: every element written
+    Yh = tvm.runtime.tensor(np.full((D, B, H), np.nan, np.float16))
+    f(*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs], Y, Yh)
+    return Y.numpy().astype(np.float64), Yh.numpy().astype(np.float64)
+
+
+@needs_compiler
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("H,B,config", [
+    (37, 5, pw and pw.WgmmaRecConfig(8, 1)),      # padded units, k (one tile) and rows
+    (72, 70, pw and pw.WgmmaRecConfig(16, 1)),    # two k tiles, two chunks a block, 4.5 unit groups
+    (40, 130, pw and pw.WgmmaRecConfig(8, 2)),    # three chunks -> four, split over two blocks
+])
+def test_gru_matches_numpy(H, B, config, direction):
+    D = 2 if direction == "bidirectional" else 1
+    seq = 3
+    inputs, ref_args = make_problem(D, B, H, seq, "float16", 1, seed=H * 7 + B)
+    acts = default_acts(D)
+    Y, Yh = run_cpu(inputs, D, B, H, seq, direction, acts, 0.9 if B == 70 else None, True, config)
+    rY, rYh = reference(ref_args, direction, 1, 0.9 if B == 70 else None, acts)
+    np.testing.assert_allclose(Y, rY, **TOL)
+    np.testing.assert_allclose(Yh, rYh, **TOL)
+
+
+@needs_compiler
+def test_rnn_matches_numpy():
+    D, B, H, seq = 2, 9, 70, 3
+    inputs = rnn_problem(D, B, H, seq, seed=5)
+    acts = [Activation.make("Relu")] * D
+    Y, Yh = run_cpu(inputs, D, B, H, seq, "bidirectional", acts, None, True, pw.WgmmaRecConfig(8, 1), "rnn")
+    rY, rYh = rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], [False, True], acts[0].numpy)
+    np.testing.assert_allclose(Y, rY, **TOL)
+    np.testing.assert_allclose(Yh, rYh, **TOL)
+
+
+@needs_compiler
+def test_geometry_and_argument_errors():
+    from tvmseq.kernels import recurrent_gemm as rg
+
+    h100 = rg.gpu_facts(resolve("cuda"))
+    geo = lambda cfg, D=1, B=64, H=1024, NG=3: pw.WgmmaRecGeometry(D, B, H, NG, cfg).check(h100)  # noqa: E731
+    assert geo(pw.WgmmaRecConfig(16, 2), B=256) is None            # 128 blocks, 96 KB R + 128 KB state
+    assert "shared memory" in geo(pw.WgmmaRecConfig(32, 1), H=1024)  # 192 KB R slice + 128 KB state
+    assert "not all resident" in geo(pw.WgmmaRecConfig(8, 2), H=1024)
+    assert "divide 64" in geo(pw.WgmmaRecConfig(24, 1), H=256)
+    assert "gates x units <= 256" in geo(pw.WgmmaRecConfig(96, 1), H=256)
+    assert pw.default_config(1, 256, 1024, "cuda") == pw.WgmmaRecConfig(16, 2)
+    assert pw.default_config(2, 256, 1024, "cuda") == pw.WgmmaRecConfig(16, 1)
+    with pytest.raises(TvmseqError, match="dtype must be float16"):
+        pw.persistent_wgmma_func(1, 16, 64, "float32", "forward", None, None, False, "llvm")
+    with pytest.raises(TvmseqError, match="does not match D=1"):
+        pw.persistent_wgmma_func(1, 16, 64, "float16", "bidirectional", None, None, False, "llvm")
+
+
+@needs_compiler
+@pytest.mark.parametrize("D,B,H,cell", [(1, 256, 1024, "gru"), (2, 64, 520, "rnn")])
+def test_cuda_codegen(D, B, H, cell):
+    """Builds for the H100 without a GPU: wgmma with the block's N, bulk copies on mbarriers, the grid
+    barrier, the whole shared-memory estimate allocated, and (with nvcc) no spills."""
+    import re
+
+    tgt = resolve("cuda")
+    cfg = pw.default_config(D, B, H, tgt, cell)
+    geo = pw.WgmmaRecGeometry(D, B, H, pw.GATES[cell], cfg)
+    func = pw.persistent_wgmma_func(D, B, H, "float16", "bidirectional" if D == 2 else "forward", None, None,
+                                    True, tgt, cfg, cell)
+    seen = []
+
+    @tvm.instrument.pass_instrument
+    class Capture:
+        def run_after_pass(self, mod, info):
+            if info.name.endswith("MergeSharedMemoryAllocations"):   # one dynamic buffer: nothing to merge
+                seen.extend(int(n) * {"uint8": 1, "float16": 2}[dt] for n, dt in re.findall(
+                    r'T.alloc_buffer\(\((\d+),\), "(\w+)", scope="shared.dyn"', str(mod)))
+
+    with tvm.transform.PassContext(instruments=[Capture()]):
+        src = tvm.compile(tvm.IRModule({"k": func}), target=tgt).mod.imports[0].inspect_source()
+    assert seen[-1] == geo.smem_bytes()
+    for needle in (f"wgmma.mma_async.sync.aligned.m64n{geo.N}k16.f32.f16.f16", "cp.async.bulk.shared::cta.global",
+                   "cg::this_grid().sync()"):
+        assert needle in src, needle
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: ptxas not checked")
+    from tvmseq.bench.recurrent_gemm import ptxas_report
+
+    (info,) = ptxas_report(src).values()
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+
+
+# ----------------------------------------------------------------------------------------------------
+PREBUILT = Path(os.environ.get("TVMSEQ_PWG_PREBUILT", Path(__file__).resolve().parents[1] / "out" / "pwg"))
+
+# (D, B, H, direction, cell, activations, clip, has_seq_lens, config (units, batch split) or None)
+GPU_CASES = [
+    (1, 64, 1024, "forward", "gru", None, None, True, None),
+    (1, 256, 1024, "reverse", "gru", None, None, True, None),                    # 2 chunks a block, split 2
+    (2, 200, 1000, "bidirectional", "gru", None, 1.1, True, None),               # padded units, k, rows
+    (1, 77, 300, "forward", "gru", ("HardSigmoid", "Softsign"), None, True, (8, 1)),
+    (2, 90, 136, "bidirectional", "rnn", ("Relu",), None, True, None),
+    (1, 130, 520, "reverse", "rnn", None, 0.8, False, (16, 2)),
+]
+
+
+def _case_name(case):
+    D, B, H, direction, cell, acts, clip, lens, cfg = case
+    return f"pwg_{cell}_{direction}_h{H}_b{B}_{'lens' if lens else 'nolens'}"
+
+
+def build_gpu_cases(out_dir):
+    from tvmseq.bench.common import compile_for_gpu
+
+    tgt = resolve("cuda")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    funcs = {}
+    for case in GPU_CASES:
+        D, B, H, direction, cell, acts, clip, lens, cfg = case
+        acts_ = [Activation.make(a) for a in acts] * D if acts else None
+        func = pw.persistent_wgmma_func(D, B, H, "float16", direction, acts_, clip, lens, tgt,
+                                        pw.WgmmaRecConfig.of(cfg) if cfg else None, cell)
+        funcs[_case_name(case)] = func.with_attr("global_symbol", _case_name(case))
+    ex, report = compile_for_gpu(funcs, tgt)
+    ex.export_library(str(out / "pwg.so"))
+    (out / "index.json").write_text(json.dumps({"cases": GPU_CASES, "ptxas": report}, indent=1))
+    print(f"built {len(funcs)} kernels into {out}; ptxas: {report}")
+
+
+def test_gpu_case_names_are_unique():
+    names = [_case_name(case) for case in GPU_CASES]
+    assert len(set(names)) == len(names), [n for n in names if names.count(n) > 1]
+
+
+def _gpu_index():
+    index = PREBUILT / "index.json"
+    return json.loads(index.read_text())["cases"] if index.exists() else []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _gpu_index(), ids=lambda c: _case_name(c))
+def test_prebuilt_on_gpu(case):
+    import tvm as tvm_rt
+
+    from tvmseq.bench.common import cuda_available
+    from tvmseq.kernels.activations import Activation as Act
+
+    if not cuda_available():
+        pytest.skip("no CUDA GPU")
+    D, B, H, direction, cell, acts, clip, lens, cfg = case
+    seq = 23
+    rev = [direction == "reverse" or d == 1 for d in range(D)]
+    if cell == "gru":
+        inputs, _ = make_problem(D, B, H, seq, "float16", 1, seed=B + H, lens_kind="random" if lens else "full")
+        names = (acts or ("Sigmoid", "Tanh"))
+        want = batched_reference(*inputs, rev, 1, clip, [(Act.make(names[0]).numpy, Act.make(names[1]).numpy)] * D)
+    else:
+        inputs = list(rnn_problem(D, B, H, seq, seed=B + H))
+        if not lens:
+            inputs[3] = np.full(B, seq, np.int32)
+        want = rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], rev, Act.make((acts or ("Tanh",))[0]).numpy,
+                             clip)
+    dev = tvm_rt.cuda(0)
+    f = tvm_rt.runtime.load_module(str(PREBUILT / "pwg.so"))[_case_name(case)]
+    Y = tvm_rt.runtime.tensor(np.full((seq, D, B, H), np.nan, np.float16), dev)
+    Yh = tvm_rt.runtime.tensor(np.full((D, B, H), np.nan, np.float16), dev)
+    for _ in range(2):   # relaunch: the double buffer is re-seeded, nothing carries over
+        f(*[tvm_rt.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], Y, Yh)
+    np.testing.assert_allclose(Y.numpy().astype(np.float64), want[0], **TOL)
+    np.testing.assert_allclose(Yh.numpy().astype(np.float64), want[1], **TOL)
+
+
+if __name__ == "__main__":
+    build_gpu_cases(sys.argv[1] if len(sys.argv) > 1 else "out/pwg")

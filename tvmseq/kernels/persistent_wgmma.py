@@ -1,0 +1,413 @@
+"""Persistent float16 GRU/RNN on Hopper's warpgroup tensor cores (wgmma): all time steps in ONE kernel, each
+block's slice of R resident in shared memory, the state chunk staged by bulk copies and multiplied by wgmma
+with both operands in shared memory; the gate math runs on the accumulators in registers.
+
+Why another persistent kernel. `persistent_mma` splits k over 8 warps (R as mma.sync B fragments in
+registers): every chunk its warps' partial sums go through shared memory, a __syncthreads, and a 24-load
+reduction per item before the gate math, and at batch 256 the SM issues an instruction every ~5 cycles with 2
+warps a scheduler (ncu, fp16 H1024 B256: 13.6 us a step). Here one warpgroup multiplies a 64-row state chunk
+by all NG * UB gate rows over the whole k (wgmma m64nNk16), so each thread ends with complete (z, r, h)
+pre-activations of its own units: no partial sums, no reduction, no k-split.
+
+Interface: that of `persistent_mma` (gate_i f32 [D, T, B, NG*H], R [D, NG*H, H] fp16, rb_h f32 [D, H],
+seq_lens i32 [B], h0 f32 [D, B, H] -> Y [T, D, B, H], Y_h [D, B, H] fp16); GRU with linear_before_reset=1, RNN.
+
+Work split. Direction d runs on blocks [d*G*BS, (d+1)*G*BS); block (g, q) owns UB hidden units [g*UB, (g+1)*UB)
+(the NG*UB rows of R of their gates: the wgmma N) and every BS-th 64-row batch chunk from chunk q. Shared
+memory holds the block's R slice as NKB k-tiles [N rows x 64] and one state chunk as NKB k-tiles [64 rows x 64],
+all in the 128-byte swizzle layout of wgmma's descriptors (16-byte chunk c of row r at c ^ (r % 8)).
+
+The state lives in global memory (double buffer, fp16) in that same layout, chunk by chunk and tile by tile
+(the "image" layout: a tile is 8 KB contiguous), so a chunk arrives by NKB bulk copies (cp.async.bulk, one
+thread each, completing on one mbarrier per tile); the wgmma of tile kb starts once tile kb has landed. A step,
+per chunk: gate_i loads, the copies, 4 * NKB wgmma into NG*UB/2 float32 accumulators a thread, the gate math
+(state kept in float32 registers), Y and h_{s+1} written (h_{s+1} into the image of the other buffer); a grid
+barrier (cooperative launch: one block an SM, all resident) ends the step.
+
+Accumulator layout (wgmma m64nN, per warp w of the warpgroup): acc[4 j + 2 h + e] is row 16 w + lane / 4 + 8 h,
+column 8 j + 2 (lane % 4) + e; with the block's gate rows ordered (z units, r units, h units), a thread holds
+the three gates of units 8 j + 2 (lane % 4) + e (j < UB / 8) of its two rows: UB / 2 items.
+
+The CPU variant runs the same seeding, gate math and image-layout reads and writes, with the product as a
+float32 sum over the staged fp16 state (`product_cpu`), so CI checks indexing, padding and numerics; the
+descriptors, copies and barriers exist on the GPU only (`tests/test_persistent_wgmma.py -m gpu`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import TvmseqError
+from ..targets import is_gpu, resolve
+
+GATES = {"gru": 3, "rnn": 1}
+MC = 64              # rows of a state chunk: the wgmma M of one warpgroup
+KB = 64              # k of a tile: one 128-byte swizzle row of fp16
+NT = 128             # one warpgroup
+ATOM = 1024          # bytes of an 8-row swizzle atom (descriptor stride between row groups)
+SWIZZLE_128B = 3     # T.cuda.wgmma.encode_matrix_descriptor's code for the 128-byte swizzle
+_REG_OVERHEAD = 40
+_MAX_REGS = 240
+
+
+@dataclass(frozen=True)
+class WgmmaRecConfig:
+    """Knobs: units_per_block (a multiple of 8; N = gates x units <= 256), batch_split (blocks sharing a unit
+    group, each taking every batch_split-th 64-row chunk)."""
+
+    units_per_block: int = 16
+    batch_split: int = 1
+
+    @classmethod
+    def of(cls, knobs) -> "WgmmaRecConfig":
+        return cls(*knobs)
+
+    def knobs(self) -> tuple:
+        return (self.units_per_block, self.batch_split)
+
+
+@dataclass(frozen=True)
+class WgmmaRecGeometry:
+    D: int
+    B: int
+    H: int
+    NG: int
+    cfg: WgmmaRecConfig
+
+    UB = property(lambda self: self.cfg.units_per_block)
+    BS = property(lambda self: self.cfg.batch_split)
+    N = property(lambda self: self.NG * self.UB)                       # gate rows a block (wgmma N)
+    G = property(lambda self: math.ceil(self.H / self.UB))             # blocks a direction and batch split
+    NKB = property(lambda self: math.ceil(self.H / KB))                # k tiles
+    Hp = property(lambda self: self.NKB * KB)
+    NCH = property(lambda self: math.ceil(math.ceil(self.B / MC) / self.BS) * self.BS)   # chunks (all blocks)
+    NCB = property(lambda self: self.NCH // self.BS)                   # chunks a block
+    BLOCKS = property(lambda self: self.D * self.G * self.BS)
+    ITEMS = property(lambda self: self.UB // 2)                        # (row, unit) items a thread
+    R_HALFS = property(lambda self: self.NKB * self.N * KB)
+    S_HALFS = property(lambda self: self.NKB * MC * KB)
+
+    def smem_bytes(self) -> int:
+        return 2 * (self.R_HALFS + self.S_HALFS) + ATOM     # + slack to align the first tile to 1 KB
+
+    def regs_estimate(self) -> int:
+        return self.N // 2 + 4 * self.ITEMS + self.NCB * self.ITEMS + _REG_OVERHEAD
+
+    def check(self, facts) -> str | None:
+        """Why this geometry cannot run (one resident block an SM), or None."""
+        c = self.cfg
+        if c.units_per_block < 8 or c.units_per_block % 8 or self.N > 256 or c.batch_split < 1:
+            return f"config {c}: units_per_block a multiple of 8 with gates x units <= 256, batch_split >= 1"
+        if KB % c.units_per_block:   # unit groups tile the padded k (G * UB <= Hp)
+            return f"config {c}: units_per_block must divide {KB}"
+        if facts is None:
+            return None
+        if self.BLOCKS > facts.num_sms:
+            return f"{self.D} x {self.G} x {self.BS} blocks > {facts.num_sms} SMs: not all resident"
+        if self.smem_bytes() > facts.smem_per_block:
+            return (f"{self.smem_bytes()} B shared memory (R slice {2 * self.R_HALFS} + state chunk "
+                    f"{2 * self.S_HALFS}) > {facts.smem_per_block}")
+        if self.regs_estimate() > _MAX_REGS:
+            return f"~{self.regs_estimate()} registers a thread > {_MAX_REGS}"
+        return None
+
+
+def default_config(D: int, B: int, H: int, target, cell: str = "gru") -> WgmmaRecConfig | None:
+    """The largest batch split that keeps one block an SM, 16 units a block where the R slice and a state
+    chunk fit in shared memory, else 8."""
+    from . import recurrent_gemm as rg
+
+    facts = rg.gpu_facts(resolve(target))
+    for ub in (16, 8):
+        best = None
+        for bs in (1, 2, 4, 8):
+            cfg = WgmmaRecConfig(ub, bs)
+            geo = WgmmaRecGeometry(D, B, H, GATES[cell], cfg)
+            if bs > 1 and bs > math.ceil(B / MC):
+                break
+            if geo.check(facts) is None:
+                best = cfg
+        if best:
+            return best
+    return None
+
+
+def _check(D, B, H, dtype, directions, cell):
+    nd = 2 if directions == "bidirectional" else 1
+    if directions not in ("forward", "reverse", "bidirectional") or nd != D:
+        raise TvmseqError(f"persistent wgmma {cell.upper()}: direction {directions!r} does not match D={D}")
+    if dtype != "float16":
+        raise TvmseqError(f"persistent wgmma {cell.upper()}: dtype must be float16 (wgmma f16), got {dtype}")
+    if min(B, H) < 1:
+        raise TvmseqError(f"persistent wgmma {cell.upper()}: batch and hidden must be >= 1, got B={B} H={H}")
+    if cell not in GATES:
+        raise TvmseqError(f"persistent wgmma: cell must be one of {tuple(GATES)}, got {cell!r}")
+
+
+def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
+                          target, config: WgmmaRecConfig | None = None, cell: str = "gru"):
+    """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
+    warpgroup tensor cores (see the module doc)."""
+    from tvm.script import tirx as T
+
+    from . import persistent_gru as pg
+    from . import recurrent_gemm as rg
+
+    _check(D, B, H, dtype, directions, cell)
+    target = resolve(target)
+    gpu = is_gpu(target)
+    NG = GATES[cell]
+    acts = pg._check_acts(acts, D, cell)
+    cfg = config or (default_config(D, B, H, target, cell) if gpu else WgmmaRecConfig(8, 1))
+    if cfg is None:
+        raise TvmseqError(f"persistent wgmma {cell.upper()} D={D} B={B} H={H}: no configuration fits")
+    geo = WgmmaRecGeometry(D, B, H, NG, cfg)
+    why = geo.check(rg.gpu_facts(target) if gpu else None)
+    if why:
+        raise TvmseqError(f"persistent wgmma {cell.upper()} D={D} B={B} H={H}: {why}")
+    UB, BS, N, G, NKB, Hp, NCH, NCB, ITEMS = (geo.UB, geo.BS, geo.N, geo.G, geo.NKB, geo.Hp, geo.NCH, geo.NCB,
+                                              geo.ITEMS)
+    R_HALFS, S_HALFS = geo.R_HALFS, geo.S_HALFS
+    JN = UB // 8                  # n8 column groups a gate
+    ACC = N // 2                  # float32 accumulators a thread
+    G3 = NG * H
+    WORDS = D * NCH * NKB * MC * KB   # one half of the state double buffer (halfs)
+    TILE_BYTES = MC * KB * 2
+    unroll = T.unroll if gpu else T.serial
+    f_act, g_act, clipf = pg.cell_math(acts, D, NG, clip)
+    length = pg.row_length(has_seq_lens, B)
+    shape = f"m64n{N}k16"
+
+    def time_index(d, L, s):
+        if directions == "forward":
+            return s
+        if directions == "reverse":
+            return L - 1 - s
+        return T.if_then_else(d == 1, L - 1 - s, s)
+
+    def swz(r, k):
+        """Half offset of element k (< 64) of row r inside a swizzled 64-column tile."""
+        return r * KB + T.bitwise_xor(k // 8, r % 8) * 8 + k % 8
+
+    def img(buf, d, b, k):
+        """The state element (row b, column k) in the image layout of buffer `buf`."""
+        tile = (d * NCH + b // MC) * NKB + k // KB
+        return buf * WORDS + tile * MC * KB + swz(b % MC, k % KB)
+
+    def r_row(g, n):
+        """R row of block-local gate row n = gate * UB + unit."""
+        return (n // UB) * H + g * UB + n % UB
+
+    def item(t, it):
+        """(row in the chunk, unit in the block) of item `it` of thread t (the accumulator layout)."""
+        h, j, e = it // (2 * JN), it // 2 % JN, it % 2
+        return (t // 32) * 16 + t % 32 // 4 + 8 * h, j * 8 + (t % 32 % 4) * 2 + e
+
+    def pre(src, t, it, gate):
+        """Gate `gate`'s pre-activation (R h) of item `it`: an accumulator (GPU) or red[row, col] (CPU)."""
+        h, j, e = it // (2 * JN), it // 2 % JN, it % 2
+        if gpu:
+            return src[((gate * JN + j) * 4 + 2 * h + e)]
+        row, u = item(t, it)
+        return src[row * N + gate * UB + u]
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    @T.macro
+    def load_r_tiles(Rw, smem, base, d, g, t):
+        """The block's gate rows of R -> shared memory k-tiles [N rows x 64], swizzled, zero past H."""
+        for i in T.serial(math.ceil(NKB * N * KB / NT)):
+            v = T.meta_var(i * NT + t)
+            kb = T.meta_var(v // (N * KB))
+            n = T.meta_var(v // KB % N)
+            k = T.meta_var(kb * KB + v % KB)
+            if v < NKB * N * KB:
+                smem[base + kb * N * KB + swz(n, v % KB)] = T.if_then_else(
+                    g * UB + n % UB < H and k < H, Rw[d, T.min(r_row(g, n), G3 - 1), T.min(k, H - 1)],
+                    T.float16(0))
+
+    @T.macro
+    def seed(H0, hbuf, hst, hoff, d, g, q, t):
+        """Own state <- h0 (float32), buffer 0 <- h0 (fp16), buffer 1 <- 0 on this block's rows and units
+        (0 past B and H); the last unit group also zeroes the padding columns [G*UB, Hp) of its rows."""
+        for ci in T.serial(NCB):
+            for it in unroll(ITEMS):
+                row, u = item(t, it)
+                b = T.meta_var((q + ci * BS) * MC + row)
+                j = T.meta_var(g * UB + u)
+                hst[hoff + ci * ITEMS + it] = T.if_then_else(b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)],
+                                                             T.float32(0))
+                hbuf[img(0, d, b, j)] = T.Cast("float16", hst[hoff + ci * ITEMS + it])
+                hbuf[img(1, d, b, j)] = T.float16(0)
+            if Hp > G * UB:
+                if g == G - 1:
+                    for i in T.serial(math.ceil(MC * (Hp - G * UB) / NT)):
+                        v = T.meta_var(i * NT + t)
+                        if v < MC * (Hp - G * UB):
+                            hbuf[img(0, d, (q + ci * BS) * MC + v // (Hp - G * UB), G * UB + v % (Hp - G * UB))] = \
+                                T.float16(0)
+                            hbuf[img(1, d, (q + ci * BS) * MC + v // (Hp - G * UB), G * UB + v % (Hp - G * UB))] = \
+                                T.float16(0)
+
+    # ---- a chunk of a step ----------------------------------------------------------------------
+    @T.macro
+    def prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq):
+        for it in unroll(ITEMS):
+            row, u = item(t, it)
+            b = T.meta_var(T.min(c * MC + row, B - 1))
+            j = T.meta_var(T.min(g * UB + u, H - 1))
+            L = T.meta_var(length(Lens, b, seq))
+            tt = T.meta_var(T.max(T.min(time_index(d, L, s), seq - 1), 0))
+            for q in unroll(NG):
+                gi[it * 4 + q] = GI[d, tt, b, q * H + j]
+            if NG == 3:
+                gi[it * 4 + 3] = RbH[d, j]
+
+    def cell_update(src, gi, d, t, it, h):
+        if NG == 1:
+            return f_act(d, clipf(gi[it * 4] + pre(src, t, it, 0)))
+        z = f_act(d, clipf(gi[it * 4] + pre(src, t, it, 0)))
+        r = f_act(d, clipf(gi[it * 4 + 1] + pre(src, t, it, 1)))
+        hh = g_act(d, clipf(gi[it * 4 + 2] + r * (pre(src, t, it, 2) + gi[it * 4 + 3])))
+        return (T.float32(1) - z) * hh + z * h
+
+    @T.macro
+    def finish(Y, Lens, hbuf, hst, hoff, src, gi, d, g, t, s, c, ci, seq):
+        """Gate math of this thread's items; Y, own state and h_{s+1} (fp16, image of the other buffer)."""
+        for it in unroll(ITEMS):
+            row, u = item(t, it)
+            b = T.meta_var(c * MC + row)
+            j = T.meta_var(g * UB + u)
+            if b < B and j < H:
+                L = T.meta_var(length(Lens, b, seq))
+                h = T.meta_var(hst[hoff + ci * ITEMS + it])
+                hn = T.if_then_else(s < L, cell_update(src, gi, d, t, it, h), h)
+                if has_seq_lens:
+                    Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
+                        "float16", T.if_then_else(s < L, hn, T.float32(0)))
+                else:
+                    Y[time_index(d, seq, s), d, b, j] = T.Cast("float16", hn)
+                hst[hoff + ci * ITEMS + it] = hn
+                hbuf[img((s + 1) % 2, d, b, j)] = T.Cast("float16", hn)
+
+    @T.macro
+    def final_state(Yh, Lens, hst, hoff, d, g, q, t, seq):
+        for ci in T.serial(NCB):
+            for it in unroll(ITEMS):
+                row, u = item(t, it)
+                b = T.meta_var((q + ci * BS) * MC + row)
+                j = T.meta_var(g * UB + u)
+                if b < B and j < H:
+                    Yh[d, b, j] = T.Cast("float16", T.if_then_else(length(Lens, b, seq) > 0 and seq > 0,
+                                                                   hst[hoff + ci * ITEMS + it], T.float32(0)))
+
+    @T.macro
+    def stage(hbuf, smem, base, mbar, buf, d, c, t):
+        """Thread kb < NKB: tile kb of chunk c's state -> its shared-memory tile by one bulk copy, completing
+        on mbarrier kb. The proxy fence orders the grid barrier's acquire of the state (written by the other
+        blocks through the generic proxy) before this async-proxy read of it."""
+        if t < NKB:
+            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(TILE_BYTES))
+            T.ptx["fence.proxy.async"]()
+            T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
+                smem.access_ptr("w", offset=base + R_HALFS + t * MC * KB, extent=MC * KB),
+                T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + t) * MC * KB]),
+                T.uint32(TILE_BYTES), T.address_of(mbar[t]))
+
+    def wgmma(acc, da, db, accumulate):
+        return T.ptx[f"wgmma.mma_async.sync.aligned.{shape}.f32.f16.f16"](
+            *[acc[i] for i in range(ACC)], da[0], db[0], T.ptx.pred(accumulate), 1, 1, 0, 0)
+
+    @T.macro
+    def product_gpu(smem, base, mbar, acc, da, db, phase):
+        """acc <- state chunk (64 x Hp) x R slice^T (Hp x N): tile kb's 4 wgmma once tile kb has landed. The kb
+        loop is not unrolled: unrolled, the 8 NKB descriptors are loop invariants of the step loop, and ptxas
+        hoisted them all (255 registers and spills at B256 H1024)."""
+        T.ptx["wgmma.fence.sync.aligned"]()
+        for kb in T.serial(NKB):
+            T.evaluate(T.cuda.mbarrier_wait(T.address_of(mbar[kb]), phase % 2))
+            for kk in unroll(KB // 16):
+                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
+                    T.address_of(da[0]), T.address_of(smem[base + R_HALFS + kb * MC * KB + kk * 16]), 1,
+                    ATOM // 16, SWIZZLE_128B))
+                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
+                    T.address_of(db[0]), T.address_of(smem[base + kb * N * KB + kk * 16]), 1, ATOM // 16,
+                    SWIZZLE_128B))
+                T.evaluate(wgmma(acc, da, db, kb * 4 + kk > 0))
+        T.ptx["wgmma.commit_group.sync.aligned"]()
+        T.ptx["wgmma.wait_group.sync.aligned"](0)
+
+    @T.macro
+    def product_cpu(hbuf, Rw, red, buf, d, g, c):
+        for row, n in T.grid(MC, N):
+            red[row * N + n] = T.float32(0)
+            for k in T.serial(H):
+                if g * UB + n % UB < H:
+                    red[row * N + n] = red[row * N + n] + T.Cast("float32", hbuf[img(buf, d, c * MC + row, k)]) \
+                        * T.Cast("float32", Rw[d, r_row(g, n), k])
+
+    # ---- the kernel -------------------------------------------------------------------------------
+    @T.prim_func
+    def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+             y: T.handle, y_h: T.handle):
+        seq = T.int32()
+        GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+        Rw = T.match_buffer(r_w, (D, G3, H), "float16")
+        RbH = T.match_buffer(rb_h, (D, H), "float32")
+        Lens = T.match_buffer(lens, (B,), "int32")
+        H0 = T.match_buffer(h0, (D, B, H), "float32")
+        Y = T.match_buffer(y, (seq, D, B, H), "float16")
+        Yh = T.match_buffer(y_h, (D, B, H), "float16")
+        hbuf = T.alloc_buffer((2 * WORDS,), "float16", scope="global")
+        if gpu:
+            for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
+                for t in T.thread_binding(NT, thread="threadIdx.x"):
+                  with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", 1):
+                    smem = T.alloc_buffer((R_HALFS + S_HALFS + ATOM // 2,), "float16", scope="shared.dyn")
+                    mbar = T.alloc_buffer((NKB,), "uint64", scope="shared")
+                    acc = T.alloc_buffer((ACC,), "float32", scope="local")
+                    hst = T.alloc_buffer((NCB * ITEMS,), "float32", scope="local")
+                    gi = T.alloc_buffer((ITEMS * 4,), "float32", scope="local")
+                    da = T.alloc_buffer((1,), "uint64", scope="local")
+                    db = T.alloc_buffer((1,), "uint64", scope="local")
+                    off = T.alloc_buffer((1,), "int32", scope="local")
+                    d = T.meta_var(gb // (G * BS))
+                    g = T.meta_var(gb % (G * BS) // BS)
+                    q = T.meta_var(gb % BS)
+                    # halfs from the dynamic shared base to the first 1 KB boundary (computed once, outside
+                    # any condition: ThreadSync cannot place a barrier for a read of the address inside one)
+                    off[0] = (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM
+                              ) % ATOM // 2
+                    base = T.meta_var(off[0])
+                    load_r_tiles(Rw, smem, base, d, g, t)
+                    seed(H0, hbuf, hst, 0, d, g, q, t)
+                    if t < NKB:
+                        T.ptx["mbarrier.init.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(1))
+                    T.ptx["fence.mbarrier_init.release.cluster"]()
+                    T.ptx["fence.proxy.async.shared::cta"]()    # the R tiles, stored generically, read by wgmma
+                    T.cuda.grid_sync()
+                    for s in T.serial(seq):
+                        for ci in unroll(NCB):   # unrolled: hst stays in registers
+                            stage(hbuf, smem, base, mbar, s % 2, d, q + ci * BS, t)
+                            prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
+                            product_gpu(smem, base, mbar, acc, da, db, s * NCB + ci)
+                            finish(Y, Lens, hbuf, hst, 0, acc, gi, d, g, t, s, q + ci * BS, ci, seq)
+                            T.tvm_storage_sync("shared")   # every warp's wgmma reads done before the refill
+                        T.cuda.grid_sync()
+                    final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
+        else:
+            red = T.alloc_buffer((MC * N,), "float32")
+            hst = T.alloc_buffer((D * G * BS * NT * NCB * ITEMS,), "float32")
+            gi = T.alloc_buffer((ITEMS * 4,), "float32")
+            for dd, gg, qq, t in T.grid(D, G, BS, NT):
+                seed(H0, hbuf, hst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t)
+            for s, ci in T.grid(seq, NCB):
+                for dd, gg, qq in T.grid(D, G, BS):
+                    product_cpu(hbuf, Rw, red, s % 2, dd, gg, qq + ci * BS)
+                    for t in T.serial(NT):
+                        prefetch(GI, RbH, Lens, gi, dd, gg, t, s, qq + ci * BS, seq)
+                        finish(Y, Lens, hbuf, hst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, red, gi, dd,
+                               gg, t, s, qq + ci * BS, ci, seq)
+            for dd, gg, qq, t in T.grid(D, G, BS, NT):
+                final_state(Yh, Lens, hst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t, seq)
+
+    return rg.scheduled(main, f"{cell}_recurrence_wgmma", cooperative=gpu)
