@@ -30,8 +30,8 @@ if [ "$PART" = A ]; then
 elif [ "$PART" = W ]; then   # the warpgroup kernel: gpu cases (out/pwg), its sweep (out/$WSWEEP), memcheck
   TVMSEQ_PWG_PREBUILT=out/pwg timeout 120 python3 -m pytest -q -m gpu tests/test_persistent_wgmma.py \
     -p no:cacheprovider > $RES/pytest_pwg.log 2>&1; grep -E "FAILED|Error|passed|failed" $RES/pytest_pwg.log | tail -8 | cut -c1-300
-  timeout 200 python3 scripts/pmma_sweep.py run out/${WSWEEP:-pwg1} > $RES/sweep_wg.log 2>&1
-  echo "sweep ${WSWEEP:-pwg1} rc=$?"; cp out/${WSWEEP:-pwg1}/results.json $RES/results_${WSWEEP:-pwg1}.json 2>/dev/null
+  timeout 200 python3 scripts/pmma_sweep.py run out/${WSWEEP:-pwg2} > $RES/sweep_wg.log 2>&1
+  echo "sweep ${WSWEEP:-pwg2} rc=$?"; cp out/${WSWEEP:-pwg2}/results.json $RES/results_${WSWEEP:-pwg2}.json 2>/dev/null
   cut -c1-150 $RES/sweep_wg.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/' | tail -30
   timeout 120 compute-sanitizer --tool memcheck --print-limit 20 env TVMSEQ_PWG_PREBUILT=out/pwg python3 -m pytest \
     -q -m gpu tests/test_persistent_wgmma.py -p no:cacheprovider > $RES/pwg_memcheck.log 2>&1

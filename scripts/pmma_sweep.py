@@ -79,15 +79,19 @@ def build(out: Path, sweep: dict | None = None):
 
 # the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
 WG_SWEEP = {
-    (1, 64, 1024): [(16, 1), (8, 1)],
-    (1, 256, 1024): [(16, 2), (16, 1)],
-    (2, 64, 1024): [(16, 1)],
-    (2, 256, 1024): [(16, 1)],
-    (1, 64, 512): [(16, 1), (16, 2), (8, 1)],
-    (1, 256, 512): [(16, 2), (16, 4), (8, 1)],
-    (2, 256, 512): [(16, 2)],
-    (1, 64, 256): [(16, 1), (8, 1), (8, 2)],
-    (1, 256, 256): [(16, 4), (8, 2), (8, 4)],
+    # sweep w2: the next chunk's copies issued before the gate math; clusters multicasting the copies
+    (1, 64, 1024): [(8, 1), (8, 1, 2), (16, 1, 2)],
+    (1, 256, 1024): [(16, 2), (16, 2, 2)],
+    (2, 64, 1024): [(16, 1), (16, 1, 2)],
+    (2, 256, 1024): [(16, 1), (16, 1, 2)],
+    (1, 64, 512): [(8, 1), (8, 1, 2)],
+    (1, 256, 512): [(16, 4), (16, 4, 2)],
+    (2, 64, 512): [(8, 1), (8, 1, 2)],
+    (2, 256, 512): [(16, 2), (16, 2, 2)],
+    (1, 64, 256): [(8, 1), (8, 1, 2)],
+    (1, 256, 256): [(8, 4), (8, 4, 2)],
+    (2, 64, 256): [(8, 1), (8, 1, 2), (8, 2)],
+    (2, 256, 256): [(8, 2), (8, 2, 2)],
 }
 
 
@@ -108,7 +112,7 @@ def build_wg(out: Path, sweep: dict | None = None):
             if why:
                 print("skip", D, B, H, cfg, why)
                 continue
-            name = f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}"
+            name = f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}" + (f"x{cfg[2]}" if len(cfg) > 2 else "")
             funcs[name] = pw.persistent_wgmma_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None,
                                                    None, False, tgt, pw.WgmmaRecConfig.of(cfg), cell).with_attr(
                                                        "global_symbol", name)

@@ -147,7 +147,12 @@ def test_rnn_matches_numpy(direction, act):
 def test_path_choice():
     h100 = resolve("cuda")
     assert pg.choose_path(1, 64, 1024, "float16", h100)[0] == "persistent_mma"
-    assert pg.choose_path(2, 256, 1024, "float16", h100)[0] == "persistent_mma"
+    assert pg.choose_path(2, 32, 1024, "float16", h100)[0] == "persistent_mma"
+    assert pg.choose_path(2, 256, 1024, "float16", h100)[0] == "persistent_wgmma"   # batch >= 128 on sm_90a
+    assert pg.choose_path(2, 64, 1024, "float16", h100)[0] == "persistent_wgmma"    # bidirectional, H >= 1024
+    assert pg.choose_path(1, 256, 1024, "float16", h100, cell="rnn")[0] == "persistent_mma"   # RNN: not timed
+    sm80 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    assert pg.choose_path(1, 256, 1024, "float16", sm80)[0] != "persistent_wgmma"   # no wgmma before sm_90a
     assert pg.choose_path(1, 64, 1024, "float32", h100)[0] == "per_step"   # float32: FMA product, measured slower
     assert pg.choose_path(1, 64, 512, "float32", h100)[0] == "persistent_mma"    # ... and faster here
     assert pg.choose_path(1, 256, 512, "float32", h100)[0] == "per_step"
@@ -381,7 +386,7 @@ if __name__ == "__main__":
 
 @needs_compiler
 @pytest.mark.parametrize("dtype,batch,path", [("float32", 64, "persistent_mma"), ("float32", 96, "per_step"),
-                                              ("float16", 32, "persistent_mma")])
+                                              ("float16", 32, "persistent_mma"), ("float16", 130, "persistent_wgmma")])
 def test_importer_picks_the_path_for_a_gpu_target(dtype, batch, path):
     """from_onnx for the H100 (no GPU needed to build the IRModule): the relax dtype of the node reaches the
     schedule databases as its name (a PrimType there once raised 'not JSON serializable' on every GPU import)."""

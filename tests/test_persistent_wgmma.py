@@ -84,6 +84,9 @@ def test_geometry_and_argument_errors():
     assert "not all resident" in geo(pw.WgmmaRecConfig(8, 2), H=1024)
     assert "divide 64" in geo(pw.WgmmaRecConfig(24, 1), H=256)
     assert "gates x units <= 256" in geo(pw.WgmmaRecConfig(96, 1), H=256)
+    assert "dividing the 17 unit groups" in geo(pw.WgmmaRecConfig(8, 1, 2), H=136)
+    assert "co-resident" in geo(pw.WgmmaRecConfig(8, 1, 4), H=1024)
+    assert pw.WgmmaRecConfig.of((8, 1, 2)).knobs() == (8, 1, 2) and pw.WgmmaRecConfig(8, 2).knobs() == (8, 2)
     assert pw.default_config(1, 256, 1024, "cuda") == pw.WgmmaRecConfig(16, 2)
     assert pw.default_config(2, 256, 1024, "cuda") == pw.WgmmaRecConfig(16, 1)
     with pytest.raises(TvmseqError, match="dtype must be float16"):
@@ -127,6 +130,39 @@ def test_cuda_codegen(D, B, H, cell):
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
 
 
+@needs_compiler
+def test_importer_wgmma_path_matches_onnxruntime():
+    """The importer on the warpgroup path (its serial CPU variant: CI checks the wiring), float16 GRU, against
+    onnxruntime's float32 run of the same fp16-valued weights."""
+    import tvmseq
+
+    ort = pytest.importorskip("onnxruntime")
+    from test_gpu_models import _float32_twin
+
+    from tvmseq import models
+
+    model, feeds = models.rnn_node_model("GRU", seq=3, batch=66, input_size=5, hidden=13, direction="bidirectional",
+                                         with_seq_lens=True, with_initial_h=True, linear_before_reset=1,
+                                         weight_scale=0.4, seed=6, dtype="float16")
+    got = tvmseq.compile_onnx(model, target="llvm", recurrence="persistent_wgmma")(**feeds)
+    twin, twin_feeds = _float32_twin(model, feeds)
+    want = ort.InferenceSession(twin.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, twin_feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, **TOL)
+
+
+@needs_compiler
+def test_supported_rule():
+    h100 = resolve("cuda")
+    assert pw.supported(1, 256, 1024, "float16", 1, h100)[0]
+    assert pw.supported(2, 64, 1024, "float16", 1, h100)[0]
+    assert "measured faster" in pw.supported(1, 64, 1024, "float16", 1, h100)[1]
+    assert "sm_90a" in pw.supported(1, 256, 1024, "float16", 1, tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))[1]
+    assert "float16 GRU" in pw.supported(1, 256, 1024, "float32", 1, h100)[1]
+    assert "float16 GRU" in pw.supported(1, 256, 1024, "float16", 1, h100, cell="rnn")[1]
+    assert "float16 GRU" in pw.supported(1, 256, 1024, "float16", 0, h100)[1]
+
+
 # ----------------------------------------------------------------------------------------------------
 PREBUILT = Path(os.environ.get("TVMSEQ_PWG_PREBUILT", Path(__file__).resolve().parents[1] / "out" / "pwg"))
 
@@ -138,6 +174,8 @@ GPU_CASES = [
     (1, 77, 300, "forward", "gru", ("HardSigmoid", "Softsign"), None, True, (8, 1)),
     (2, 90, 136, "bidirectional", "rnn", ("Relu",), None, True, None),
     (1, 130, 520, "reverse", "rnn", None, 0.8, False, (16, 2)),
+    (1, 100, 512, "forward", "gru", None, None, True, (8, 1, 2)),                 # cluster multicast
+    (2, 150, 256, "bidirectional", "gru", None, 1.3, True, (8, 1, 2)),           # cluster, 3 chunks a block
 ]
 
 

@@ -118,8 +118,12 @@ def _rec_launch(c, target, path: str = "persistent"):
     """(threads, dynamic shared bytes, blocks) of a config's persistent recurrence (SIMT or tensor-core)."""
     from ..kernels import persistent_gru as pg
     from ..kernels import persistent_mma as pm
+    from ..kernels import persistent_wgmma as pw
 
     D = 2 if c["bidirectional"] else 1
+    if path == "persistent_wgmma":
+        geo = pw.WgmmaRecGeometry(D, c["batch"], c["hidden"], 3, pw.default_config(D, c["batch"], c["hidden"], target))
+        return pw.NT, geo.smem_bytes(), geo.BLOCKS
     if path == "persistent_mma":
         cfg = pm.default_config(D, c["batch"], c["hidden"], target, dtype=c["dtype"])
         geo = pm.MmaGeometry(D, c["batch"], c["hidden"], 3, cfg, c["dtype"])

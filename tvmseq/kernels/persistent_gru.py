@@ -509,16 +509,20 @@ PERSISTENT_MAX_BATCH_X_HIDDEN = 64 * 256
 
 def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru",
                 lbr=1) -> tuple[str, str]:
-    """'persistent_mma' for a float16 recurrence at batch >= 16 that the tensor-core kernel runs
+    """'persistent_wgmma' for a float16 GRU on sm_90a at large batch (`persistent_wgmma.supported`); else
+    'persistent_mma' for a float16 recurrence at batch >= 16 that the tensor-core kernel runs
     (`persistent_mma.supported`: lbr=1 or RNN, sm_80+, fits); else 'persistent' when the recurrent weights of
     all directions stay on chip and the batch is one where the SIMT engine was measured faster; else
     'per_step' (per step a GEMM launch + a gate launch, R re-read from L2)."""
-    from . import persistent_mma
+    from . import persistent_mma, persistent_wgmma
 
     target = resolve(target)
     if not is_gpu(target):
         return "per_step", "CPU target: the per-step kernels (the persistent variant is a serial check only)"
     if config is None:
+        ok, why_wg = persistent_wgmma.supported(D, B, H, dtype, lbr, target, cell)
+        if ok:
+            return "persistent_wgmma", why_wg
         ok, why_mma = persistent_mma.supported(D, B, H, dtype, lbr, target, cell)
         if ok:
             return "persistent_mma", why_mma
@@ -529,7 +533,7 @@ def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None, ce
     return ("persistent" if ok else "per_step"), why
 
 
-PATHS = ("auto", "persistent", "persistent_mma", "per_step")
+PATHS = ("auto", "persistent", "persistent_mma", "persistent_wgmma", "per_step")
 
 
 def recurrence_func_auto(spec, target=None, config=None, path: str = "auto"):
@@ -548,13 +552,15 @@ def recurrence_func_auto(spec, target=None, config=None, path: str = "auto"):
         why = f"{path} requested"
     else:
         raise TvmseqError(f"persistent {cell.upper()}: path must be one of {PATHS}, got {path!r}")
-    if path == "persistent_mma":
-        from . import persistent_mma
+    if path in ("persistent_mma", "persistent_wgmma"):
+        from . import persistent_mma, persistent_wgmma
 
         if cell == "gru" and not lbr:  # dtype, sizes and the fit are checked by the factory
-            raise TvmseqError("persistent_mma GRU: needs linear_before_reset=1")
-        func = persistent_mma.persistent_mma_func(D, B, H, spec.dtype, spec.direction, list(spec.activations),
-                                                  spec.clip, spec.has_seq_lens, target, config, cell)
+            raise TvmseqError(f"{path} GRU: needs linear_before_reset=1")
+        factory = persistent_mma.persistent_mma_func if path == "persistent_mma" else \
+            persistent_wgmma.persistent_wgmma_func
+        func = factory(D, B, H, spec.dtype, spec.direction, list(spec.activations), spec.clip, spec.has_seq_lens,
+                       target, config, cell)
         return func, path, why
     if path == "persistent":
         func = persistent_gru_func(D, B, H, spec.dtype, getattr(spec, "linear_before_reset", 1), spec.direction,

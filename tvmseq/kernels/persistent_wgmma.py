@@ -20,9 +20,10 @@ all in the 128-byte swizzle layout of wgmma's descriptors (16-byte chunk c of ro
 The state lives in global memory (double buffer, fp16) in that same layout, chunk by chunk and tile by tile
 (the "image" layout: a tile is 8 KB contiguous), so a chunk arrives by NKB bulk copies (cp.async.bulk, one
 thread each, completing on one mbarrier per tile); the wgmma of tile kb starts once tile kb has landed. A step,
-per chunk: gate_i loads, the copies, 4 * NKB wgmma into NG*UB/2 float32 accumulators a thread, the gate math
-(state kept in float32 registers), Y and h_{s+1} written (h_{s+1} into the image of the other buffer); a grid
-barrier (cooperative launch: one block an SM, all resident) ends the step.
+per chunk: gate_i loads, 4 * NKB wgmma into NG*UB/2 float32 accumulators a thread, the next chunk's copies
+issued (they fly during this chunk's gate math), the gate math (state kept in float32 registers), Y and h_{s+1}
+written (h_{s+1} into the image of the other buffer); a grid barrier (cooperative launch: one block an SM, all
+resident) ends the step, after which the first chunk's copies go out. `cluster`: the copies multicast.
 
 Accumulator layout (wgmma m64nN, per warp w of the warpgroup): acc[4 j + 2 h + e] is row 16 w + lane / 4 + 8 h,
 column 8 j + 2 (lane % 4) + e; with the block's gate rows ordered (z units, r units, h units), a thread holds
@@ -52,18 +53,21 @@ _MAX_REGS = 240
 
 @dataclass(frozen=True)
 class WgmmaRecConfig:
-    """Knobs: units_per_block (a multiple of 8; N = gates x units <= 256), batch_split (blocks sharing a unit
-    group, each taking every batch_split-th 64-row chunk)."""
+    """Knobs: units_per_block (a divisor of 64; N = gates x units <= 256), batch_split (blocks sharing a unit
+    group, each taking every batch_split-th 64-row chunk), cluster (thread-block clusters of this many blocks
+    with the same chunks and consecutive unit groups: each copies 1/cluster of a chunk's k tiles and multicasts
+    them to the cluster, L2 -> SM traffic / cluster)."""
 
     units_per_block: int = 16
     batch_split: int = 1
+    cluster: int = 1
 
     @classmethod
     def of(cls, knobs) -> "WgmmaRecConfig":
         return cls(*knobs)
 
     def knobs(self) -> tuple:
-        return (self.units_per_block, self.batch_split)
+        return (self.units_per_block, self.batch_split) + ((self.cluster,) if self.cluster > 1 else ())
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,13 @@ class WgmmaRecGeometry:
             return f"config {c}: units_per_block a multiple of 8 with gates x units <= 256, batch_split >= 1"
         if KB % c.units_per_block:   # unit groups tile the padded k (G * UB <= Hp)
             return f"config {c}: units_per_block must divide {KB}"
+        from .persistent_mma import CLUSTER_MAX_BLOCKS
+
+        if c.cluster not in CLUSTER_MAX_BLOCKS or self.G % c.cluster:
+            return f"config {c}: cluster one of {tuple(CLUSTER_MAX_BLOCKS)} dividing the {self.G} unit groups"
+        if c.cluster > 1 and self.BLOCKS > CLUSTER_MAX_BLOCKS[c.cluster]:
+            return (f"{self.BLOCKS} blocks in clusters of {c.cluster}: more than the {CLUSTER_MAX_BLOCKS[c.cluster]} "
+                    f"measured to be co-resident (cooperative launch)")
         if facts is None:
             return None
         if self.BLOCKS > facts.num_sms:
@@ -113,23 +124,46 @@ class WgmmaRecGeometry:
 
 
 def default_config(D: int, B: int, H: int, target, cell: str = "gru") -> WgmmaRecConfig | None:
-    """The largest batch split that keeps one block an SM, 16 units a block where the R slice and a state
-    chunk fit in shared memory, else 8."""
+    """Of 8 or 16 units a block and batch splits up to the chunk count, the config that fits with the most
+    blocks (SMs busy); a tie goes to 16 units (fewer chunks a block, walked one after another). Measured on the
+    H100 (recurrence us a step, artifacts/bench/pwg_sweep.json): H1024 B256 (16, 2) 10.2, bi H1024 B256 (16, 1)
+    18.5, H512 B256 (16, 4) 4.7 against (8, 1) 10.7, H256 B256 (8, 4) 3.4 against (16, 4) 3.8."""
     from . import recurrent_gemm as rg
 
     facts = rg.gpu_facts(resolve(target))
-    for ub in (16, 8):
-        best = None
-        for bs in (1, 2, 4, 8):
-            cfg = WgmmaRecConfig(ub, bs)
-            geo = WgmmaRecGeometry(D, B, H, GATES[cell], cfg)
-            if bs > 1 and bs > math.ceil(B / MC):
-                break
-            if geo.check(facts) is None:
-                best = cfg
-        if best:
-            return best
-    return None
+    fits = [WgmmaRecConfig(ub, bs) for ub in (16, 8) for bs in (1, 2, 4, 8)
+            if bs <= max(1, math.ceil(B / MC))
+            and WgmmaRecGeometry(D, B, H, GATES[cell], WgmmaRecConfig(ub, bs)).check(facts) is None]
+    if not fits:
+        return None
+    blocks = lambda c: WgmmaRecGeometry(D, B, H, GATES[cell], c).BLOCKS   # noqa: E731
+    return max(fits, key=lambda c: (blocks(c), c.units_per_block))
+
+
+# Where this kernel replaces `persistent_mma` (float16, sm_90a): batch >= WGMMA_MIN_BATCH, or bidirectional at
+# hidden >= 1024 and batch >= 64. Measured on the H100 (recurrence us a step, wgmma / mma.sync kernel, the
+# latter's database picks): B256 H1024 10.2 / 13.6, bi 18.5 / 24.0; B256 H512 4.7 / 6.2, bi 8.2 / 11.5; bi H1024
+# B64 6.3 / 7.2; not at B64 (H1024 4.8-5.0 / 4.3, H512 3.4 / 2.9, H256 2.9 / 2.2: one 64-row chunk feeds too few
+# blocks or repeats the whole state ingest per 8 units). GRU only: the RNN was not timed on it.
+WGMMA_MIN_BATCH = 128
+
+
+def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru", config=None) -> tuple[bool, str]:
+    """Whether the importer runs this recurrence on the warpgroup kernel, and why not."""
+    from . import recurrent_gemm as rg
+
+    target = resolve(target)
+    if not is_gpu(target) or str(target.attrs.get("arch", "")) != "sm_90a":
+        return False, "wgmma needs sm_90a"
+    if dtype != "float16" or cell != "gru" or not lbr:
+        return False, "float16 GRU with linear_before_reset=1 only (the RNN was not measured on it)"
+    if not (B >= WGMMA_MIN_BATCH or (D == 2 and H >= 1024 and B >= 64)):
+        return False, f"batch {B}: the mma.sync kernel was measured faster there"
+    cfg = config or default_config(D, B, H, target, cell)
+    if cfg is None:
+        return False, "no warpgroup configuration fits (blocks or shared memory)"
+    why = WgmmaRecGeometry(D, B, H, GATES[cell], cfg).check(rg.gpu_facts(target))
+    return (why is None), (why or f"warpgroup tensor-core persistent kernel, {cfg}")
 
 
 def _check(D, B, H, dtype, directions, cell):
@@ -300,18 +334,38 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     Yh[d, b, j] = T.Cast("float16", T.if_then_else(length(Lens, b, seq) > 0 and seq > 0,
                                                                    hst[hoff + ci * ITEMS + it], T.float32(0)))
 
+    CS = cfg.cluster
+
     @T.macro
-    def stage(hbuf, smem, base, mbar, buf, d, c, t):
+    def stage(hbuf, smem, base, mbar, buf, d, c, t, rank):
         """Thread kb < NKB: tile kb of chunk c's state -> its shared-memory tile by one bulk copy, completing
-        on mbarrier kb. The proxy fence orders the grid barrier's acquire of the state (written by the other
-        blocks through the generic proxy) before this async-proxy read of it."""
+        on mbarrier kb (in a cluster: block `rank` copies the tiles kb % cluster == rank and multicasts them;
+        every block arms its own barriers). The proxy fence orders the grid barrier's acquire of the state
+        (written by the other blocks through the generic proxy) before this async-proxy read of it."""
         if t < NKB:
             T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(TILE_BYTES))
-            T.ptx["fence.proxy.async"]()
-            T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
-                smem.access_ptr("w", offset=base + R_HALFS + t * MC * KB, extent=MC * KB),
-                T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + t) * MC * KB]),
-                T.uint32(TILE_BYTES), T.address_of(mbar[t]))
+            if t % CS == rank:
+                T.ptx["fence.proxy.async"]()
+                if CS == 1:
+                    T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
+                        smem.access_ptr("w", offset=base + R_HALFS + t * MC * KB, extent=MC * KB),
+                        T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + t) * MC * KB]),
+                        T.uint32(TILE_BYTES), T.address_of(mbar[t]))
+                else:
+                    T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"](
+                        smem.access_ptr("w", offset=base + R_HALFS + t * MC * KB, extent=MC * KB),
+                        T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + t) * MC * KB]),
+                        T.uint32(TILE_BYTES), T.address_of(mbar[t]), T.uint16((1 << CS) - 1))
+
+    @T.macro
+    def slot_free():
+        """Every warp's wgmma reads of the state slot are done (in a cluster: every block's, since the peers'
+        multicasts write into this block's slot too)."""
+        if CS == 1:
+            T.tvm_storage_sync("shared")
+        else:
+            T.ptx["barrier.cluster.arrive.release"]()
+            T.ptx["barrier.cluster.wait.acquire"]()
 
     def wgmma(acc, da, db, accumulate):
         return T.ptx[f"wgmma.mma_async.sync.aligned.{shape}.f32.f16.f16"](
@@ -359,6 +413,8 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
         Yh = T.match_buffer(y_h, (D, B, H), "float16")
         hbuf = T.alloc_buffer((2 * WORDS,), "float16", scope="global")
         if gpu:
+          # clusters (launch attribute) of CS consecutive blocks; extent 1 launches none
+          for rank in T.thread_binding(CS, thread="clusterCtaIdx.x"):
             for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
                   with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", 1):
@@ -371,8 +427,9 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     db = T.alloc_buffer((1,), "uint64", scope="local")
                     off = T.alloc_buffer((1,), "int32", scope="local")
                     d = T.meta_var(gb // (G * BS))
-                    g = T.meta_var(gb % (G * BS) // BS)
-                    q = T.meta_var(gb % BS)
+                    # a cluster's blocks share the batch chunks (q) and own consecutive unit groups (g)
+                    g = T.meta_var(gb % (G * BS) // BS if CS == 1 else gb % G)
+                    q = T.meta_var(gb % BS if CS == 1 else gb % (G * BS) // G)
                     # halfs from the dynamic shared base to the first 1 KB boundary (computed once, outside
                     # any condition: ThreadSync cannot place a barrier for a read of the address inside one)
                     off[0] = (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM
@@ -384,14 +441,19 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                         T.ptx["mbarrier.init.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(1))
                     T.ptx["fence.mbarrier_init.release.cluster"]()
                     T.ptx["fence.proxy.async.shared::cta"]()    # the R tiles, stored generically, read by wgmma
+                    if CS > 1:   # every block's barriers initialised before any peer multicasts into it
+                        T.ptx["barrier.cluster.arrive.release"]()
+                        T.ptx["barrier.cluster.wait.acquire"]()
                     T.cuda.grid_sync()
                     for s in T.serial(seq):
+                        stage(hbuf, smem, base, mbar, s % 2, d, q, t, rank)
                         for ci in unroll(NCB):   # unrolled: hst stays in registers
-                            stage(hbuf, smem, base, mbar, s % 2, d, q + ci * BS, t)
                             prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
                             product_gpu(smem, base, mbar, acc, da, db, s * NCB + ci)
+                            if ci + 1 < NCB:   # the next chunk's copies fly during this chunk's gate math
+                                slot_free()
+                                stage(hbuf, smem, base, mbar, s % 2, d, q + (ci + 1) * BS, t, rank)
                             finish(Y, Lens, hbuf, hst, 0, acc, gi, d, g, t, s, q + ci * BS, ci, seq)
-                            T.tvm_storage_sync("shared")   # every warp's wgmma reads done before the refill
                         T.cuda.grid_sync()
                     final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
         else:

@@ -31,7 +31,7 @@ def _int(dim, what, node, op="GRU") -> int:
     return int(dim)
 
 
-RECURRENCE_PATHS = ("auto", "persistent", "persistent_mma", "per_step")
+RECURRENCE_PATHS = ("auto", "persistent", "persistent_mma", "persistent_wgmma", "per_step")
 
 
 @functools.lru_cache(maxsize=64)
