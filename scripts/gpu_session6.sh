@@ -4,6 +4,8 @@
 #                                    sweep (out/$SWEEP: pmma10-12), memcheck + racecheck of the image and
 #                                    cluster cases (env SWEEP, CASES, RACE: the sweep and the sanitizers' -k)
 #   bash scripts/gpu_session6.sh W   the warpgroup kernel: gpu cases (out/pwg), sweep (out/$WSWEEP), memcheck
+#   bash scripts/gpu_session6.sh G   grid barrier probe (out/gsync), the GRU grid (out/$PGRU, runs $RUNS)
+#   bash scripts/gpu_session6.sh B   grid barrier A/B (out/pmma13a|b, out/pwg3a|b), GPU cases, sanitizers
 #   bash scripts/gpu_session6.sh P   ncu of sweep variants (env NCU_DIR, NCU_NAMES)
 # Results come back as $OUT/session6_<part>.tgz.
 set +e
@@ -36,6 +38,32 @@ elif [ "$PART" = W ]; then   # the warpgroup kernel: gpu cases (out/pwg), its sw
   timeout 120 compute-sanitizer --tool memcheck --print-limit 20 env TVMSEQ_PWG_PREBUILT=out/pwg python3 -m pytest \
     -q -m gpu tests/test_persistent_wgmma.py -p no:cacheprovider > $RES/pwg_memcheck.log 2>&1
   echo "== memcheck rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pwg_memcheck.log | tail -3
+elif [ "$PART" = G ]; then   # the grid barrier's cost, then the GRU grid (env PGRU, RUNS) on the final build
+  timeout 60 python3 scripts/grid_sync_probe.py run out/gsync > $RES/gsync.log 2>&1; echo "gsync rc=$?"; cat $RES/gsync.log
+  cp out/gsync/results.json $RES/gsync.json 2>/dev/null
+  for run in ${RUNS:-1}; do
+    mkdir -p $RES/grid$run
+    timeout 270 python3 -m tvmseq.bench.persistent_gru --prebuilt out/${PGRU:-pgru6} --out $RES/grid$run --budget 240 \
+      > $RES/pgru$run.log 2>&1
+    echo "pgru run $run rc=$?"; grep -E "^ *(float|dtype)" $RES/pgru$run.log | sort -u | awk '!seen[$1 $2 $3 $4]++' | cut -c1-140
+  done
+elif [ "$PART" = B ]; then   # A/B of the grid barrier: sweeps built before (a) and after (b), one process each,
+  # alternating; the GPU cases of both kernels on the new barrier; memcheck + racecheck on small cases
+  TVMSEQ_PMMA_PREBUILT=out/pmma timeout 120 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
+    -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log
+  TVMSEQ_PWG_PREBUILT=out/pwg timeout 120 python3 -m pytest -q -m gpu tests/test_persistent_wgmma.py \
+    -p no:cacheprovider > $RES/pytest_pwg.log 2>&1; tail -1 $RES/pytest_pwg.log
+  for d in pmma13a pmma13b pwg3a pwg3b pmma13a pmma13b pwg3a pwg3b; do
+    timeout 100 python3 scripts/pmma_sweep.py run out/$d > $RES/sweep_$d.log 2>&1
+    cp out/$d/results.json $RES/results_${d}_$(date +%s).json
+    echo "== $d"; cut -c1-120 $RES/sweep_$d.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/'
+  done
+  timeout 100 compute-sanitizer --tool memcheck --print-limit 20 env TVMSEQ_PWG_PREBUILT=out/pwg python3 -m pytest \
+    -q -m gpu tests/test_persistent_wgmma.py -p no:cacheprovider > $RES/pwg_memcheck.log 2>&1
+  echo "== pwg memcheck rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pwg_memcheck.log | tail -2
+  timeout 150 compute-sanitizer --tool racecheck --print-limit 20 env TVMSEQ_PWG_PREBUILT=out/pwg python3 -m pytest \
+    -q -m gpu tests/test_persistent_wgmma.py -k "h136 or h300 or h256_b150" -p no:cacheprovider > $RES/pwg_racecheck.log 2>&1
+  echo "== pwg racecheck rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pwg_racecheck.log | tail -2
 elif [ "$PART" = P ]; then   # ncu of chosen sweep variants (env NCU_DIR, NCU_NAMES)
   timeout 400 ncu --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
     --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \

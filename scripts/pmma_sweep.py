@@ -15,24 +15,17 @@ from pathlib import Path
 
 # (D, B, H) -> [(units per block, warps, chunk rows, pipeline)]; the first is the default's pick
 SWEEP = {
-    # session 6, sweep 12: the partial sums written to shared memory by explicit vector stores (st.shared.v2/v4)
-    # into a row-swizzled layout (red_col) instead of scalar / compiler-split stores with 2-4-way bank conflicts;
-    # the database's picks and the rules' picks of the benchmark grid's shapes, re-timed
-    (1, 64, 1024): [(16, 8, 32, 0, 2), (16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2), (16, 8, 32, 0, 2, 0, 0, 0, 1, 1)],
-    (1, 256, 1024): [(16, 8, 16, 1, 2, 0, 0, 1), (16, 8, 32, 1, 2, 0, 0, 1), (16, 8, 32, 1, 2),
-                     (16, 8, 16, 1, 2, 0, 0, 1, 1, 1)],
-    (2, 64, 1024): [(16, 8, 32, 0), (16, 8, 32, 1, 1), (16, 8, 32, 1, 1, 0, 0, 0, 1, 1, 2)],
-    (2, 256, 1024): [(16, 8, 32, 0), (16, 8, 32, 1, 1), (16, 8, 16, 1, 1, 0, 0, 1)],
+    # session 6, sweep 13: the grid barrier of a step as red.release + ld.acquire polling by one thread a block
+    # (kernels/grid_barrier.py) instead of cooperative_groups' grid.sync(); built twice (before / after), same run
+    (1, 64, 1024): [(16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2), (16, 8, 32, 0, 2)],
     (1, 64, 512): [(16, 8, 16, 0, 4)],
-    (1, 256, 512): [(16, 8, 32, 1, 4)],
-    (1, 64, 256): [(8, 8, 32, 0, 2), (8, 8, 16, 0, 4, 0, 0, 1)],
-    (1, 64, 512, "float32"): [(8, 8, 32, 0, 2), (8, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)],
-    (2, 64, 512, "float32"): [(8, 8, 16, 0, 2), (8, 8, 32, 0, 1, 0, 0, 0, 1, 1, 2)],
-    (1, 64, 1024, "float32"): [(8, 8, 16, 0), (8, 16, 32, 0, 1, 0, 1)],
-    (1, 256, 512, "float32"): [(8, 8, 16, 0, 4), (8, 8, 32, 0, 2)],
-    (1, 64, 256, "float32"): [(8, 8, 32, 0, 2), (8, 8, 16, 0, 4, 0, 0, 1)],
-    (2, 64, 256, "float32"): [(8, 8, 32, 0, 2), (8, 8, 16, 0, 4)],
-    (1, 64, 256, "float32", "rnn"): [(8, 8, 32, 0, 2), (8, 8, 16, 0, 4, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 1, 1, 1)],
+    (1, 64, 256): [(8, 8, 16, 0, 4, 0, 0, 1)],
+    (2, 64, 512): [(16, 8, 16, 1, 2)],
+    (1, 64, 512, "float32"): [(8, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)],
+    (2, 64, 512, "float32"): [(8, 8, 32, 0, 1, 0, 0, 0, 1, 1, 2)],
+    (1, 64, 256, "float32"): [(8, 8, 16, 0, 4, 0, 0, 1)],
+    (1, 64, 1024, "float32"): [(8, 16, 32, 0, 1, 0, 1)],
+    (1, 64, 256, "float32", "rnn"): [(8, 8, 16, 0, 4, 0, 0, 1)],
 }
 SEQ = 100
 
@@ -79,19 +72,13 @@ def build(out: Path, sweep: dict | None = None):
 
 # the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
 WG_SWEEP = {
-    # sweep w2: the next chunk's copies issued before the gate math; clusters multicasting the copies
-    (1, 64, 1024): [(8, 1), (8, 1, 2), (16, 1, 2)],
-    (1, 256, 1024): [(16, 2), (16, 2, 2)],
-    (2, 64, 1024): [(16, 1), (16, 1, 2)],
-    (2, 256, 1024): [(16, 1), (16, 1, 2)],
-    (1, 64, 512): [(8, 1), (8, 1, 2)],
-    (1, 256, 512): [(16, 4), (16, 4, 2)],
-    (2, 64, 512): [(8, 1), (8, 1, 2)],
-    (2, 256, 512): [(16, 2), (16, 2, 2)],
-    (1, 64, 256): [(8, 1), (8, 1, 2)],
-    (1, 256, 256): [(8, 4), (8, 4, 2)],
-    (2, 64, 256): [(8, 1), (8, 1, 2), (8, 2)],
-    (2, 256, 256): [(8, 2), (8, 2, 2)],
+    # sweep w3: the grid barrier of kernels/grid_barrier.py against cooperative_groups' (built before / after)
+    (1, 256, 1024): [(16, 2)],
+    (2, 64, 1024): [(16, 1)],
+    (2, 256, 1024): [(16, 1)],
+    (1, 256, 512): [(16, 4)],
+    (1, 256, 256): [(8, 4)],
+    (1, 64, 1024): [(8, 1)],
 }
 
 
@@ -112,7 +99,7 @@ def build_wg(out: Path, sweep: dict | None = None):
             if why:
                 print("skip", D, B, H, cfg, why)
                 continue
-            name = f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}" + (f"x{cfg[2]}" if len(cfg) > 2 else "")
+            name = f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}" + (f"x{cfg[2]}" if len(cfg) > 2 else "")  # x: sweep w2
             funcs[name] = pw.persistent_wgmma_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None,
                                                    None, False, tgt, pw.WgmmaRecConfig.of(cfg), cell).with_attr(
                                                        "global_symbol", name)

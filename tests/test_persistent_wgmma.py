@@ -84,9 +84,7 @@ def test_geometry_and_argument_errors():
     assert "not all resident" in geo(pw.WgmmaRecConfig(8, 2), H=1024)
     assert "divide 64" in geo(pw.WgmmaRecConfig(24, 1), H=256)
     assert "gates x units <= 256" in geo(pw.WgmmaRecConfig(96, 1), H=256)
-    assert "dividing the 17 unit groups" in geo(pw.WgmmaRecConfig(8, 1, 2), H=136)
-    assert "co-resident" in geo(pw.WgmmaRecConfig(8, 1, 4), H=1024)
-    assert pw.WgmmaRecConfig.of((8, 1, 2)).knobs() == (8, 1, 2) and pw.WgmmaRecConfig(8, 2).knobs() == (8, 2)
+    assert pw.WgmmaRecConfig.of((8, 2)).knobs() == (8, 2)
     assert pw.default_config(1, 256, 1024, "cuda") == pw.WgmmaRecConfig(16, 2)
     assert pw.default_config(2, 256, 1024, "cuda") == pw.WgmmaRecConfig(16, 1)
     with pytest.raises(TvmseqError, match="dtype must be float16"):
@@ -174,8 +172,7 @@ GPU_CASES = [
     (1, 77, 300, "forward", "gru", ("HardSigmoid", "Softsign"), None, True, (8, 1)),
     (2, 90, 136, "bidirectional", "rnn", ("Relu",), None, True, None),
     (1, 130, 520, "reverse", "rnn", None, 0.8, False, (16, 2)),
-    (1, 100, 512, "forward", "gru", None, None, True, (8, 1, 2)),                 # cluster multicast
-    (2, 150, 256, "bidirectional", "gru", None, 1.3, True, (8, 1, 2)),           # cluster, 3 chunks a block
+    (2, 150, 256, "bidirectional", "gru", None, 1.3, True, (8, 1)),              # 3 chunks a block
 ]
 
 

@@ -23,7 +23,7 @@ thread each, completing on one mbarrier per tile); the wgmma of tile kb starts o
 per chunk: gate_i loads, 4 * NKB wgmma into NG*UB/2 float32 accumulators a thread, the next chunk's copies
 issued (they fly during this chunk's gate math), the gate math (state kept in float32 registers), Y and h_{s+1}
 written (h_{s+1} into the image of the other buffer); a grid barrier (cooperative launch: one block an SM, all
-resident) ends the step, after which the first chunk's copies go out. `cluster`: the copies multicast.
+resident) ends the step, after which the first chunk's copies go out.
 
 Accumulator layout (wgmma m64nN, per warp w of the warpgroup): acc[4 j + 2 h + e] is row 16 w + lane / 4 + 8 h,
 column 8 j + 2 (lane % 4) + e; with the block's gate rows ordered (z units, r units, h units), a thread holds
@@ -54,20 +54,19 @@ _MAX_REGS = 240
 @dataclass(frozen=True)
 class WgmmaRecConfig:
     """Knobs: units_per_block (a divisor of 64; N = gates x units <= 256), batch_split (blocks sharing a unit
-    group, each taking every batch_split-th 64-row chunk), cluster (thread-block clusters of this many blocks
-    with the same chunks and consecutive unit groups: each copies 1/cluster of a chunk's k tiles and multicasts
-    them to the cluster, L2 -> SM traffic / cluster)."""
+    group, each taking every batch_split-th 64-row chunk). Clusters multicasting the copies (as in
+    `persistent_mma`) were tried in sweep w2: correct but not faster anywhere (H1024 B256 10.2 -> 11.0 us a
+    step), and compute-sanitizer racecheck reported a write-write hazard it could not place; removed."""
 
     units_per_block: int = 16
     batch_split: int = 1
-    cluster: int = 1
 
     @classmethod
     def of(cls, knobs) -> "WgmmaRecConfig":
         return cls(*knobs)
 
     def knobs(self) -> tuple:
-        return (self.units_per_block, self.batch_split) + ((self.cluster,) if self.cluster > 1 else ())
+        return (self.units_per_block, self.batch_split)
 
 
 @dataclass(frozen=True)
@@ -104,13 +103,6 @@ class WgmmaRecGeometry:
             return f"config {c}: units_per_block a multiple of 8 with gates x units <= 256, batch_split >= 1"
         if KB % c.units_per_block:   # unit groups tile the padded k (G * UB <= Hp)
             return f"config {c}: units_per_block must divide {KB}"
-        from .persistent_mma import CLUSTER_MAX_BLOCKS
-
-        if c.cluster not in CLUSTER_MAX_BLOCKS or self.G % c.cluster:
-            return f"config {c}: cluster one of {tuple(CLUSTER_MAX_BLOCKS)} dividing the {self.G} unit groups"
-        if c.cluster > 1 and self.BLOCKS > CLUSTER_MAX_BLOCKS[c.cluster]:
-            return (f"{self.BLOCKS} blocks in clusters of {c.cluster}: more than the {CLUSTER_MAX_BLOCKS[c.cluster]} "
-                    f"measured to be co-resident (cooperative launch)")
         if facts is None:
             return None
         if self.BLOCKS > facts.num_sms:
@@ -334,38 +326,18 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     Yh[d, b, j] = T.Cast("float16", T.if_then_else(length(Lens, b, seq) > 0 and seq > 0,
                                                                    hst[hoff + ci * ITEMS + it], T.float32(0)))
 
-    CS = cfg.cluster
-
     @T.macro
-    def stage(hbuf, smem, base, mbar, buf, d, c, t, rank):
+    def stage(hbuf, smem, base, mbar, buf, d, c, t):
         """Thread kb < NKB: tile kb of chunk c's state -> its shared-memory tile by one bulk copy, completing
-        on mbarrier kb (in a cluster: block `rank` copies the tiles kb % cluster == rank and multicasts them;
-        every block arms its own barriers). The proxy fence orders the grid barrier's acquire of the state
-        (written by the other blocks through the generic proxy) before this async-proxy read of it."""
+        on mbarrier kb. The proxy fence orders the grid barrier's acquire of the state (written by the other
+        blocks through the generic proxy) before this async-proxy read of it."""
         if t < NKB:
             T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(TILE_BYTES))
-            if t % CS == rank:
-                T.ptx["fence.proxy.async"]()
-                if CS == 1:
-                    T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
-                        smem.access_ptr("w", offset=base + R_HALFS + t * MC * KB, extent=MC * KB),
-                        T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + t) * MC * KB]),
-                        T.uint32(TILE_BYTES), T.address_of(mbar[t]))
-                else:
-                    T.ptx["cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"](
-                        smem.access_ptr("w", offset=base + R_HALFS + t * MC * KB, extent=MC * KB),
-                        T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + t) * MC * KB]),
-                        T.uint32(TILE_BYTES), T.address_of(mbar[t]), T.uint16((1 << CS) - 1))
-
-    @T.macro
-    def slot_free():
-        """Every warp's wgmma reads of the state slot are done (in a cluster: every block's, since the peers'
-        multicasts write into this block's slot too)."""
-        if CS == 1:
-            T.tvm_storage_sync("shared")
-        else:
-            T.ptx["barrier.cluster.arrive.release"]()
-            T.ptx["barrier.cluster.wait.acquire"]()
+            T.ptx["fence.proxy.async"]()
+            T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
+                smem.access_ptr("w", offset=base + R_HALFS + t * MC * KB, extent=MC * KB),
+                T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + t) * MC * KB]),
+                T.uint32(TILE_BYTES), T.address_of(mbar[t]))
 
     def wgmma(acc, da, db, accumulate):
         return T.ptx[f"wgmma.mma_async.sync.aligned.{shape}.f32.f16.f16"](
@@ -413,8 +385,6 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
         Yh = T.match_buffer(y_h, (D, B, H), "float16")
         hbuf = T.alloc_buffer((2 * WORDS,), "float16", scope="global")
         if gpu:
-          # clusters (launch attribute) of CS consecutive blocks; extent 1 launches none
-          for rank in T.thread_binding(CS, thread="clusterCtaIdx.x"):
             for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
                   with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", 1):
@@ -427,9 +397,8 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     db = T.alloc_buffer((1,), "uint64", scope="local")
                     off = T.alloc_buffer((1,), "int32", scope="local")
                     d = T.meta_var(gb // (G * BS))
-                    # a cluster's blocks share the batch chunks (q) and own consecutive unit groups (g)
-                    g = T.meta_var(gb % (G * BS) // BS if CS == 1 else gb % G)
-                    q = T.meta_var(gb % BS if CS == 1 else gb % (G * BS) // G)
+                    g = T.meta_var(gb % (G * BS) // BS)
+                    q = T.meta_var(gb % BS)
                     # halfs from the dynamic shared base to the first 1 KB boundary (computed once, outside
                     # any condition: ThreadSync cannot place a barrier for a read of the address inside one)
                     off[0] = (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM
@@ -441,18 +410,15 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                         T.ptx["mbarrier.init.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(1))
                     T.ptx["fence.mbarrier_init.release.cluster"]()
                     T.ptx["fence.proxy.async.shared::cta"]()    # the R tiles, stored generically, read by wgmma
-                    if CS > 1:   # every block's barriers initialised before any peer multicasts into it
-                        T.ptx["barrier.cluster.arrive.release"]()
-                        T.ptx["barrier.cluster.wait.acquire"]()
                     T.cuda.grid_sync()
                     for s in T.serial(seq):
-                        stage(hbuf, smem, base, mbar, s % 2, d, q, t, rank)
+                        stage(hbuf, smem, base, mbar, s % 2, d, q, t)
                         for ci in unroll(NCB):   # unrolled: hst stays in registers
                             prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
                             product_gpu(smem, base, mbar, acc, da, db, s * NCB + ci)
                             if ci + 1 < NCB:   # the next chunk's copies fly during this chunk's gate math
-                                slot_free()
-                                stage(hbuf, smem, base, mbar, s % 2, d, q + (ci + 1) * BS, t, rank)
+                                T.tvm_storage_sync("shared")   # every warp's wgmma reads of the slot done
+                                stage(hbuf, smem, base, mbar, s % 2, d, q + (ci + 1) * BS, t)
                             finish(Y, Lens, hbuf, hst, 0, acc, gi, d, g, t, s, q + ci * BS, ci, seq)
                         T.cuda.grid_sync()
                     final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
