@@ -6,6 +6,8 @@
 #   bash scripts/gpu_session6.sh W   the warpgroup kernel: gpu cases (out/pwg), sweep (out/$WSWEEP), memcheck
 #   bash scripts/gpu_session6.sh G   grid barrier probe (out/gsync), the GRU grid (out/$PGRU, runs $RUNS)
 #   bash scripts/gpu_session6.sh B   grid barrier A/B (out/pmma13a|b, out/pwg3a|b), GPU cases, sanitizers
+#   bash scripts/gpu_session6.sh F   final: GPU cases, models (out/gm6), sanitizers, GRU grid x RUNS, RNN bench
+#   bash scripts/gpu_session6.sh Z   warpgroup kernel final build: cases, sanitizers, sweep w4, fp16 grid (out/pgru8)
 #   bash scripts/gpu_session6.sh P   ncu of sweep variants (env NCU_DIR, NCU_NAMES)
 # Results come back as $OUT/session6_<part>.tgz.
 set +e
@@ -64,6 +66,53 @@ elif [ "$PART" = B ]; then   # A/B of the grid barrier: sweeps built before (a) 
   timeout 150 compute-sanitizer --tool racecheck --print-limit 20 env TVMSEQ_PWG_PREBUILT=out/pwg python3 -m pytest \
     -q -m gpu tests/test_persistent_wgmma.py -k "h136 or h300 or h256_b150" -p no:cacheprovider > $RES/pwg_racecheck.log 2>&1
   echo "== pwg racecheck rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pwg_racecheck.log | tail -2
+elif [ "$PART" = F ]; then   # the final build: GPU cases of both kernels, whole models, sanitizers on the warpgroup
+  # kernel, the GRU grid in $RUNS processes (out/$PGRU), the RNN bench (out/prnn6)
+  TVMSEQ_PMMA_PREBUILT=out/pmma timeout 120 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
+    -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log
+  TVMSEQ_PWG_PREBUILT=out/pwg timeout 120 python3 -m pytest -q -m gpu tests/test_persistent_wgmma.py \
+    -p no:cacheprovider > $RES/pytest_pwg.log 2>&1; tail -1 $RES/pytest_pwg.log
+  TVMSEQ_GPU_MODELS=out/gm6s timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_models.py \
+    -p no:cacheprovider > $RES/pytest_models.log 2>&1; grep -E "FAILED|passed|failed" $RES/pytest_models.log | tail -3
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --print-limit 20 env TVMSEQ_PWG_PREBUILT=out/pwg python3 -m pytest \
+      -q -m gpu tests/test_persistent_wgmma.py -k "h136 or h300 or h256_b150 or h1024_b64" -p no:cacheprovider \
+      > $RES/pwg_$tool.log 2>&1
+    echo "== pwg $tool rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pwg_$tool.log | tail -2
+  done
+  for run in ${RUNS:-1 2 3}; do
+    mkdir -p $RES/grid$run
+    timeout 200 python3 -m tvmseq.bench.persistent_gru --prebuilt out/${PGRU:-pgru7} --out $RES/grid$run --budget 180 \
+      > $RES/pgru$run.log 2>&1
+    echo "pgru run $run rc=$?"
+  done
+  timeout 150 python3 -m tvmseq.bench.persistent_rnn --prebuilt out/prnn6 --no-tests --out $RES > $RES/prnn.log 2>&1
+  echo "prnn rc=$?"; tail -14 $RES/prnn.log | cut -c1-160
+elif [ "$PART" = D ]; then   # racecheck diagnosis of the warpgroup kernel (out/pwgdiag, tag $TAG)
+  for k in ${KS:-b150u b64 b150}; do
+    timeout 100 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 python3 \
+      scripts/_pwg_diag_run.py out/pwgdiag ${TAG:-a} _$k > $RES/diag_$k.log 2>&1
+    echo "== $k rc=$?"; grep -E "SUMMARY|ran" $RES/diag_$k.log | tail -3
+    grep -v "Host Frame" $RES/diag_$k.log | grep -A7 -m3 "Error\|Warning" | cut -c1-200
+  done
+elif [ "$PART" = Z ]; then   # the warpgroup kernel's final build: GPU cases, memcheck + racecheck of all of them,
+  # sweep w4 (out/pwg4), the float16 GRU grid on the final build (out/pgru8) in $RUNS processes
+  TVMSEQ_PWG_PREBUILT=out/pwg timeout 120 python3 -m pytest -q -m gpu tests/test_persistent_wgmma.py \
+    -p no:cacheprovider > $RES/pytest_pwg.log 2>&1; tail -1 $RES/pytest_pwg.log
+  for tool in memcheck racecheck; do
+    timeout 200 compute-sanitizer --tool $tool --print-limit 20 env TVMSEQ_PWG_PREBUILT=out/pwg python3 -m pytest \
+      -q -m gpu tests/test_persistent_wgmma.py -p no:cacheprovider > $RES/pwg_$tool.log 2>&1
+    echo "== pwg $tool rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pwg_$tool.log | tail -2
+  done
+  timeout 100 python3 scripts/pmma_sweep.py run out/pwg4 > $RES/sweep_pwg4.log 2>&1
+  echo "sweep pwg4 rc=$?"; cp out/pwg4/results.json $RES/results_pwg4.json 2>/dev/null
+  cut -c1-120 $RES/sweep_pwg4.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/'
+  for run in ${RUNS:-1 2}; do
+    mkdir -p $RES/grid$run
+    timeout 150 python3 -m tvmseq.bench.persistent_gru --prebuilt out/${PGRU:-pgru8} --dtype float16 --out $RES/grid$run \
+      --budget 130 > $RES/pgru$run.log 2>&1
+    echo "pgru run $run rc=$?"
+  done
 elif [ "$PART" = P ]; then   # ncu of chosen sweep variants (env NCU_DIR, NCU_NAMES)
   timeout 400 ncu --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
     --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \

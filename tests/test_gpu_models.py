@@ -43,6 +43,10 @@ CASES = {
     "rnn_fp16_bi_b32_h512_lens": ("rnn_node_model", dict(op="RNN", seq=17, batch=32, input_size=96, hidden=512,
                                                          direction="bidirectional", with_seq_lens=True,
                                                          with_initial_h=True, dtype="float16"), "persistent_mma"),
+    "gru_fp16_bi_b130_h256_lens": ("rnn_node_model", dict(op="GRU", seq=19, batch=130, input_size=72, hidden=256,
+                                                          direction="bidirectional", linear_before_reset=1,
+                                                          with_seq_lens=True, with_initial_h=True, dtype="float16"),
+                                   "persistent_wgmma"),
 }
 TOL = {"float32": dict(rtol=1e-3, atol=1e-4), "float16": dict(rtol=1e-2, atol=5e-3)}
 

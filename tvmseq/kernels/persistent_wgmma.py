@@ -405,11 +405,15 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                               ) % ATOM // 2
                     base = T.meta_var(off[0])
                     load_r_tiles(Rw, smem, base, d, g, t)
+                    # the R tiles (generic stores) before any wgmma reads them (async proxy): proxy fence and
+                    # barrier right here; with only the shared::cta fence before the first grid barrier,
+                    # compute-sanitizer racecheck reported write-write hazards on the tiles (session 6)
+                    T.ptx["fence.proxy.async"]()
+                    T.tvm_storage_sync("shared")
                     seed(H0, hbuf, hst, 0, d, g, q, t)
                     if t < NKB:
                         T.ptx["mbarrier.init.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(1))
                     T.ptx["fence.mbarrier_init.release.cluster"]()
-                    T.ptx["fence.proxy.async.shared::cta"]()    # the R tiles, stored generically, read by wgmma
                     T.cuda.grid_sync()
                     for s in T.serial(seq):
                         stage(hbuf, smem, base, mbar, s % 2, d, q, t)
