@@ -104,9 +104,9 @@ elif [ "$PART" = Z ]; then   # the warpgroup kernel's final build: GPU cases, me
       -q -m gpu tests/test_persistent_wgmma.py -p no:cacheprovider > $RES/pwg_$tool.log 2>&1
     echo "== pwg $tool rc=$?"; grep -E "SUMMARY|passed|failed" $RES/pwg_$tool.log | tail -2
   done
-  timeout 100 python3 scripts/pmma_sweep.py run out/pwg4 > $RES/sweep_pwg4.log 2>&1
-  echo "sweep pwg4 rc=$?"; cp out/pwg4/results.json $RES/results_pwg4.json 2>/dev/null
-  cut -c1-120 $RES/sweep_pwg4.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/'
+  timeout 100 python3 scripts/pmma_sweep.py run out/${WSWEEP:-pwg5} > $RES/sweep_wg.log 2>&1
+  echo "sweep ${WSWEEP:-pwg5} rc=$?"; cp out/${WSWEEP:-pwg5}/results.json $RES/results_${WSWEEP:-pwg5}.json 2>/dev/null
+  cut -c1-120 $RES/sweep_wg.log | grep -v "^ *$" | sed 's/.max_err.*ok/ ok/'
   for run in ${RUNS:-1 2}; do
     mkdir -p $RES/grid$run
     timeout 150 python3 -m tvmseq.bench.persistent_gru --prebuilt out/${PGRU:-pgru8} --dtype float16 --out $RES/grid$run \

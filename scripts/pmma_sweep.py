@@ -72,12 +72,14 @@ def build(out: Path, sweep: dict | None = None):
 
 # the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
 WG_SWEEP = {
-    # sweep w4: wait for every k tile before the first wgmma (1) against a wait before each tile's wgmmas
-    (1, 64, 1024): [(8, 1), (8, 1, 1)],
-    (1, 256, 1024): [(16, 2), (16, 2, 1)],
-    (2, 64, 1024): [(16, 1), (16, 1, 1)],
-    (2, 256, 1024): [(16, 1), (16, 1, 1)],
-    (1, 256, 512): [(16, 4), (16, 4, 1)],
+    # (sweeps w1-w5 are in artifacts/bench/pwg_sweep.json: w2 clusters, w4 wait-all, w5 k-tile ring, all dropped)
+    (1, 64, 1024): [(8, 1), (16, 1)],
+    (1, 256, 1024): [(16, 2), (16, 1)],
+    (2, 64, 1024): [(16, 1)],
+    (2, 256, 1024): [(16, 1)],
+    (1, 256, 512): [(16, 4), (8, 1)],
+    (2, 256, 512): [(16, 2)],
+    (1, 256, 256): [(8, 4), (16, 4)],
 }
 
 
@@ -98,7 +100,7 @@ def build_wg(out: Path, sweep: dict | None = None):
             if why:
                 print("skip", D, B, H, cfg, why)
                 continue
-            name = f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}" + (f"w{cfg[2]}" if len(cfg) > 2 else "")
+            name = f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}" + "".join(f"k{v}" for v in cfg[2:])
             funcs[name] = pw.persistent_wgmma_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None,
                                                    None, False, tgt, pw.WgmmaRecConfig.of(cfg), cell).with_attr(
                                                        "global_symbol", name)
