@@ -113,6 +113,15 @@ elif [ "$PART" = Z ]; then   # the warpgroup kernel's final build: GPU cases, me
       --budget 130 > $RES/pgru$run.log 2>&1
     echo "pgru run $run rc=$?"
   done
+elif [ "$PART" = R ]; then   # more grid runs of the final builds: float16 (out/pgru8) x RUNS, float32 (out/pgru7) x 1
+  for run in ${RUNS:-3 4}; do
+    mkdir -p $RES/grid$run
+    timeout 150 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru8 --dtype float16 --out $RES/grid$run \
+      --budget 130 > $RES/pgru$run.log 2>&1; echo "pgru fp16 run $run rc=$?"
+  done
+  mkdir -p $RES/grid32
+  timeout 200 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru7 --dtype float32 --out $RES/grid32 \
+    --budget 170 > $RES/pgru32.log 2>&1; echo "pgru fp32 rc=$?"
 elif [ "$PART" = P ]; then   # ncu of chosen sweep variants (env NCU_DIR, NCU_NAMES)
   timeout 400 ncu --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
     --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \
