@@ -41,35 +41,6 @@ def _name(D, B, H, cfg, dtype="float16", cell="gru"):
         f"{k}{v}" for k, v in zip("sfhebix", cfg[4:]))
 
 
-def build(out: Path, sweep: dict | None = None):
-    from tvmseq.bench.common import compile_for_gpu
-    from tvmseq.kernels import persistent_mma as pm
-    from tvmseq.kernels import recurrent_gemm as rg
-    from tvmseq.targets import resolve
-
-    tgt = resolve("cuda")
-    out.mkdir(parents=True, exist_ok=True)
-    funcs, index = {}, []
-    for key, cfgs in (sweep or SWEEP).items():
-        D, B, H, dtype, cell = sweep_key(key)
-        for cfg in cfgs:
-            why = pm.MmaGeometry(D, B, H, pm.GATES[cell], pm.MmaConfig.of(cfg), dtype).check(rg.gpu_facts(tgt))
-            if why:
-                print("skip", D, B, H, cfg, why)
-                continue
-            name = _name(D, B, H, cfg, dtype, cell)
-            funcs[name] = pm.persistent_mma_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward",
-                                                 None, None, False, tgt, pm.MmaConfig.of(cfg), cell).with_attr(
-                                                     "global_symbol", name)
-            index.append(dict(D=D, B=B, H=H, dtype=dtype, cell=cell, config=list(cfg), name=name))
-    ex, report = compile_for_gpu(funcs, tgt)
-    ex.export_library(str(out / "sweep.so"))
-    for e in index:
-        e["ptxas"] = report.get(e["name"] + "_kernel", {})
-    (out / "index.json").write_text(json.dumps(index, indent=1))
-    print(f"built {len(funcs)} variants")
-
-
 # the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
 WG_SWEEP = {
     # (sweeps w1-w5 are in artifacts/bench/pwg_sweep.json: w2 clusters, w4 wait-all, w5 k-tile ring, all dropped)
@@ -83,29 +54,44 @@ WG_SWEEP = {
 }
 
 
-def build_wg(out: Path, sweep: dict | None = None):
-    """The warpgroup kernel's variants, same index format as `build` (config: (units, batch split))."""
-    from tvmseq.bench.common import compile_for_gpu
+def _families():
+    """kernel -> (geometry check, prim_func factory, config of a knob tuple, variant name)."""
+    from tvmseq.kernels import persistent_mma as pm
     from tvmseq.kernels import persistent_wgmma as pw
+
+    return {
+        "persistent_mma": (lambda D, B, H, dtype, cell, cfg: pm.MmaGeometry(D, B, H, pm.GATES[cell], cfg, dtype),
+                           pm.persistent_mma_func, pm.MmaConfig.of,
+                           lambda D, B, H, cfg, dtype, cell: _name(D, B, H, cfg, dtype, cell)),
+        "persistent_wgmma": (lambda D, B, H, dtype, cell, cfg: pw.WgmmaRecGeometry(D, B, H, pw.GATES[cell], cfg),
+                             pw.persistent_wgmma_func, pw.WgmmaRecConfig.of,
+                             lambda D, B, H, cfg, dtype, cell: f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}"
+                             + "".join(f"k{v}" for v in cfg[2:])),
+    }
+
+
+def build(out: Path, sweep: dict | None = None, kernel: str = "persistent_mma"):
+    """The variants of `sweep` (default SWEEP, or WG_SWEEP for the warpgroup kernel) into out/sweep.so and
+    out/index.json (one entry a variant: shape, kernel, config knobs, name, ptxas report)."""
+    from tvmseq.bench.common import compile_for_gpu
     from tvmseq.kernels import recurrent_gemm as rg
     from tvmseq.targets import resolve
 
+    geometry, factory, config_of, name_of = _families()[kernel]
     tgt = resolve("cuda")
     out.mkdir(parents=True, exist_ok=True)
     funcs, index = {}, []
-    for key, cfgs in (sweep or WG_SWEEP).items():
+    for key, cfgs in (sweep or (SWEEP if kernel == "persistent_mma" else WG_SWEEP)).items():
         D, B, H, dtype, cell = sweep_key(key)
         for cfg in cfgs:
-            why = pw.WgmmaRecGeometry(D, B, H, pw.GATES[cell], pw.WgmmaRecConfig.of(cfg)).check(rg.gpu_facts(tgt))
+            why = geometry(D, B, H, dtype, cell, config_of(cfg)).check(rg.gpu_facts(tgt))
             if why:
                 print("skip", D, B, H, cfg, why)
                 continue
-            name = f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}" + "".join(f"k{v}" for v in cfg[2:])
-            funcs[name] = pw.persistent_wgmma_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None,
-                                                   None, False, tgt, pw.WgmmaRecConfig.of(cfg), cell).with_attr(
-                                                       "global_symbol", name)
-            index.append(dict(D=D, B=B, H=H, dtype=dtype, cell=cell, kernel="persistent_wgmma", config=list(cfg),
-                              name=name))
+            name = name_of(D, B, H, cfg, dtype, cell)
+            funcs[name] = factory(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None, None, False, tgt,
+                                  config_of(cfg), cell).with_attr("global_symbol", name)
+            index.append(dict(D=D, B=B, H=H, dtype=dtype, cell=cell, kernel=kernel, config=list(cfg), name=name))
     ex, report = compile_for_gpu(funcs, tgt)
     ex.export_library(str(out / "sweep.so"))
     for e in index:
@@ -180,4 +166,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "build" and len(sys.argv) > 3:   # build DIR DTYPE|rnn: only that dtype's (cell's) shapes
         build(Path(sys.argv[2]), {k: v for k, v in SWEEP.items() if sys.argv[3] in (*k, "float16")[3:]})
     else:
-        {"build": build, "build-wg": build_wg, "run": run}[sys.argv[1]](Path(sys.argv[2]))
+        {"build": build, "build-wg": lambda out: build(out, kernel="persistent_wgmma"), "run": run}[sys.argv[1]](
+            Path(sys.argv[2]))

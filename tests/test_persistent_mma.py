@@ -342,12 +342,27 @@ def _gpu_index():
     return json.loads(index.read_text())["cases"] if index.exists() else []
 
 
+def gpu_case_problem(D, B, H, direction, cell, acts, clip, lens, dtype, seq=23):
+    """(kernel inputs, float64 (Y, Y_h)) of a GPU case (this file's and tests/test_persistent_wgmma.py's)."""
+    from tvmseq.kernels.activations import Activation as Act
+
+    rev = [direction == "reverse" or d == 1 for d in range(D)]
+    if cell == "gru":
+        inputs, _ = make_problem(D, B, H, seq, dtype, 1, seed=B + H, lens_kind="random" if lens else "full")
+        names = (acts or ("Sigmoid", "Tanh"))
+        np_acts = [(Act.make(names[0]).numpy, Act.make(names[1]).numpy)] * D
+        return inputs, batched_reference(*inputs, rev, 1, clip, np_acts)
+    inputs = list(rnn_problem(D, B, H, seq, seed=B + H, dtype=dtype))
+    if not lens:
+        inputs[3] = np.full(B, seq, np.int32)
+    return inputs, rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], rev,
+                                 Act.make((acts or ("Tanh",))[0]).numpy, clip)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _gpu_index(), ids=lambda c: _case_name(c))
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
-
-    from tvmseq.kernels.activations import Activation as Act
 
     from tvmseq.bench.common import cuda_available
 
@@ -356,18 +371,7 @@ def test_prebuilt_on_gpu(case):
     D, B, H, direction, cell, acts, clip, lens, cfg, *dtype = case
     dtype = (dtype or ["float16"])[0]
     seq = 23
-    rev = [direction == "reverse" or d == 1 for d in range(D)]
-    if cell == "gru":
-        inputs, _ = make_problem(D, B, H, seq, dtype, 1, seed=B + H, lens_kind="random" if lens else "full")
-        names = (acts or ("Sigmoid", "Tanh"))
-        np_acts = [(Act.make(names[0]).numpy, Act.make(names[1]).numpy)] * D
-        want = batched_reference(*inputs, rev, 1, clip, np_acts)
-    else:
-        inputs = list(rnn_problem(D, B, H, seq, seed=B + H, dtype=dtype))
-        if not lens:
-            inputs[3] = np.full(B, seq, np.int32)
-        want = rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], rev, Act.make((acts or ("Tanh",))[0]).numpy,
-                             clip)
+    inputs, want = gpu_case_problem(D, B, H, direction, cell, acts, clip, lens, dtype, seq)
     dev = tvm_rt.cuda(0)
     f = tvm_rt.runtime.load_module(str(PREBUILT / "pmma.so"))[_case_name(case)]
     Y = tvm_rt.runtime.tensor(np.full((seq, D, B, H), np.nan, dtype), dev)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_persistent_gru import batched_reference, default_acts, make_problem, reference  # noqa: E402
-from test_persistent_mma import rnn_problem, rnn_reference  # noqa: E402
+from test_persistent_gru import default_acts, make_problem, reference  # noqa: E402
+from test_persistent_mma import gpu_case_problem, rnn_problem, rnn_reference  # noqa: E402
 
 from tvmseq.errors import TvmseqError  # noqa: E402
 
@@ -216,23 +216,12 @@ def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
     from tvmseq.bench.common import cuda_available
-    from tvmseq.kernels.activations import Activation as Act
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")
     D, B, H, direction, cell, acts, clip, lens, cfg = case
     seq = 23
-    rev = [direction == "reverse" or d == 1 for d in range(D)]
-    if cell == "gru":
-        inputs, _ = make_problem(D, B, H, seq, "float16", 1, seed=B + H, lens_kind="random" if lens else "full")
-        names = (acts or ("Sigmoid", "Tanh"))
-        want = batched_reference(*inputs, rev, 1, clip, [(Act.make(names[0]).numpy, Act.make(names[1]).numpy)] * D)
-    else:
-        inputs = list(rnn_problem(D, B, H, seq, seed=B + H))
-        if not lens:
-            inputs[3] = np.full(B, seq, np.int32)
-        want = rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], rev, Act.make((acts or ("Tanh",))[0]).numpy,
-                             clip)
+    inputs, want = gpu_case_problem(D, B, H, direction, cell, acts, clip, lens, "float16", seq)
     dev = tvm_rt.cuda(0)
     f = tvm_rt.runtime.load_module(str(PREBUILT / "pwg.so"))[_case_name(case)]
     Y = tvm_rt.runtime.tensor(np.full((seq, D, B, H), np.nan, np.float16), dev)

@@ -352,16 +352,17 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
     return (why is None), (why or f"{kind} persistent kernel (staged state), {cfg}")
 
 
-def _check(D, B, H, dtype, directions, cell):
+def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", "float32")):
+    """The argument checks of the staged-state kernels (`persistent_mma`, `persistent_wgmma`: kind names it)."""
     nd = 2 if directions == "bidirectional" else 1
     if directions not in ("forward", "reverse", "bidirectional") or nd != D:
-        raise TvmseqError(f"persistent mma {cell.upper()}: direction {directions!r} does not match D={D}")
-    if dtype not in ("float16", "float32"):
-        raise TvmseqError(f"persistent mma {cell.upper()}: dtype must be float16 or float32, got {dtype}")
+        raise TvmseqError(f"persistent {kind} {cell.upper()}: direction {directions!r} does not match D={D}")
+    if dtype not in dtypes:
+        raise TvmseqError(f"persistent {kind} {cell.upper()}: dtype must be {' or '.join(dtypes)}, got {dtype}")
     if min(B, H) < 1:
-        raise TvmseqError(f"persistent mma {cell.upper()}: batch and hidden must be >= 1, got B={B} H={H}")
+        raise TvmseqError(f"persistent {kind} {cell.upper()}: batch and hidden must be >= 1, got B={B} H={H}")
     if cell not in GATES:
-        raise TvmseqError(f"persistent mma: cell must be one of {tuple(GATES)}, got {cell!r}")
+        raise TvmseqError(f"persistent {kind}: cell must be one of {tuple(GATES)}, got {cell!r}")
 
 
 def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
@@ -373,7 +374,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     from . import persistent_gru as pg
     from . import recurrent_gemm as rg
 
-    _check(D, B, H, dtype, directions, cell)
+    check_args(D, B, H, dtype, directions, cell)
     target = resolve(target)
     gpu = is_gpu(target)
     NG = GATES[cell]

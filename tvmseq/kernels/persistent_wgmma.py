@@ -158,18 +158,6 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
     return (why is None), (why or f"warpgroup tensor-core persistent kernel, {cfg}")
 
 
-def _check(D, B, H, dtype, directions, cell):
-    nd = 2 if directions == "bidirectional" else 1
-    if directions not in ("forward", "reverse", "bidirectional") or nd != D:
-        raise TvmseqError(f"persistent wgmma {cell.upper()}: direction {directions!r} does not match D={D}")
-    if dtype != "float16":
-        raise TvmseqError(f"persistent wgmma {cell.upper()}: dtype must be float16 (wgmma f16), got {dtype}")
-    if min(B, H) < 1:
-        raise TvmseqError(f"persistent wgmma {cell.upper()}: batch and hidden must be >= 1, got B={B} H={H}")
-    if cell not in GATES:
-        raise TvmseqError(f"persistent wgmma: cell must be one of {tuple(GATES)}, got {cell!r}")
-
-
 def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
                           target, config: WgmmaRecConfig | None = None, cell: str = "gru"):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
@@ -179,7 +167,9 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     from . import persistent_gru as pg
     from . import recurrent_gemm as rg
 
-    _check(D, B, H, dtype, directions, cell)
+    from .persistent_mma import check_args
+
+    check_args(D, B, H, dtype, directions, cell, kind="wgmma", dtypes=("float16",))
     target = resolve(target)
     gpu = is_gpu(target)
     NG = GATES[cell]
