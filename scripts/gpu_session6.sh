@@ -8,6 +8,7 @@
 #   bash scripts/gpu_session6.sh B   grid barrier A/B (out/pmma13a|b, out/pwg3a|b), GPU cases, sanitizers
 #   bash scripts/gpu_session6.sh F   final: GPU cases, models (out/gm6), sanitizers, GRU grid x RUNS, RNN bench
 #   bash scripts/gpu_session6.sh Z   warpgroup kernel final build: cases, sanitizers, sweep w4, fp16 grid (out/pgru8)
+#   bash scripts/gpu_session6.sh T   final code: GPU cases (out/pmma, out/pwg) and models (out/gm6s)
 #   bash scripts/gpu_session6.sh P   ncu of sweep variants (env NCU_DIR, NCU_NAMES)
 # Results come back as $OUT/session6_<part>.tgz.
 set +e
@@ -122,6 +123,13 @@ elif [ "$PART" = R ]; then   # more grid runs of the final builds: float16 (out/
   mkdir -p $RES/grid32
   timeout 200 python3 -m tvmseq.bench.persistent_gru --prebuilt out/pgru7 --dtype float32 --out $RES/grid32 \
     --budget 170 > $RES/pgru32.log 2>&1; echo "pgru fp32 rc=$?"
+elif [ "$PART" = T ]; then   # the final code's GPU cases of both staged-state kernels and the whole models
+  TVMSEQ_PMMA_PREBUILT=out/pmma timeout 120 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
+    -p no:cacheprovider > $RES/pytest_pmma.log 2>&1; tail -1 $RES/pytest_pmma.log
+  TVMSEQ_PWG_PREBUILT=out/pwg timeout 120 python3 -m pytest -q -m gpu tests/test_persistent_wgmma.py \
+    -p no:cacheprovider > $RES/pytest_pwg.log 2>&1; tail -1 $RES/pytest_pwg.log
+  TVMSEQ_GPU_MODELS=out/gm6s timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_models.py \
+    -p no:cacheprovider > $RES/pytest_models.log 2>&1; tail -1 $RES/pytest_models.log
 elif [ "$PART" = P ]; then   # ncu of chosen sweep variants (env NCU_DIR, NCU_NAMES)
   timeout 400 ncu --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
     --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \
