@@ -135,5 +135,8 @@ elif [ "$PART" = P ]; then   # ncu of chosen sweep variants (env NCU_DIR, NCU_NA
     --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \
     python3 scripts/pmma_profile.py out/$NCU_DIR $NCU_NAMES > $RES/ncu.log 2>&1
   echo "ncu rc=$?"; grep -E "m_(gru|rnn)|Throughput|Duration|Stall|Issued|Warp Cycles|Bank|Eligible|Active Warps|L2|Shared" $RES/ncu.log | cut -c1-150 | head -150
+  timeout 200 ncu -k regex:"^(m|w)_" --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed" \
+    python3 scripts/pmma_profile.py out/$NCU_DIR $NCU_NAMES > $RES/ncu_stalls.log 2>&1
+  echo "ncu stalls rc=$?"; grep -E "(m|w)_gru|stalled|issue_active|lts__t|duration|sm__throughput" $RES/ncu_stalls.log | awk '$NF+0 > 0.1 || /_gru/' | cut -c1-130 | head -60
 fi
 tar czf $OUT/session6_$PART.tgz -C $RES .
