@@ -43,7 +43,8 @@ def _name(D, B, H, cfg, dtype="float16", cell="gru"):
 
 # the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
 WG_SWEEP = {
-    # (sweeps w1-w5 are in artifacts/bench/pwg_sweep.json: w2 clusters, w4 wait-all, w5 k-tile ring, all dropped)
+    # (sweeps w1-w6 are in artifacts/bench/pwg_sweep.json: w2 clusters, w4 wait-all, w5 k-tile ring, w6 early gate
+    # loads, all dropped)
     (1, 64, 1024): [(8, 1), (16, 1)],
     (1, 256, 1024): [(16, 2), (16, 1)],
     (2, 64, 1024): [(16, 1)],
