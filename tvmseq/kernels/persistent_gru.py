@@ -113,6 +113,20 @@ def cell_math(acts, D: int, NG: int, clip):
     return per_dir(0), (per_dir(1) if NG == 3 else None), clipf
 
 
+def time_index_fn(directions: str):
+    """time_index(d, L, s): the time step direction d handles at step s of a row of length L."""
+    from tvm.script import tirx as T
+
+    def time_index(d, L, s):
+        if directions == "forward":
+            return s
+        if directions == "reverse":
+            return L - 1 - s
+        return T.if_then_else(d == 1, L - 1 - s, s)
+
+    return time_index
+
+
 def row_length(has_seq_lens: bool, B: int):
     """length(Lens, b, seq): row b's sequence length clamped to [0, seq] (seq without sequence_lens)."""
     from tvm.script import tirx as T

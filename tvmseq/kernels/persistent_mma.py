@@ -400,14 +400,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
 
     f_act, g_act, clipf = pg.cell_math(acts, D, NG, clip)
 
-    def time_index(d, L, s):
-        """The time step direction d handles at step s of a row of length L."""
-        if directions == "forward":
-            return s
-        if directions == "reverse":
-            return L - 1 - s
-        return T.if_then_else(d == 1, L - 1 - s, s)
-
+    time_index = pg.time_index_fn(directions)
     length = pg.row_length(has_seq_lens, B)
 
     def r_row(g, col):

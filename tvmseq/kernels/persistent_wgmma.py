@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from ..errors import TvmseqError
 from ..targets import is_gpu, resolve
 
-GATES = {"gru": 3, "rnn": 1}
+from .persistent_mma import GATES, check_args
+from .projection_wgmma import ATOM, align_offset, encode_descriptor, mma_async
+from .projection_wgmma import BK as KB   # k of a tile: one 128-byte swizzle row of fp16
+
 MC = 64              # rows of a state chunk: the wgmma M of one warpgroup
-KB = 64              # k of a tile: one 128-byte swizzle row of fp16
 NT = 128             # one warpgroup
-ATOM = 1024          # bytes of an 8-row swizzle atom (descriptor stride between row groups)
-SWIZZLE_128B = 3     # T.cuda.wgmma.encode_matrix_descriptor's code for the 128-byte swizzle
 _REG_OVERHEAD = 40
 _MAX_REGS = 240
 
@@ -167,8 +167,6 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     from . import persistent_gru as pg
     from . import recurrent_gemm as rg
 
-    from .persistent_mma import check_args
-
     check_args(D, B, H, dtype, directions, cell, kind="wgmma", dtypes=("float16",))
     target = resolve(target)
     gpu = is_gpu(target)
@@ -192,14 +190,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     unroll = T.unroll if gpu else T.serial
     f_act, g_act, clipf = pg.cell_math(acts, D, NG, clip)
     length = pg.row_length(has_seq_lens, B)
-    shape = f"m64n{N}k16"
-
-    def time_index(d, L, s):
-        if directions == "forward":
-            return s
-        if directions == "reverse":
-            return L - 1 - s
-        return T.if_then_else(d == 1, L - 1 - s, s)
+    time_index = pg.time_index_fn(directions)
 
     def swz(r, k):
         """Half offset of element k (< 64) of row r inside a swizzled 64-column tile."""
@@ -329,10 +320,6 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                 T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + t) * MC * KB]),
                 T.uint32(TILE_BYTES), T.address_of(mbar[t]))
 
-    def wgmma(acc, da, db, accumulate):
-        return T.ptx[f"wgmma.mma_async.sync.aligned.{shape}.f32.f16.f16"](
-            *[acc[i] for i in range(ACC)], da[0], db[0], T.ptx.pred(accumulate), 1, 1, 0, 0)
-
     @T.macro
     def product_gpu(smem, base, mbar, acc, da, db, phase):
         """acc <- state chunk (64 x Hp) x R slice^T (Hp x N): tile kb's 4 wgmma once tile kb has landed. The kb
@@ -342,13 +329,9 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
         for kb in T.serial(NKB):
             T.evaluate(T.cuda.mbarrier_wait(T.address_of(mbar[kb]), phase % 2))
             for kk in unroll(KB // 16):
-                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
-                    T.address_of(da[0]), T.address_of(smem[base + R_HALFS + kb * MC * KB + kk * 16]), 1,
-                    ATOM // 16, SWIZZLE_128B))
-                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
-                    T.address_of(db[0]), T.address_of(smem[base + kb * N * KB + kk * 16]), 1, ATOM // 16,
-                    SWIZZLE_128B))
-                T.evaluate(wgmma(acc, da, db, kb * 4 + kk > 0))
+                encode_descriptor(da, T.address_of(smem[base + R_HALFS + kb * MC * KB + kk * 16]))
+                encode_descriptor(db, T.address_of(smem[base + kb * N * KB + kk * 16]))
+                T.evaluate(mma_async(N, acc, da, db, kb * 4 + kk > 0))
         T.ptx["wgmma.commit_group.sync.aligned"]()
         T.ptx["wgmma.wait_group.sync.aligned"](0)
 
@@ -389,10 +372,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     d = T.meta_var(gb // (G * BS))
                     g = T.meta_var(gb % (G * BS) // BS)
                     q = T.meta_var(gb % BS)
-                    # halfs from the dynamic shared base to the first 1 KB boundary (computed once, outside
-                    # any condition: ThreadSync cannot place a barrier for a read of the address inside one)
-                    off[0] = (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM
-                              ) % ATOM // 2
+                    off[0] = align_offset(smem)   # halfs to the first 1 KB boundary (where the tiles start)
                     base = T.meta_var(off[0])
                     load_r_tiles(Rw, smem, base, d, g, t)
                     # the R tiles (generic stores) before any wgmma reads them (async proxy): proxy fence and

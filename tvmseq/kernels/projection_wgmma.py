@@ -29,6 +29,32 @@ SWIZZLE_128B = 3   # T.cuda.wgmma_encode_matrix_descriptor's code for the 128-by
 ATOM = 1024        # bytes of an 8-row swizzle atom: the descriptor's stride between row groups
 
 
+def mma_async(n, acc, da, db, accumulate):
+    """wgmma m64n{n}k16 (f32 += f16 x f16) on the n / 2 float32 accumulators acc, A and B from the shared-memory
+    matrix descriptors da[0], db[0], both K-major; accumulate False overwrites."""
+    from tvm.script import tirx as T
+
+    return T.ptx[f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16"](
+        *[acc[i] for i in range(n // 2)], da[0], db[0], T.ptx.pred(accumulate), 1, 1, 0, 0)
+
+
+def encode_descriptor(desc, address):
+    """desc[0] <- the matrix descriptor of a 128-byte-swizzled, 1 KB-atom K-major tile starting at `address`."""
+    from tvm.script import tirx as T
+
+    return T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc[0]), address, 1, ATOM // 16,
+                                                            SWIZZLE_128B))
+
+
+def align_offset(smem):
+    """Halfs from a dynamic shared buffer's start to its first 1 KB boundary (where the swizzled tiles start).
+    Compute it once into a local outside any condition: ThreadSync cannot place a barrier for a read of the
+    buffer's address inside one."""
+    from tvm.script import tirx as T
+
+    return (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM) % ATOM // 2
+
+
 @dataclass(frozen=True)
 class WgmmaTile:
     bm: int = 128      # rows per block: 64 per consumer warpgroup
@@ -80,11 +106,6 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     A_ELEMS, B_ELEMS = BM * ROW, BN * ROW
     STAGE = A_ELEMS + B_ELEMS          # halfs a stage (a multiple of 512 halfs = 1 KB)
     unroll = T.unroll
-    shape = f"m64n{BN}k16"
-
-    def wgmma(acc, da, db, accumulate):
-        return T.ptx[f"wgmma.mma_async.sync.aligned.{shape}.f32.f16.f16"](
-            *[acc[i] for i in range(ACC)], da[0], db[0], T.ptx.pred(accumulate), 1, 1, 0, 0)
 
     def swz(r, c):
         """half offset of 16-byte chunk c of row r inside a 1 KB-aligned tile."""
@@ -124,11 +145,8 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                         db = T.alloc_buffer((1,), "uint64", scope="local")
                         wg = T.meta_var(t // 128)
                         lane = T.meta_var(t % 32)
-                        # halfs from the dynamic shared base to the first 1 KB boundary (computed once: inside
-                        # the copies' condition its read of the buffer's address would need a barrier there)
                         off = T.alloc_buffer((1,), "int32", scope="local")
-                        off[0] = (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM
-                                  ) % ATOM // 2
+                        off[0] = align_offset(smem)
                         base = T.meta_var(off[0])
                         for v in unroll(ACC):
                             acc[v] = T.float32(0)
@@ -141,15 +159,9 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                             load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, kt + P, (kt + P) % S, t)
                             T.ptx["wgmma.fence.sync.aligned"]()
                             for kk in unroll(BK // 16):
-                                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
-                                    T.address_of(da[0]),
-                                    T.address_of(smem[base + kt % S * STAGE + wg * 64 * ROW + kk * 16]), 1, ATOM // 16,
-                                    SWIZZLE_128B))
-                                T.evaluate(T.cuda.wgmma.encode_matrix_descriptor(
-                                    T.address_of(db[0]),
-                                    T.address_of(smem[base + kt % S * STAGE + A_ELEMS + kk * 16]), 1, ATOM // 16,
-                                    SWIZZLE_128B))
-                                T.evaluate(wgmma(acc, da, db, kt * 4 + kk > 0))
+                                encode_descriptor(da, T.address_of(smem[base + kt % S * STAGE + wg * 64 * ROW + kk * 16]))
+                                encode_descriptor(db, T.address_of(smem[base + kt % S * STAGE + A_ELEMS + kk * 16]))
+                                T.evaluate(mma_async(BN, acc, da, db, kt * 4 + kk > 0))
                             T.ptx["wgmma.commit_group.sync.aligned"]()
                             T.ptx["wgmma.wait_group.sync.aligned"](LIVE)
                         T.ptx["wgmma.wait_group.sync.aligned"](0)
