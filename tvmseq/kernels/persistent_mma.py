@@ -102,14 +102,11 @@ class MmaConfig:
     early_gate:      load the next chunk's gate_i (the input projection, streamed from DRAM) as soon as this
                      chunk's gate math is done, so the last chunk's loads for step s + 1 are in flight across the
                      grid barrier instead of issued after it
-    bulk:            sm_90: stage the state with one bulk copy (cp.async.bulk, the TMA unit) per row and k half,
-                     completion on a per-warp mbarrier, instead of 16-byte cp.async (8x fewer copy instructions:
-                     ncu had the 16-byte copies throttling the load/store queue, lg_throttle); not with pipeline
-                     or half_stage. Correct (GPU cases, sanitizers) but measured SLOWER everywhere (sweep8: fp16
-                     H1024 B64 4.89 -> 6.31 us a step, H512 B64 2.82 -> 4.11): 64-256-byte bulk copies cost more
-                     than the 16-byte ones; off by default (a whole-slice copy would need a swizzled state layout)
-    early_gate and bulk were added in session 5; early_gate won only at some shapes (H1024 B256 14.6 -> 13.9,
-    RNN H256 B64 2.21 -> 2.10) and lost at others (H1024 B64 4.88 -> 5.04), so only the database turns it on.
+    bulk:            sm_90: stage the state by bulk copies (cp.async.bulk, the TMA unit) completing on per-slot,
+                     per-warp mbarriers, instead of 16-byte cp.async; not with half_stage. Alone, one copy per row
+                     and k half: correct but measured SLOWER everywhere (sweep 8: fp16 H1024 B64 4.89 -> 6.31 us a
+                     step, H512 B64 2.82 -> 4.11: 64-256-byte copies cost more than the 16-byte ones); with `image`,
+                     one copy per warp's k half
     image:           (with bulk) keep the state in global memory in the staging image layout (chunk, warp, k half,
                      row, padded columns: exactly what a warp's staging region holds), so each region arrives by
                      ONE bulk copy (MC rows x one k half, 2-9 KB) instead of one per row; writers scatter into it
@@ -117,6 +114,8 @@ class MmaConfig:
                      consecutive unit groups: each block copies 1/cluster of the regions and multicasts them to
                      every block of its cluster (L2 -> SM traffic / cluster); with several chunks a step, a
                      cluster barrier keeps a block from refilling a peer's slot before the peer has read it
+    early_gate won only at some shapes (H1024 B256 14.6 -> 13.9, RNN H256 B64 2.21 -> 2.10) and lost at others
+    (H1024 B64 4.88 -> 5.04), so only the database turns it on; so do image and cluster (sweeps 10-12).
     """
 
     units_per_block: int = 8
@@ -222,9 +221,9 @@ class MmaGeometry:
             return f"config {c}: cluster must be one of {tuple(CLUSTER_MAX_BLOCKS)}, and > 1 only with the image layout"
         if self.G % c.cluster:
             return f"config {c}: {self.G} unit groups do not split into clusters of {c.cluster}"
-        if c.cluster > 1 and self.BLOCKS > CLUSTER_MAX_BLOCKS.get(c.cluster, 0):
+        if self.BLOCKS > CLUSTER_MAX_BLOCKS[c.cluster]:
             return (f"{self.BLOCKS} blocks in clusters of {c.cluster}: more than the "
-                    f"{CLUSTER_MAX_BLOCKS.get(c.cluster, 0)} measured to be co-resident (cooperative launch)")
+                    f"{CLUSTER_MAX_BLOCKS[c.cluster]} measured to be co-resident (cooperative launch)")
         if self.HALF and (not self.SIMT or c.pipeline or self.KTW % 2):
             return f"config {c}: half_stage is for float32, without pipeline, with an even number of k16 tiles"
         if facts is None:
@@ -514,9 +513,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         grid barrier's acquire of the state must also be ordered before the async-proxy read of it, once a step
         (the block's first chunk, c < batch_split): a full fence there, the shared-memory one for later chunks.
         A full fence.proxy.async before every copy (sweep 10) made chunks wait for this thread's global stores of
-        the previous chunk: fp16 H1024 B256, 16-row chunks, 22.1 us a step, 15.3 with the fences split (sweep 11). The image copy names its destination by access_ptr with the extent written: shared
-        memory merging sizes each buffer by the accesses it sees, and a byte count is not one (an address_of
-        destination left the float32 staging buffer 16 bytes short, caught by compute-sanitizer memcheck)."""
+        the previous chunk: fp16 H1024 B256, 16-row chunks, 22.1 us a step, 15.3 with the fences split (sweep 11).
+        The image copy names its destination by access_ptr with the extent written: shared memory merging sizes
+        each buffer by the accesses it sees, and a byte count is not one (an address_of destination left the
+        float32 staging buffer 16 bytes short, caught by compute-sanitizer memcheck)."""
         if c < NCH:
             if IMAGE:
                 if lane == 0:
@@ -587,8 +587,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         4-way); float16 (8-byte stores, lanes = 4 rows x 4 column pairs) at NGU = 16 mod 32 (16-unit GRU
         blocks): column bit 3 ^ row bit 1 (rows r and r + 2 fell on the same banks). The gate math's reads
         (a warp = whole rows of UB units, rows sharing these row bits) stay conflict-free."""
-        if SIMT:
-            return T.bitwise_xor(col, (row // 4 % 2) * 4) if NGU % 8 == 0 else col
+        if SIMT:   # NGU is a multiple of 8 (units a multiple of 8): the chunk pairs stay inside the row
+            return T.bitwise_xor(col, (row // 4 % 2) * 4)
         if NGU % 32 == 16:
             return T.bitwise_xor(col, (row // 2 % 2) * 8)
         return col
@@ -622,7 +622,6 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                         *[acc[(mt * NN + nt) * 4 + 2 * h + e] for e in range(2)])
 
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
-
 
     @T.macro
     def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase):
@@ -662,13 +661,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     def product_cpu(hbuf, Rw, red, buf, d, g, c):
         """The same partial sums with serial loops (float32 products of the fp16 state and R)."""
         for w, row, col in T.grid(NW, MC, NGU):
-            red[(w * MC + row) * NGU + red_col(row, col)] = T.float32(0)
+            at = T.meta_var((w * MC + row) * NGU + red_col(row, col))
+            red[at] = T.float32(0)
             for k in T.serial(KW):
                 unit = T.meta_var(g * UB + col % UB)
                 kk = T.meta_var(w * KW + k)
                 if unit < H and kk < H:
-                    red[(w * MC + row) * NGU + red_col(row, col)] = red[(w * MC + row) * NGU + red_col(row, col)] + T.Cast(
-                        "float32", hbuf[hidx(buf, d, c * MC + row, kk)]) * T.Cast(
+                    red[at] = red[at] + T.Cast("float32", hbuf[hidx(buf, d, c * MC + row, kk)]) * T.Cast(
                         "float32", Rw[d, r_row(g, col), kk])
 
     def gate_sum(red, row, col):
