@@ -85,6 +85,11 @@ def test_geometry_and_argument_errors():
     assert "divide 64" in geo(pw.WgmmaRecConfig(24, 1), H=256)
     assert "gates x units <= 256" in geo(pw.WgmmaRecConfig(96, 1), H=256)
     assert pw.WgmmaRecConfig.of((8, 2)).knobs() == (8, 2)
+    assert "registers a thread > 240" in geo(pw.WgmmaRecConfig(64, 1), B=128, H=64, NG=1)   # RNN, 2 chunks
+    assert pw.default_config(2, 256, 8192, "cuda") is None                          # 2 x 512+ unit groups
+    assert "no warpgroup configuration fits" in pw.supported(2, 256, 8192, "float16", 1, resolve("cuda"))[1]
+    with pytest.raises(TvmseqError, match="no configuration fits"):
+        pw.persistent_wgmma_func(2, 256, 8192, "float16", "bidirectional", None, None, False, "cuda")
     assert pw.default_config(1, 256, 1024, "cuda") == pw.WgmmaRecConfig(16, 2)
     assert pw.default_config(2, 256, 1024, "cuda") == pw.WgmmaRecConfig(16, 1)
     with pytest.raises(TvmseqError, match="dtype must be float16"):
