@@ -15,17 +15,25 @@ from pathlib import Path
 
 # (D, B, H) -> [(units per block, warps, chunk rows, pipeline)]; the first is the default's pick
 SWEEP = {
-    # session 6, sweep 13: the grid barrier of a step as red.release + ld.acquire polling by one thread a block
-    # (kernels/grid_barrier.py) instead of cooperative_groups' grid.sync(); built twice (before / after), same run
-    (1, 64, 1024): [(16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2), (16, 8, 32, 0, 2)],
-    (1, 64, 512): [(16, 8, 16, 0, 4)],
-    (1, 64, 256): [(8, 8, 16, 0, 4, 0, 0, 1)],
-    (2, 64, 512): [(16, 8, 16, 1, 2)],
-    (1, 64, 512, "float32"): [(8, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)],
-    (2, 64, 512, "float32"): [(8, 8, 32, 0, 1, 0, 0, 0, 1, 1, 2)],
-    (1, 64, 256, "float32"): [(8, 8, 16, 0, 4, 0, 0, 1)],
-    (1, 64, 1024, "float32"): [(8, 16, 32, 0, 1, 0, 1)],
-    (1, 64, 256, "float32", "rnn"): [(8, 8, 16, 0, 4, 0, 0, 1)],
+    # session 7, sweep 14: cluster_sync (the step ends with a cluster barrier; one cluster = a batch group's unit
+    # groups, so H / units <= 16), against the database's grid-barrier picks (first of each list where there is one)
+    (1, 64, 256, "float32", "rnn"): [(8, 8, 16, 0, 4, 0, 0, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1),
+                                     (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1), (32, 8, 16, 0, 4, 0, 0, 1, 1, 1, 8, 1),
+                                     (32, 4, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1), (32, 8, 32, 0, 2, 0, 0, 1, 0, 0, 8, 1)],
+    (1, 8, 256, "float32", "rnn"): [(32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1), (16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1),
+                                    (32, 4, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1), (32, 8, 16, 0, 1, 0, 0, 1, 1, 1, 8, 1)],
+    (2, 64, 256, "float32", "rnn"): [(8, 8, 16, 0, 4, 0, 0, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1)],
+    (2, 8, 256, "float32", "rnn"): [(32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1)],
+    (1, 64, 256, "float32"): [(8, 8, 16, 0, 4, 0, 0, 1), (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1),
+                              (16, 8, 16, 0, 4, 0, 0, 1, 1, 1, 16, 1)],
+    (1, 8, 256, "float32"): [(16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1)],
+    (2, 64, 256, "float32"): [(16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1)],
+    (1, 64, 256): [(8, 8, 16, 0, 4, 0, 0, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1),
+                   (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1), (32, 8, 16, 0, 4, 0, 0, 1, 1, 1, 8, 1)],
+    (1, 8, 256): [(32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1)],
+    (1, 64, 512): [(16, 8, 16, 0, 4), (32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1), (32, 8, 16, 0, 4, 0, 0, 0, 1, 1, 16, 1),
+                   (32, 16, 16, 0, 4, 0, 0, 0, 1, 1, 16, 1)],
+    (1, 8, 512): [(32, 8, 16, 0, 1, 0, 0, 0, 1, 1, 16, 1)],
 }
 SEQ = 100
 
@@ -38,7 +46,7 @@ def sweep_key(key) -> tuple:
 
 def _name(D, B, H, cfg, dtype="float16", cell="gru"):
     return f"m_{cell}_{dtype[5:]}_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}p{cfg[3]}" + "".join(
-        f"{k}{v}" for k, v in zip("sfhebix", cfg[4:]))
+        f"{k}{v}" for k, v in zip("sfhebixl", cfg[4:]))
 
 
 # the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]

@@ -206,6 +206,23 @@ def test_cuda_codegen(D, B, H, cell):
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
 
 
+@needs_compiler
+@pytest.mark.parametrize("dtype,cell,knobs", [("float32", "rnn", (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1)),
+                                              ("float16", "gru", (32, 8, 16, 0, 4, 0, 0, 0, 1, 1, 8, 1))])
+def test_cluster_sync_codegen(dtype, cell, knobs):
+    """cluster_sync: the step ends with a cluster barrier, no grid barrier, and the launch is not cooperative (the
+    clusters are independent and need not all be resident); with the image layout the copies multicast."""
+    tgt = resolve("cuda")
+    cfg = pm.MmaConfig.of(knobs)
+    func = pm.persistent_mma_func(1, 64, 16 * cfg.units_per_block if cfg.cluster == 16 else 8 * cfg.units_per_block,
+                                  dtype, "forward", None, None, True, tgt, cfg, cell)
+    assert "tirx.kernel_launch_params" not in func.attrs
+    src = tvm.compile(tvm.IRModule({"k": func}), target=tgt).mod.imports[0].inspect_source()
+    assert "barrier.cluster.arrive.release" in src and "barrier.cluster.wait.acquire" in src
+    assert "grid().sync()" not in src
+    assert ("multicast::cluster" in src) == cfg.image
+
+
 def _dyn_shared_bytes(func, tgt) -> int:
     """Bytes of the merged dynamic shared memory allocation TVM gives the built kernel (its launch size)."""
     import re
@@ -303,6 +320,13 @@ GPU_CASES = [
     (1, 51, 256, "forward", "rnn", ("Relu",), None, True, (8, 8, 16, 0, 4, 0, 0, 1, 1), "float32"),  # bulk, early
     (1, 64, 512, "forward", "gru", None, None, True, (8, 8, 32, 0, 2, 0, 0, 0, 1, 1), "float32"),  # image
     (2, 47, 128, "bidirectional", "gru", None, 0.9, True, (8, 4, 16, 1, 2, 0, 0, 0, 1, 1, 2), "float32"),  # cluster
+    # cluster_sync: a cluster is a batch group's unit groups and a step ends with a cluster barrier (no grid barrier)
+    (1, 61, 250, "forward", "rnn", None, None, True, (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1), "float32"),  # 16 blocks
+    (2, 37, 256, "bidirectional", "rnn", ("Relu",), None, True, (32, 8, 16, 0, 2, 0, 0, 1, 0, 0, 8, 1), "float32"),
+    (2, 70, 200, "bidirectional", "gru", None, 0.9, True, (16, 8, 16, 1, 2, 0, 0, 0, 0, 0, 13, 1), "float32"),  # 13
+    (1, 7, 256, "reverse", "gru", None, None, True, (32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1)),   # batch 7
+    (1, 66, 500, "forward", "gru", None, None, True, (32, 8, 16, 0, 4, 0, 0, 0, 1, 1, 16, 1)),  # multicast to 16
+    (2, 90, 250, "bidirectional", "gru", None, None, False, (16, 8, 32, 1, 1, 0, 0, 0, 1, 1, 16, 1)),  # 3 chunks
 ]
 TOL32 = dict(rtol=1e-4, atol=2e-5)
 
@@ -410,7 +434,8 @@ def test_importer_picks_the_path_for_a_gpu_target(dtype, batch, path):
 def test_config_tuple_round_trip():
     """The compact config tuples of the sweeps, the tuning script and the GPU cases read back the same."""
     for knobs in [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 4, 16, 1, 2, 1), (8, 8, 32, 0, 1, 0, 1), (16, 8, 32, 1),
-                  (16, 8, 32, 0, 2, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 0, 1), (16, 8, 32, 1, 2, 0, 0, 1, 1, 1, 2)]:
+                  (16, 8, 32, 0, 2, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 0, 1), (16, 8, 32, 1, 2, 0, 0, 1, 1, 1, 2),
+                  (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1)]:
         assert pm.MmaConfig.of(knobs).knobs() == knobs
     assert pm.MmaConfig.of((8, 8, 64)) == pm.MmaConfig(8, 8, 64)
     assert pm.MmaConfig.of((8, 4, 16, 1, 2, 1)) == pm.MmaConfig(8, 4, 16, pipeline=True, batch_split=2, flags=True)
@@ -449,6 +474,14 @@ def test_geometry_and_argument_errors():
     assert "cluster must be one of (1, 2, 4)" in geo(pm.MmaConfig(8, 8, 32, bulk=True, image=True, cluster=8))
     assert "co-resident" in geo(pm.MmaConfig(16, 8, 32, False, 2, bulk=True, image=True, cluster=4), "float16", 1024)
     assert "do not split into clusters of 4" in geo(pm.MmaConfig(8, 8, 32, bulk=True, image=True, cluster=4), H=200)
+    # cluster_sync: the cluster must be exactly a batch group's unit groups (H / units of them), up to 16
+    assert "cluster_sync needs the cluster to be the 16 unit groups" in geo(pm.MmaConfig(16, 8, 32, cluster=8,
+                                                                                          cluster_sync=True))
+    assert "cluster_sync needs the cluster to be the 32 unit groups" in geo(pm.MmaConfig(8, 8, 32, cluster=32,
+                                                                                          cluster_sync=True))
+    assert "and no flags" in geo(pm.MmaConfig(16, 8, 32, flags=True, cluster=16, cluster_sync=True))
+    assert geo(pm.MmaConfig(16, 8, 32, cluster=16, cluster_sync=True)) is None      # no image needed
+    assert geo(pm.MmaConfig(32, 8, 16, cluster=8, cluster_sync=True), "float16") is None
     assert "shared memory per block" in geo(pm.MmaConfig(16, 8, 32), H=2048)   # a 48 x 2048 float32 R slice
     assert "192 W operands" in geo(pm.MmaConfig(32, 8, 32))                     # 48 gate rows a lane: spills
     assert "threads x" in geo(pm.MmaConfig(8, 64, 32), "float16", H=1024)      # 64 warps

@@ -80,6 +80,9 @@ _REG_OVERHEAD = 40
 # 64 in clusters of 4; 128 in clusters of 4 or 8 failed (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: the GPCs' SM
 # counts do not divide into them). Other sizes were not measured, so they are refused.
 CLUSTER_MAX_BLOCKS = {1: 1 << 30, 2: 128, 4: 64}
+# cluster_sync: clusters are independent (no cooperative launch); 16 is the H100's non-portable maximum, which the
+# TVM runtime opts into for a launch above 8 (any size up to it: a cluster need not be a power of two)
+CLUSTER_SYNC_MAX = 16
 SIMT_UNROLL = 16          # float32 product: k4 loops up to this many steps are unrolled
 _MAX_REGS = 224           # leave ptxas room under 255
 
@@ -114,6 +117,11 @@ class MmaConfig:
                      consecutive unit groups: each block copies 1/cluster of the regions and multicasts them to
                      every block of its cluster (L2 -> SM traffic / cluster); with several chunks a step, a
                      cluster barrier keeps a block from refilling a peer's slot before the peer has read it
+    cluster_sync:    end a step with a cluster barrier instead of the grid barrier: one cluster is the G blocks of a
+                     batch group (cluster == G, up to 16 blocks; G <= 16 means H <= 16 x units), whose rows depend
+                     on no other block, so clusters run independently, the launch is not cooperative, and the
+                     step's hand-off costs a cluster barrier (cluster-scope release/acquire of the state written to
+                     global memory) instead of a grid-wide one; with image, the state copies multicast over it
     early_gate won only at some shapes (H1024 B256 14.6 -> 13.9, RNN H256 B64 2.21 -> 2.10) and lost at others
     (H1024 B64 4.88 -> 5.04), so only the database turns it on; so do image and cluster (sweeps 10-12).
     """
@@ -129,11 +137,13 @@ class MmaConfig:
     bulk: bool = False
     image: bool = False
     cluster: int = 1
+    cluster_sync: bool = False
 
     # the compact form the sweeps, the tuning script and the GPU test cases write a config in: (units, warps,
-    # rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk[, image[, cluster]]]]]]]]), 0/1 switches
+    # rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk[, image[, cluster[, cluster_sync]]]]]]]]]),
+    # 0/1 switches
     _OPTIONAL = (("pipeline", False), ("batch_split", 1), ("flags", False), ("half_stage", False),
-                 ("early_gate", False), ("bulk", False), ("image", False), ("cluster", 1))
+                 ("early_gate", False), ("bulk", False), ("image", False), ("cluster", 1), ("cluster_sync", False))
 
     @classmethod
     def of(cls, knobs) -> "MmaConfig":
@@ -217,11 +227,15 @@ class MmaGeometry:
             return f"config {c}: bulk staging copies whole k halves (no half_stage)"
         if c.image and not c.bulk:
             return f"config {c}: the image layout is staged by bulk copies (bulk)"
-        if c.cluster not in CLUSTER_MAX_BLOCKS or (c.cluster > 1 and not c.image):
+        if c.cluster_sync:
+            if c.cluster != self.G or not 2 <= c.cluster <= CLUSTER_SYNC_MAX or c.flags:
+                return (f"config {c}: cluster_sync needs the cluster to be the {self.G} unit groups (2 to "
+                        f"{CLUSTER_SYNC_MAX} of them) and no flags")
+        elif c.cluster not in CLUSTER_MAX_BLOCKS or (c.cluster > 1 and not c.image):
             return f"config {c}: cluster must be one of {tuple(CLUSTER_MAX_BLOCKS)}, and > 1 only with the image layout"
         if self.G % c.cluster:
             return f"config {c}: {self.G} unit groups do not split into clusters of {c.cluster}"
-        if self.BLOCKS > CLUSTER_MAX_BLOCKS[c.cluster]:
+        if not c.cluster_sync and self.BLOCKS > CLUSTER_MAX_BLOCKS[c.cluster]:
             return (f"{self.BLOCKS} blocks in clusters of {c.cluster}: more than the "
                     f"{CLUSTER_MAX_BLOCKS[c.cluster]} measured to be co-resident (cooperative launch)")
         if self.HALF and (not self.SIMT or c.pipeline or self.KTW % 2):
@@ -394,6 +408,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     unroll = T.unroll if gpu else T.serial
     G3 = NG * H
     PARTS, KP, IMAGE, REGION, HALF, CS = geo.PARTS, geo.KP, geo.IMAGE, geo.REGION, geo.HALF, cfg.cluster
+    # MCS: blocks a state copy is multicast to (the image layout's copies; cluster_sync without image: none)
+    MCS, CSYNC = (CS if IMAGE else 1), cfg.cluster_sync
     # one half of the state double buffer (dtype): [D, Bp, Hp], or the staging image [D, NCH, NW, PARTS, MC, SROW]
     buf_words = D * Bp * (NW * PARTS * SROW if IMAGE else Hp)
 
@@ -496,10 +512,19 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     def proxy_fences(c):
         if c < BS:   # the first copy of a step: global and shared memory (one full fence measured faster than two)
             T.ptx["fence.proxy.async"]()
-        elif CS == 1:
+        elif MCS == 1:
             T.ptx["fence.proxy.async.shared::cta"]()
         else:   # the multicast writes into the peers' slots too (their reads: ordered by the cluster barrier)
             T.ptx["fence.proxy.async.shared::cluster"]()
+
+    @T.macro
+    def step_barrier():
+        """The end of a step (and of the seeding): every block that reads this block's state rows has them."""
+        if CSYNC:   # those are the blocks of this cluster; release/acquire at cluster scope covers global memory
+            T.ptx["barrier.cluster.arrive.release"]()
+            T.ptx["barrier.cluster.wait.acquire"]()
+        else:
+            T.cuda.grid_sync()
 
     @T.macro
     def stage_bulk(hbuf, stage, mbar, buf, d, c, slot, w, lane, part, rank):
@@ -522,9 +547,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 if lane == 0:
                     T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
                         T.address_of(mbar[(slot * NW + w) * PARTS + part]), T.uint32(MC * SROW * ESZ))
-                    if (w * PARTS + part) % CS == rank:
+                    if (w * PARTS + part) % MCS == rank:
                         proxy_fences(c)
-                        if CS == 1:
+                        if MCS == 1:
                             T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
                                 stage.access_ptr("w", offset=soff(slot, w, 0, part), extent=MC * SROW),
                                 T.address_of(hbuf[hidx(buf, d, c * MC, w * KW + part * KP)]),
@@ -534,7 +559,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                 stage.access_ptr("w", offset=soff(slot, w, 0, part), extent=MC * SROW),
                                 T.address_of(hbuf[hidx(buf, d, c * MC, w * KW + part * KP)]),
                                 T.uint32(MC * SROW * ESZ), T.address_of(mbar[(slot * NW + w) * PARTS + part]),
-                                T.uint16((1 << CS) - 1))
+                                T.uint16((1 << MCS) - 1))
             else:
                 if lane == 0:
                     T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
@@ -776,7 +801,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   T.ptx["mbarrier.init.shared::cta.b64"](
                                       T.address_of(mbar[(slot * NW + t // 32) * PARTS + part]), T.uint32(1))
                               T.ptx["fence.mbarrier_init.release.cluster"]()
-                          if CS > 1:   # every block's barriers initialised before any peer multicasts into it
+                          if MCS > 1:   # every block's barriers initialised before any peer multicasts into it
                               T.ptx["barrier.cluster.arrive.release"]()
                               T.ptx["barrier.cluster.wait.acquire"]()
                       if FLAGS:
@@ -784,7 +809,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                               flags[(d * BS + q) * G + g] = 0
                       if EARLY:
                           prefetch(GI, RbH, Lens, gi, d, g, t, 0, q, seq)
-                      T.cuda.grid_sync()
+                      step_barrier()
                       for s in T.serial(seq):
                           if FLAGS:
                               wait_producers(flags, d, q, t // 32, s)
@@ -793,7 +818,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                           for ci in T.serial(NCB):
                               if not EARLY:
                                   prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                              if CS > 1:   # the slot refilled next was read by chunk ci - 1: every peer is done
+                              if MCS > 1:   # the slot refilled next was read by chunk ci - 1: every peer is done
                                   if ci > 0:
                                       T.ptx["barrier.cluster.wait.acquire"]()
                               stage_gpu(hbuf, stage, mbar, s % 2, d, q + (ci + SLOTS - 1) * BS, (ci + SLOTS - 1) % SLOTS,
@@ -805,7 +830,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                                ci % SLOTS, t // 32, t % 32, rank, phase)
                               else:
                                   product_gpu(stage, mbar, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32, phase)
-                              if CS > 1:
+                              if MCS > 1:
                                   if ci < NCB - 1:
                                       T.ptx["barrier.cluster.arrive.release"]()
                               T.tvm_storage_sync("shared")
@@ -820,7 +845,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                                               T.address_of(flags[(d * BS + q) * G + g]), s + 1,
                                                               source_code=_PUBLISH_SRC))
                           else:
-                              T.cuda.grid_sync()
+                              step_barrier()
                       final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
         else:
             red = T.alloc_buffer((NW * MC * NGU,), "float32")
@@ -838,4 +863,4 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             for d, g, q, t in T.grid(D, G, BS, NT):
                 final_state(Yh, Lens, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
 
-    return rg.scheduled(main, f"{cell}_recurrence_mma", cooperative=gpu)
+    return rg.scheduled(main, f"{cell}_recurrence_mma", cooperative=gpu and not CSYNC)
