@@ -15,12 +15,18 @@ from pathlib import Path
 # session 5: the mma kernel's best tile (bk 64) against 64 x 64 warp tiles (4 warps), fewer ldmatrix an mma; then
 # (tcproj6) the best three again after the epilogue's float2 stores
 # (session 4's list: git log; its results: artifacts/bench/tc_projection_sweep.json)
-SHAPES = [(1, 64, 1024), (1, 256, 1024), (2, 37, 1024)]   # batch 37: a partial row tile
+# session 7: the TMA + warp-specialized kernel (kernels/projection_tma.py) against the warpgroup kernel's picks
+SHAPES = [(1, 64, 1024), (1, 256, 1024), (2, 256, 1024), (2, 37, 1024), (1, 256, 512)]   # batch 37: a partial tile
 TILES = []   # wmma rule (warps_m, frags_m, warps_n, frags_n, k_frags)
 # hand-scheduled mma.sync kernel (bm, bn, bk, warps_m, warps_n, stages)
 MMA_TILES = []
 # warpgroup kernel (kernels/projection_wgmma.py): (bm, bn, stages)
-WGMMA_TILES = [(128, 128, 3), (128, 128, 4, 1), (128, 128, 3, 1), (128, 256, 4, 1), (128, 128, 5, 1)]
+WGMMA_TILES = [(128, 128, 3), (128, 256, 4, 1)]
+# TMA + warp-specialized kernel (kernels/projection_tma.py): (bm, bn, stages)
+# (bm, bn, stages); tcproj10: best (256, 128, 4) at 0.70-0.77x cuBLAS, 4-5% ahead of the warpgroup kernel at H1024
+# B64-256 (uni and bi), behind it at bi B37 and H512 B256. A persistent tile loop (132 blocks; the producer loading
+# the next tile's stages during the stores) measured slower still in tcproj11 (0.40-0.52 ms at B256) and was dropped
+TMA_TILES = [(128, 256, 4), (128, 256, 3), (128, 128, 4), (128, 128, 6), (192, 256, 3), (256, 128, 4), (64, 256, 6)]
 SEQ = 100
 
 
@@ -35,6 +41,7 @@ def build(out: Path):
     from tvmseq.kernels import gru
     from tvmseq.kernels import input_projection as ip
     from tvmseq.kernels import projection_mma as pmm
+    from tvmseq.kernels import projection_tma as ptm
     from tvmseq.kernels import projection_wgmma as pwg
     from tvmseq.targets import resolve
 
@@ -63,7 +70,8 @@ def build(out: Path):
         # the hand-scheduled kernels: (kind, tiles, tile class, supports, prim_func builder)
         for kind, tiles, Tile, supports, make in (
                 ("mma", MMA_TILES, pmm.MmaGemmTile, pmm.supports, pmm.projection_mma_func),
-                ("wgmma", WGMMA_TILES, pwg.WgmmaTile, pwg.supports, pwg.projection_wgmma_func)):
+                ("wgmma", WGMMA_TILES, pwg.WgmmaTile, pwg.supports, pwg.projection_wgmma_func),
+                ("tma", TMA_TILES, ptm.TmaTile, ptm.supports, ptm.projection_tma_func)):
             for tile in tiles:
                 t = Tile(*tile)
                 if supports(3 * H, H, t) or t.smem_bytes() > 227 * 1024:
