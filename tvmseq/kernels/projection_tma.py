@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import TvmseqError
-from .projection_wgmma import ATOM, BK, align_offset, encode_descriptor, mma_async
+from .projection_wgmma import ATOM, BK, align_offset, warpgroup_tile_macros
 
 SWIZZLE_128B_MAP = 3        # CU_TENSOR_MAP_SWIZZLE_128B
 L2_PROMOTION_128B = 2       # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
@@ -83,6 +83,7 @@ def projection_tma_func(D: int, N: int, K: int, gpu: bool = True, tile: TmaTile 
     A_ELEMS, B_ELEMS = BM * BK, BN * BK
     STAGE = A_ELEMS + B_ELEMS          # halfs a stage (a multiple of 512 halfs = 1 KB)
     unroll = T.unroll
+    k_slice, store_rows = warpgroup_tile_macros(BN)
 
     def tma_load(smem, offset, extent, tmap, k, row, bar):
         return T.ptx["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"](
@@ -139,31 +140,20 @@ def projection_tma_func(D: int, N: int, K: int, gpu: bool = True, tile: TmaTile 
                                                         kt * BK, bz * N + by * BN, full[kt % S]))
                         else:
                             wg = T.meta_var(t // 128 - 1)
-                            lane = T.meta_var(t % 32)
                             for v in unroll(ACC):
                                 acc[v] = T.float32(0)
                             for kt in T.serial(KT):
                                 T.evaluate(T.cuda.mbarrier_wait(T.address_of(full[kt % S]), kt // S % 2))
                                 T.ptx["wgmma.fence.sync.aligned"]()
-                                for kk in unroll(BK // 16):
-                                    encode_descriptor(da, T.address_of(smem[base + kt % S * STAGE + wg * 64 * BK
-                                                                            + kk * 16]))
-                                    encode_descriptor(db, T.address_of(smem[base + kt % S * STAGE + A_ELEMS
-                                                                            + kk * 16]))
-                                    T.evaluate(mma_async(BN, acc, da, db, kt * 4 + kk > 0))
+                                k_slice(smem, acc, da, db, base + kt % S * STAGE + wg * 64 * BK,
+                                        base + kt % S * STAGE + A_ELEMS, kt)
                                 T.ptx["wgmma.commit_group.sync.aligned"]()
                                 T.ptx["wgmma.wait_group.sync.aligned"](1)
                                 if kt > 0:   # slice kt - 1's wgmmas have retired: its stage is free
                                     if t % 128 == 0:
                                         T.ptx["mbarrier.arrive.shared::cta.b64"](T.address_of(empty[(kt - 1) % S]))
                             T.ptx["wgmma.wait_group.sync.aligned"](0)
-                            for j in unroll(BN // 8):
-                                for h in unroll(2):
-                                    r = T.meta_var(bx * BM + wg * 64 + (t % 128) // 32 * 16 + lane // 4 + 8 * h)
-                                    n = T.meta_var(by * BN + j * 8 + (lane % 4) * 2)
-                                    if r < rows:
-                                        GateI[bz, r, T.ramp(n, 1, 2)] = (acc[T.ramp(j * 4 + 2 * h, 1, 2)]
-                                                                         + Bias[bz, T.ramp(n, 1, 2)])
+                            store_rows(GateI, Bias, acc, bz, bx * BM + wg * 64, by * BN, rows, t)
 
     return main.with_attrs({"tirx.is_scheduled": True, "global_symbol": "gru_input_projection",
                             "tirx.noalias": True})

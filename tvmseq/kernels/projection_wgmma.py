@@ -55,6 +55,34 @@ def align_offset(smem):
     return (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM) % ATOM // 2
 
 
+def warpgroup_tile_macros(BN: int):
+    """(k_slice, store_rows): the TIR macros a 64 x BN warpgroup tile of the projection is made of, shared by this
+    kernel and `projection_tma`.
+      k_slice(smem, acc, da, db, a_off, b_off, kt): the four m64nBNk16 wgmmas of k slice kt, A (64 rows) and B (BN
+        gate rows) from the 128-byte-swizzled tiles at half offsets a_off and b_off; slice 0 overwrites acc.
+      store_rows(GateI, Bias, acc, d, row0, n0, rows, t): the accumulators (the m16n8 C-fragment layout per 8
+        columns) plus the bias into gate_i rows [row0, row0 + 64) < rows, columns [n0, n0 + BN), as column pairs."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def k_slice(smem, acc, da, db, a_off, b_off, kt):
+        for kk in T.unroll(BK // 16):
+            encode_descriptor(da, T.address_of(smem[a_off + kk * 16]))
+            encode_descriptor(db, T.address_of(smem[b_off + kk * 16]))
+            T.evaluate(mma_async(BN, acc, da, db, kt * 4 + kk > 0))
+
+    @T.macro
+    def store_rows(GateI, Bias, acc, d, row0, n0, rows, t):
+        for j in T.unroll(BN // 8):
+            for h in T.unroll(2):
+                r = T.meta_var(row0 + (t % 128) // 32 * 16 + t % 32 // 4 + 8 * h)
+                n = T.meta_var(n0 + j * 8 + (t % 4) * 2)
+                if r < rows:
+                    GateI[d, r, T.ramp(n, 1, 2)] = acc[T.ramp(j * 4 + 2 * h, 1, 2)] + Bias[d, T.ramp(n, 1, 2)]
+
+    return k_slice, store_rows
+
+
 @dataclass(frozen=True)
 class WgmmaTile:
     bm: int = 128      # rows per block: 64 per consumer warpgroup
@@ -106,6 +134,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     A_ELEMS, B_ELEMS = BM * ROW, BN * ROW
     STAGE = A_ELEMS + B_ELEMS          # halfs a stage (a multiple of 512 halfs = 1 KB)
     unroll = T.unroll
+    k_slice, store_rows = warpgroup_tile_macros(BN)
 
     def swz(r, c):
         """half offset of 16-byte chunk c of row r inside a 1 KB-aligned tile."""
@@ -144,7 +173,6 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                         da = T.alloc_buffer((1,), "uint64", scope="local")
                         db = T.alloc_buffer((1,), "uint64", scope="local")
                         wg = T.meta_var(t // 128)
-                        lane = T.meta_var(t % 32)
                         off = T.alloc_buffer((1,), "int32", scope="local")
                         off[0] = align_offset(smem)
                         base = T.meta_var(off[0])
@@ -158,20 +186,12 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                             T.tvm_storage_sync("shared")
                             load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, kt + P, (kt + P) % S, t)
                             T.ptx["wgmma.fence.sync.aligned"]()
-                            for kk in unroll(BK // 16):
-                                encode_descriptor(da, T.address_of(smem[base + kt % S * STAGE + wg * 64 * ROW + kk * 16]))
-                                encode_descriptor(db, T.address_of(smem[base + kt % S * STAGE + A_ELEMS + kk * 16]))
-                                T.evaluate(mma_async(BN, acc, da, db, kt * 4 + kk > 0))
+                            k_slice(smem, acc, da, db, base + kt % S * STAGE + wg * 64 * ROW,
+                                    base + kt % S * STAGE + A_ELEMS, kt)
                             T.ptx["wgmma.commit_group.sync.aligned"]()
                             T.ptx["wgmma.wait_group.sync.aligned"](LIVE)
                         T.ptx["wgmma.wait_group.sync.aligned"](0)
-                        for j in unroll(BN // 8):
-                            for h in unroll(2):
-                                r = T.meta_var(bx * BM + wg * 64 + (t % 128) // 32 * 16 + lane // 4 + 8 * h)
-                                n = T.meta_var(by * BN + j * 8 + (lane % 4) * 2)
-                                if r < rows:
-                                    GateI[bz, r, T.ramp(n, 1, 2)] = (acc[T.ramp(j * 4 + 2 * h, 1, 2)]
-                                                                     + Bias[bz, T.ramp(n, 1, 2)])
+                        store_rows(GateI, Bias, acc, bz, bx * BM + wg * 64, by * BN, rows, t)
 
     return main.with_attrs({"tirx.is_scheduled": True, "global_symbol": "gru_input_projection",
                             "tirx.noalias": True})
