@@ -2,7 +2,8 @@
 # Session 7 on the H100, runtime-only TVM (carry .gpu and the out/ payloads built here):
 #   bash scripts/gpu_session7.sh A   cluster_sync GPU cases (out/pmma) + sanitizers on them, the TMA projection
 #                                    sweep (out/tcproj10), the RNN bench (out/prnn7)
-#   bash scripts/gpu_session7.sh F   final: GPU cases (out/pmma, out/pwg, out/ptma), the GRU grid x RUNS (out/$PGRU)
+#   bash scripts/gpu_session7.sh B   the TMA projection's GPU cases (out/ptma) + memcheck, racecheck of two cluster_sync
+#                                    cases (three did not finish in 150 s under racecheck)
 # Results come back under $OUT.
 set +e
 PART=${1:-A}
@@ -22,7 +23,13 @@ if [ "$PART" = A ]; then
   timeout 100 compute-sanitizer --tool memcheck --print-limit 20 env TVMSEQ_PMMA_PREBUILT=out/pmma python3 -m pytest \
     -q -m gpu tests/test_persistent_mma.py -k "$CS_CASES" -p no:cacheprovider > $RES/cs_memcheck.log 2>&1
   echo "== memcheck rc=$?"; grep -E "SUMMARY|passed|failed" $RES/cs_memcheck.log | tail -3
-  timeout 150 compute-sanitizer --tool racecheck --print-limit 20 env TVMSEQ_PMMA_PREBUILT=out/pmma python3 -m pytest \
-    -q -m gpu tests/test_persistent_mma.py -k "h256_b7_ or h250_b61 or h256_b37" -p no:cacheprovider > $RES/cs_racecheck.log 2>&1
+elif [ "$PART" = B ]; then
+  TVMSEQ_PTMA_PREBUILT=out/ptma timeout 100 python3 -m pytest -q -m gpu tests/test_projection_tma.py \
+    -p no:cacheprovider 2>&1 | tail -2
+  timeout 100 compute-sanitizer --tool memcheck --print-limit 10 env TVMSEQ_PTMA_PREBUILT=out/ptma python3 -m pytest \
+    -q -m gpu tests/test_projection_tma.py -p no:cacheprovider > $RES/ptma_memcheck.log 2>&1
+  echo "== memcheck rc=$?"; grep -E "SUMMARY|passed|failed" $RES/ptma_memcheck.log | tail -2
+  timeout 300 compute-sanitizer --tool racecheck --print-limit 20 env TVMSEQ_PMMA_PREBUILT=out/pmma python3 -m pytest \
+    -q -m gpu tests/test_persistent_mma.py -k "h256_b7_ or h250_b61" -p no:cacheprovider > $RES/cs_racecheck.log 2>&1
   echo "== racecheck rc=$?"; grep -E "SUMMARY|passed|failed" $RES/cs_racecheck.log | tail -3
 fi

@@ -801,7 +801,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   T.ptx["mbarrier.init.shared::cta.b64"](
                                       T.address_of(mbar[(slot * NW + t // 32) * PARTS + part]), T.uint32(1))
                               T.ptx["fence.mbarrier_init.release.cluster"]()
-                          if MCS > 1:   # every block's barriers initialised before any peer multicasts into it
+                          # every block's barriers initialised before any peer multicasts into it (with cluster_sync
+                          # the step barrier below, itself a cluster barrier, already sees to that)
+                          if MCS > 1 and not CSYNC:
                               T.ptx["barrier.cluster.arrive.release"]()
                               T.ptx["barrier.cluster.wait.acquire"]()
                       if FLAGS:
