@@ -7,7 +7,9 @@ staging) by measurement, and record the winners in schedules/measured/persistent
   tvmseq tune persistent_mma merge out/pmma_sweep/results.json  # here: winners -> the database
 
 The variants per (D, B, H) are scripts/pmma_sweep.py's SWEEP (the rule's pick is added where missing). A winner
-replaces the rule's pick only when >= 3% faster. The results file may hold several runs (artifacts/bench/pmma_sweep.json
+replaces the rule's pick only when >= 3% faster. Below the kernel's batch floors (16 in float16, 32 in float32) the
+rival is the SIMT engine instead (scripts/pmma_sweep.py build-engine times it at those shapes): an entry there, with
+the engine as its model_config, makes the importer route that exact shape to this kernel. The results file may hold several runs (artifacts/bench/pmma_sweep.json
 holds all sweeps, oldest first): a config timed again counts with its newest time, since the kernel changed between
 sweeps (session 6, sweep 12: every config re-timed after the partial-sum stores changed).
 """
@@ -47,19 +49,30 @@ def run(out: Path) -> None:
     pmma_sweep.run(out)
 
 
+def _rival(key: dict) -> dict:
+    """What a winner must beat: below the batch floors the SIMT engine (the importer's path there), else the
+    rules' pick."""
+    from tvmseq.kernels import persistent_mma as pm
+
+    floor = pm.SIMT_MIN_BATCH if key["dtype"] == "float32" else pm.MMA_MIN_BATCH
+    if key["B"] < floor:
+        return pm.ENGINE_PICK
+    return dataclasses.asdict(_model_pick(key["D"], key["B"], key["H"], key["cell"], key["dtype"]))
+
+
 def merge(results: Path) -> None:
-    from tvmseq.kernels.persistent_mma import MmaConfig
+    from tvmseq.kernels.persistent_mma import ENGINE_PICK, MmaConfig
     from tvmseq.tune import measured
 
     newest = {}   # the kernel changes between sweeps: a config's newest timing (rows are in run order) counts
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step"):
             key = dict(D=r["D"], B=r["B"], H=r["H"], cell=r.get("cell", "gru"), dtype=r.get("dtype", "float16"))
-            config = dataclasses.asdict(MmaConfig.of(r["config"]))
+            engine = r.get("kernel") == "persistent_gru"   # the SIMT engine's rows (scripts/pmma_sweep.py build-engine)
+            config = ENGINE_PICK if engine else dataclasses.asdict(MmaConfig.of(r["config"]))
             newest[json.dumps([key, config], sort_keys=True)] = dict(key=key, config=config, us=r["us_step"])
     trials = list(newest.values())
-    measured.merge("persistent_mma", trials,
-                   lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["cell"], k["dtype"])),
+    measured.merge("persistent_mma", trials, _rival,
                    source=f"{results}: CUDA-event time per step, recurrence only (seq 100)")
 
 

@@ -2,6 +2,7 @@
 
   python3 scripts/pmma_sweep.py build out/pmma_sweep [float32]  # here (compiler); or `tvmseq tune persistent_mma`
   python3 scripts/pmma_sweep.py build-wg out/pwg_sweep  # here: the warpgroup kernel's variants (WG_SWEEP)
+  python3 scripts/pmma_sweep.py build-engine out/peng   # here: the SIMT engine at ENGINE_SWEEP's shapes
   python3 scripts/pmma_sweep.py run out/pmma_sweep      # GPU machine (runtime + torch)
 
 Each variant is checked against a float64 GRU (torch on the GPU) and its recurrence timed alone (seq 100,
@@ -15,25 +16,32 @@ from pathlib import Path
 
 # (D, B, H) -> [(units per block, warps, chunk rows, pipeline)]; the first is the default's pick
 SWEEP = {
-    # session 7, sweep 14: cluster_sync (the step ends with a cluster barrier; one cluster = a batch group's unit
-    # groups, so H / units <= 16), against the database's grid-barrier picks (first of each list where there is one)
-    (1, 64, 256, "float32", "rnn"): [(8, 8, 16, 0, 4, 0, 0, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1),
-                                     (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1), (32, 8, 16, 0, 4, 0, 0, 1, 1, 1, 8, 1),
-                                     (32, 4, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1), (32, 8, 32, 0, 2, 0, 0, 1, 0, 0, 8, 1)],
-    (1, 8, 256, "float32", "rnn"): [(32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1), (16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1),
-                                    (32, 4, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1), (32, 8, 16, 0, 1, 0, 0, 1, 1, 1, 8, 1)],
-    (2, 64, 256, "float32", "rnn"): [(8, 8, 16, 0, 4, 0, 0, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1)],
-    (2, 8, 256, "float32", "rnn"): [(32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1)],
-    (1, 64, 256, "float32"): [(8, 8, 16, 0, 4, 0, 0, 1), (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1),
-                              (16, 8, 16, 0, 4, 0, 0, 1, 1, 1, 16, 1)],
-    (1, 8, 256, "float32"): [(16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1)],
-    (2, 64, 256, "float32"): [(16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1)],
-    (1, 64, 256): [(8, 8, 16, 0, 4, 0, 0, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1),
-                   (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1), (32, 8, 16, 0, 4, 0, 0, 1, 1, 1, 8, 1)],
-    (1, 8, 256): [(32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1)],
-    (1, 64, 512): [(16, 8, 16, 0, 4), (32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1), (32, 8, 16, 0, 4, 0, 0, 0, 1, 1, 16, 1),
-                   (32, 16, 16, 0, 4, 0, 0, 0, 1, 1, 16, 1)],
-    (1, 8, 512): [(32, 8, 16, 0, 1, 0, 0, 0, 1, 1, 16, 1)],
+    # session 8, sweep 15: dsmem (the new state pushed straight into every cluster peer's staging slot, no global
+    # round trip) against sweep 14's best cluster_sync configs (first of each list where there is one; sweep 14's
+    # lists are in artifacts/bench/pmma_sweep.json; run sweep15b added the rules' picks of the two bidirectional
+    # batch-64 shapes, which no sweep had timed)
+    (1, 64, 256, "float32", "rnn"): [(16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1), (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1),
+                                     (16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1, 1),
+                                     (32, 4, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1, 1)],
+    (1, 8, 256, "float32", "rnn"): [(16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1), (16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1, 1),
+                                    (32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1, 1), (32, 4, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1, 1)],
+    (1, 1, 256, "float32", "rnn"): [(16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1, 1), (32, 4, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1, 1)],
+    (2, 64, 256, "float32", "rnn"): [(8, 8, 32, 0, 2), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1, 1),
+                                     (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1)],
+    (2, 8, 256, "float32", "rnn"): [(32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1, 1), (16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1, 1)],
+    (1, 64, 256, "float32"): [(8, 8, 16, 0, 4, 0, 0, 1), (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1),
+                              (16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1), (16, 4, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1)],
+    (1, 8, 256, "float32"): [(16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1, 1)],
+    (2, 64, 256, "float32"): [(16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1)],
+    (1, 64, 256): [(16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1), (16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1),
+                   (32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 8, 1, 1), (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1)],
+    (1, 8, 256): [(32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1), (32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1, 1),
+                  (16, 8, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)],
+    (1, 1, 256): [(16, 8, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)],
+    (2, 64, 256): [(8, 8, 32, 0, 2), (16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1), (32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 8, 1, 1)],
+    (1, 64, 512): [(16, 8, 16, 0, 4), (32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1)],
+    (1, 8, 512): [(32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)],
+    (2, 64, 512): [(32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1)],
 }
 SEQ = 100
 
@@ -46,7 +54,7 @@ def sweep_key(key) -> tuple:
 
 def _name(D, B, H, cfg, dtype="float16", cell="gru"):
     return f"m_{cell}_{dtype[5:]}_d{D}_b{B}_h{H}_u{cfg[0]}w{cfg[1]}c{cfg[2]}p{cfg[3]}" + "".join(
-        f"{k}{v}" for k, v in zip("sfhebixl", cfg[4:]))
+        f"{k}{v}" for k, v in zip("sfhebixld", cfg[4:]))
 
 
 # the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
@@ -62,9 +70,22 @@ WG_SWEEP = {
     (1, 256, 256): [(8, 4), (16, 4)],
 }
 
+# the SIMT engine (kernels/persistent_gru.py, its default config) at the small batches where sweep 15 times the
+# staged-state kernel with dsmem: the importer may route those to it only where both were timed in one process
+ENGINE_SWEEP = {key: [()] for key in [(1, 8, 256, "float32", "rnn"), (1, 1, 256, "float32", "rnn"),
+                                      (2, 8, 256, "float32", "rnn"), (1, 8, 256, "float32"), (1, 8, 256),
+                                      (1, 1, 256), (1, 8, 512)]}
+
+
+class _EngineFits:
+    @staticmethod
+    def check(facts):
+        return None
+
 
 def _families():
     """kernel -> (geometry check, prim_func factory, config of a knob tuple, variant name)."""
+    from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import persistent_mma as pm
     from tvmseq.kernels import persistent_wgmma as pw
 
@@ -76,6 +97,10 @@ def _families():
                              pw.persistent_wgmma_func, pw.WgmmaRecConfig.of,
                              lambda D, B, H, cfg, dtype, cell: f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}"
                              + "".join(f"k{v}" for v in cfg[2:])),
+        "persistent_gru": (lambda D, B, H, dtype, cell, cfg: _EngineFits(),
+                           lambda D, B, H, dtype, direction, acts, clip, lens, tgt, cfg, cell: pg.persistent_gru_func(
+                               D, B, H, dtype, 1, direction, acts, clip, lens, tgt, None, cell=cell),
+                           lambda knobs: None, lambda D, B, H, cfg, dtype, cell: f"p_{cell}_{dtype[5:]}_d{D}_b{B}_h{H}"),
     }
 
 
@@ -90,7 +115,8 @@ def build(out: Path, sweep: dict | None = None, kernel: str = "persistent_mma"):
     tgt = resolve("cuda")
     out.mkdir(parents=True, exist_ok=True)
     funcs, index = {}, []
-    for key, cfgs in (sweep or (SWEEP if kernel == "persistent_mma" else WG_SWEEP)).items():
+    default = {"persistent_mma": SWEEP, "persistent_wgmma": WG_SWEEP, "persistent_gru": ENGINE_SWEEP}[kernel]
+    for key, cfgs in (sweep or default).items():
         D, B, H, dtype, cell = sweep_key(key)
         for cfg in cfgs:
             why = geometry(D, B, H, dtype, cell, config_of(cfg)).check(rg.gpu_facts(tgt))
@@ -175,5 +201,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "build" and len(sys.argv) > 3:   # build DIR DTYPE|rnn: only that dtype's (cell's) shapes
         build(Path(sys.argv[2]), {k: v for k, v in SWEEP.items() if sys.argv[3] in (*k, "float16")[3:]})
     else:
-        {"build": build, "build-wg": lambda out: build(out, kernel="persistent_wgmma"), "run": run}[sys.argv[1]](
+        {"build": build, "build-wg": lambda out: build(out, kernel="persistent_wgmma"),
+         "build-engine": lambda out: build(out, kernel="persistent_gru"), "run": run}[sys.argv[1]](
             Path(sys.argv[2]))

@@ -188,3 +188,33 @@ def test_persistent_mma_merge_counts_a_configs_newest_timing(tmp_path, monkeypat
     monkeypatch.setattr(measured, "merge", lambda *a, **k: original(*a, **dict(k, root=tmp_path)))
     tune.merge(results)
     assert json.loads((tmp_path / "persistent_mma.json").read_text())["entries"] == []
+
+
+def test_persistent_mma_small_batch_entries_beat_the_simt_engine(tmp_path, monkeypatch):
+    """Below the staged-state kernel's batch floor its rival is the SIMT engine (rows of kernel persistent_gru): an
+    entry is written only where the kernel beat the engine by 3%, with the engine as its model_config, and that
+    entry alone routes the shape to the kernel (persistent_mma.supported); without it, batch 8 stays refused."""
+    from tvmseq.kernels import persistent_mma as pm
+
+    tune = _script("tune_persistent_mma")
+    knobs = (16, 8, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)
+    row = lambda B, us, kernel="persistent_mma", config=knobs: dict(  # noqa: E731
+        D=1, B=B, H=256, dtype="float16", cell="gru", kernel=kernel, config=list(config), us_step=us, ok=True)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([row(8, 3.0, "persistent_gru", ()), row(8, 1.9),        # beats the engine
+                                   row(1, 1.28, "persistent_gru", ()), row(1, 1.41)]))    # the engine wins
+    original = measured.merge
+    monkeypatch.setattr(measured, "merge", lambda *a, **k: original(*a, **dict(k, root=tmp_path)))
+    tune.merge(results)
+    (entry,) = json.loads((tmp_path / "persistent_mma.json").read_text())["entries"]
+    assert entry["key"]["B"] == 8 and entry["model_config"] == pm.ENGINE_PICK and entry["model_us"] == 3.0
+    assert pm.MmaConfig(**entry["config"]).knobs() == knobs
+    monkeypatch.setattr(measured, "DIR", tmp_path)
+    measured._table.cache_clear()
+    try:
+        ok, why = pm.supported(1, 8, 256, "float16", 1, "cuda")
+        assert ok and "dsmem=True" in why
+        assert pm.supported(1, 1, 256, "float16", 1, "cuda") == (False, "batch 1 < 16: the SIMT engine is faster there")
+        assert not pm.beats_engine(1, 8, 256, "gru", "float16", "llvm")     # CPU targets never route here
+    finally:
+        measured._table.cache_clear()

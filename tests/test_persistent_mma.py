@@ -208,10 +208,13 @@ def test_cuda_codegen(D, B, H, cell):
 
 @needs_compiler
 @pytest.mark.parametrize("dtype,cell,knobs", [("float32", "rnn", (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1)),
-                                              ("float16", "gru", (32, 8, 16, 0, 4, 0, 0, 0, 1, 1, 8, 1))])
+                                              ("float16", "gru", (32, 8, 16, 0, 4, 0, 0, 0, 1, 1, 8, 1)),
+                                              ("float32", "gru", (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1)),
+                                              ("float16", "rnn", (32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 8, 1, 1))])
 def test_cluster_sync_codegen(dtype, cell, knobs):
     """cluster_sync: the step ends with a cluster barrier, no grid barrier, and the launch is not cooperative (the
-    clusters are independent and need not all be resident); with the image layout the copies multicast."""
+    clusters are independent and need not all be resident); with the image layout the copies multicast; with
+    dsmem the state goes to the peers by remote shared-memory stores and nothing is copied from global memory."""
     tgt = resolve("cuda")
     cfg = pm.MmaConfig.of(knobs)
     func = pm.persistent_mma_func(1, 64, 16 * cfg.units_per_block if cfg.cluster == 16 else 8 * cfg.units_per_block,
@@ -221,6 +224,8 @@ def test_cluster_sync_codegen(dtype, cell, knobs):
     assert "barrier.cluster.arrive.release" in src and "barrier.cluster.wait.acquire" in src
     assert "grid().sync()" not in src
     assert ("multicast::cluster" in src) == cfg.image
+    assert ("st.shared::cluster" in src and "mapa.shared::cluster" in src) == cfg.dsmem
+    assert ("cp.async" not in src) == cfg.dsmem
 
 
 def _dyn_shared_bytes(func, tgt) -> int:
@@ -327,6 +332,15 @@ GPU_CASES = [
     (1, 7, 256, "reverse", "gru", None, None, True, (32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1)),   # batch 7
     (1, 66, 500, "forward", "gru", None, None, True, (32, 8, 16, 0, 4, 0, 0, 0, 1, 1, 16, 1)),  # multicast to 16
     (2, 90, 250, "bidirectional", "gru", None, None, False, (16, 8, 32, 1, 1, 0, 0, 0, 1, 1, 16, 1)),  # 3 chunks
+    # dsmem: the new state pushed into every cluster peer's staging slot (no global round trip)
+    (1, 61, 250, "reverse", "rnn", None, None, True, (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1), "float32"),
+    (2, 39, 256, "bidirectional", "rnn", ("Relu",), 0.7, True, (32, 4, 16, 0, 3, 0, 0, 0, 0, 0, 8, 1, 1), "float32"),
+    (2, 29, 200, "bidirectional", "gru", None, 0.9, True, (16, 8, 16, 0, 2, 0, 0, 1, 0, 0, 13, 1, 1), "float32"),
+    (1, 1, 256, "forward", "rnn", None, None, False, (16, 8, 16, 0, 1, 0, 0, 1, 0, 0, 16, 1, 1), "float32"),  # batch 1
+    (1, 64, 256, "forward", "gru", None, None, True, (16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1)),
+    (1, 7, 250, "reverse", "gru", ("HardSigmoid", "Softsign"), None, True, (32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1, 1)),
+    (2, 50, 500, "bidirectional", "gru", None, 1.1, True, (32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1)),  # padded k
+    (1, 23, 136, "forward", "rnn", ("Relu",), None, False, (16, 4, 32, 0, 1, 0, 0, 0, 0, 0, 9, 1, 1)),   # 32-row chunk
 ]
 TOL32 = dict(rtol=1e-4, atol=2e-5)
 
@@ -435,7 +449,7 @@ def test_config_tuple_round_trip():
     """The compact config tuples of the sweeps, the tuning script and the GPU cases read back the same."""
     for knobs in [(8, 8, 64, 0), (8, 8, 32, 0, 2), (8, 4, 16, 1, 2, 1), (8, 8, 32, 0, 1, 0, 1), (16, 8, 32, 1),
                   (16, 8, 32, 0, 2, 0, 0, 1), (8, 8, 16, 0, 4, 0, 0, 0, 1), (16, 8, 32, 1, 2, 0, 0, 1, 1, 1, 2),
-                  (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1)]:
+                  (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1), (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1)]:
         assert pm.MmaConfig.of(knobs).knobs() == knobs
     assert pm.MmaConfig.of((8, 8, 64)) == pm.MmaConfig(8, 8, 64)
     assert pm.MmaConfig.of((8, 4, 16, 1, 2, 1)) == pm.MmaConfig(8, 4, 16, pipeline=True, batch_split=2, flags=True)
@@ -482,6 +496,12 @@ def test_geometry_and_argument_errors():
     assert "and no flags" in geo(pm.MmaConfig(16, 8, 32, flags=True, cluster=16, cluster_sync=True))
     assert geo(pm.MmaConfig(16, 8, 32, cluster=16, cluster_sync=True)) is None      # no image needed
     assert geo(pm.MmaConfig(32, 8, 16, cluster=8, cluster_sync=True), "float16") is None
+    # dsmem: inside a cluster_sync cluster, one chunk a block (all of a block's rows in its two slots), no copies
+    assert "dsmem hands the state over inside a cluster" in geo(pm.MmaConfig(16, 8, 32, dsmem=True))
+    assert "dsmem keeps one chunk a block" in geo(pm.MmaConfig(16, 8, 16, cluster=16, cluster_sync=True, dsmem=True))
+    assert "dsmem keeps one chunk a block" in geo(pm.MmaConfig(16, 8, 32, True, 2, cluster=16, cluster_sync=True,
+                                                               dsmem=True))
+    assert geo(pm.MmaConfig(16, 8, 32, False, 2, cluster=16, cluster_sync=True, dsmem=True)) is None
     assert "shared memory per block" in geo(pm.MmaConfig(16, 8, 32), H=2048)   # a 48 x 2048 float32 R slice
     assert "192 W operands" in geo(pm.MmaConfig(32, 8, 32))                     # 48 gate rows a lane: spills
     assert "threads x" in geo(pm.MmaConfig(8, 64, 32), "float16", H=1024)      # 64 warps

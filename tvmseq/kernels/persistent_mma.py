@@ -69,8 +69,28 @@ __forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, i
   __syncwarp();
 }
 """
+# dsmem: one state element into the same offset of a cluster peer's shared memory (its staging slot)
+_DSMEM_SRC = {
+    "float32": r"""
+__forceinline__ __device__ void tvmseq_dsmem_store_float32(float* local, int rank, float v) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(local), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+""",
+    "float16": r"""
+__forceinline__ __device__ void tvmseq_dsmem_store_float16(half* local, int rank, half v) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(local), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.b16 [%0], %1;" :: "r"(remote), "h"(__half_as_ushort(v)) : "memory");
+}
+"""}
+
 # Below this batch the SIMT engine (one batch column per accumulator, no 16-row m tile to fill) wins.
 MMA_MIN_BATCH = 16
+# A database entry below those batch floors whose timed rival was the SIMT engine (`ENGINE_PICK` as its model_config,
+# both timed in one process: schedules/tune_persistent_mma.py) routes that exact shape here (`beats_engine`)
+ENGINE_PICK = {"engine": "persistent_gru"}
 # float32 (product on FMA units): where it beat the per-step path and the SIMT engine on the H100, recurrence
 # us a step (artifacts/bench/pmma_sweep.json, sweep9): H512 B64 6.2 vs 10.8 (per-step), H256 B64 3.0 vs 5.3
 # (engine); not at H1024 B64 (21.6 vs 20.2) or H512 B256 (19.3 vs 18.6-19.0, a tie)
@@ -122,6 +142,11 @@ class MmaConfig:
                      on no other block, so clusters run independently, the launch is not cooperative, and the
                      step's hand-off costs a cluster barrier (cluster-scope release/acquire of the state written to
                      global memory) instead of a grid-wide one; with image, the state copies multicast over it
+    dsmem:           (with cluster_sync, one chunk a block a step) no state in global memory at all: a block
+                     writes each new state element straight into the staging slot of every block of its cluster
+                     (distributed shared memory: mapa + st.shared::cluster), two slots by step parity, so a step
+                     is product -> gate math -> remote stores -> cluster barrier; no copies, no waits on them, and
+                     the release at the barrier covers only shared-memory stores (Y is written after the arrive)
     early_gate won only at some shapes (H1024 B256 14.6 -> 13.9, RNN H256 B64 2.21 -> 2.10) and lost at others
     (H1024 B64 4.88 -> 5.04), so only the database turns it on; so do image and cluster (sweeps 10-12).
     """
@@ -138,12 +163,14 @@ class MmaConfig:
     image: bool = False
     cluster: int = 1
     cluster_sync: bool = False
+    dsmem: bool = False
 
     # the compact form the sweeps, the tuning script and the GPU test cases write a config in: (units, warps,
-    # rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk[, image[, cluster[, cluster_sync]]]]]]]]]),
-    # 0/1 switches
+    # rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk[, image[, cluster[, cluster_sync[,
+    # dsmem]]]]]]]]]]), 0/1 switches
     _OPTIONAL = (("pipeline", False), ("batch_split", 1), ("flags", False), ("half_stage", False),
-                 ("early_gate", False), ("bulk", False), ("image", False), ("cluster", 1), ("cluster_sync", False))
+                 ("early_gate", False), ("bulk", False), ("image", False), ("cluster", 1), ("cluster_sync", False),
+                 ("dsmem", False))
 
     @classmethod
     def of(cls, knobs) -> "MmaConfig":
@@ -200,7 +227,8 @@ class MmaGeometry:
     # SIMT: W row stride in shared memory (floats). Hp is a multiple of 128, so unpadded, the two lane halves'
     # rows (j and NGU/2 + j) fall on the same banks: every 16-byte W read was a 2-way bank conflict
     WROW = property(lambda self: self.Hp + 4)
-    SLOTS = property(lambda self: 2 if self.cfg.pipeline else 1)      # staging buffers
+    # staging buffers (dsmem: one a step parity, written by the peers during the step before)
+    SLOTS = property(lambda self: 2 if self.cfg.pipeline or self.cfg.dsmem else 1)
     ITEMS = property(lambda self: self.MC * self.UB)                   # (row, unit) items per chunk
     FI = property(lambda self: math.ceil(self.ITEMS / self.NT))        # items a thread finishes
 
@@ -231,6 +259,11 @@ class MmaGeometry:
             if c.cluster != self.G or not 2 <= c.cluster <= CLUSTER_SYNC_MAX or c.flags:
                 return (f"config {c}: cluster_sync needs the cluster to be the {self.G} unit groups (2 to "
                         f"{CLUSTER_SYNC_MAX} of them) and no flags")
+            if c.dsmem and (self.NCB != 1 or c.bulk or c.pipeline or self.HALF):
+                return (f"config {c}: dsmem keeps one chunk a block (batch_split x chunk_rows >= batch; {self.NCB} "
+                        f"here) in two slots, with no copies (no bulk, pipeline or half_stage)")
+        elif c.dsmem:
+            return f"config {c}: dsmem hands the state over inside a cluster (cluster_sync)"
         elif c.cluster not in CLUSTER_MAX_BLOCKS or (c.cluster > 1 and not c.image):
             return f"config {c}: cluster must be one of {tuple(CLUSTER_MAX_BLOCKS)}, and > 1 only with the image layout"
         if self.G % c.cluster:
@@ -337,6 +370,16 @@ def batch_split_config(D: int, B: int, H: int, facts, rows: int = 32) -> MmaConf
     return MmaConfig(8, 8, rows, False, split) if split > 1 else None
 
 
+def beats_engine(D: int, B: int, H: int, cell: str, dtype: str, target) -> bool:
+    """Whether the database has this exact shape timed faster here than on the SIMT engine (small batch)."""
+    from ..tune import measured as db
+
+    if not is_gpu(resolve(target)):
+        return False
+    found = db.entry("persistent_mma", D=D, B=B, H=H, cell=cell, dtype=dtype)
+    return bool(found) and found.get("model_config") == ENGINE_PICK
+
+
 def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru", config=None) -> tuple[bool, str]:
     """Whether the tensor-core kernel runs this recurrence, and why not."""
     from . import recurrent_gemm as rg
@@ -350,12 +393,14 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
         return False, f"{target.attrs.get('arch')}: mma.sync m16n8k16 with ldmatrix and cp.async needs sm_80+"
     if dtype not in ("float16", "float32"):
         return False, f"{dtype}: float16 (tensor cores) or float32 (FMA units: tensor cores would round to TF32)"
-    if dtype == "float32" and not (SIMT_MIN_BATCH <= B <= SIMT_MAX_BATCH and H <= SIMT_MAX_HIDDEN):
-        return False, (f"float32 batch {B} hidden {H}: the staged FMA kernel was measured faster only for batch "
-                       f"{SIMT_MIN_BATCH}-{SIMT_MAX_BATCH} at hidden <= {SIMT_MAX_HIDDEN}")
     if cell == "gru" and not lbr:
         return False, "linear_before_reset=0 needs every unit's r gate before the h-gate product"
-    if B < MMA_MIN_BATCH:
+    measured_faster = config is None and beats_engine(D, B, H, cell, dtype, target)
+    if dtype == "float32" and not (SIMT_MIN_BATCH <= B <= SIMT_MAX_BATCH and H <= SIMT_MAX_HIDDEN) \
+            and not measured_faster:
+        return False, (f"float32 batch {B} hidden {H}: the staged FMA kernel was measured faster only for batch "
+                       f"{SIMT_MIN_BATCH}-{SIMT_MAX_BATCH} at hidden <= {SIMT_MAX_HIDDEN}")
+    if B < MMA_MIN_BATCH and not measured_faster:
         return False, f"batch {B} < {MMA_MIN_BATCH}: the SIMT engine is faster there"
     cfg = config or default_config(D, B, H, target, cell, dtype=dtype)
     if cfg is None:
@@ -410,6 +455,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     PARTS, KP, IMAGE, REGION, HALF, CS = geo.PARTS, geo.KP, geo.IMAGE, geo.REGION, geo.HALF, cfg.cluster
     # MCS: blocks a state copy is multicast to (the image layout's copies; cluster_sync without image: none)
     MCS, CSYNC = (CS if IMAGE else 1), cfg.cluster_sync
+    DSMEM = cfg.dsmem and gpu   # the CPU variant has no staging: the same numerics through hbuf
     # one half of the state double buffer (dtype): [D, Bp, Hp], or the staging image [D, NCH, NW, PARTS, MC, SROW]
     buf_words = D * Bp * (NW * PARTS * SROW if IMAGE else Hp)
 
@@ -463,10 +509,20 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                         Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float32(0))
 
     @T.macro
-    def seed(H0, hbuf, hst, hoff, d, g, q, t):
+    def push_state(stage, slot, row, j, value):
+        """dsmem: state element (row `row` of the block's chunk, unit j) -> staging slot `slot` of every block of
+        the cluster (all of them read every unit), at the offset the product reads it from."""
+        for r in unroll(CS):
+            T.evaluate(T.cuda.func_call(f"tvmseq_dsmem_store_{dtype}",
+                                        T.address_of(stage[soff(slot, j // KW, row, 0) + j % KW]), r, value,
+                                        source_code=_DSMEM_SRC[dtype]))
+
+    @T.macro
+    def seed(H0, hbuf, stage, hst, hoff, d, g, q, t):
         """Own state <- h0 (float32; item i of this block's chunk ci at hst[hoff + ci * FI + i]); both halves of
         the fp16 buffer <- h0 / zeros on this block's units and rows, zero on padding rows and units; the last
-        unit group also zeroes the padding columns [G*UB, Hp) of its rows."""
+        unit group also zeroes the padding columns [G*UB, Hp) of its rows. dsmem: h0 into slot 0 of every
+        block of the cluster (the slots were zeroed, padding stays zero)."""
         for ci in T.serial(NCB):
             for i in unroll(FI):
                 v = T.meta_var(i * NT + t)
@@ -475,10 +531,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 if v < ITEMS:
                     hst[hoff + ci * FI + i] = T.if_then_else(
                         b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
-                    if j < Hp:
+                    if DSMEM:
+                        if b < B and j < H:
+                            push_state(stage, 0, v // UB, j, T.Cast(dtype, hst[hoff + ci * FI + i]))
+                    elif j < Hp:
                         hbuf[hidx(0, d, b, j)] = T.Cast(dtype, hst[hoff + ci * FI + i])
                         hbuf[hidx(1, d, b, j)] = T.Cast(dtype, 0)
-            if PADC > 0:
+            if PADC > 0 and not DSMEM:
                 if g == G - 1:
                     for i in T.serial(math.ceil(MC * PADC / NT)):
                         v = T.meta_var(i * NT + t)
@@ -625,7 +684,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         for v in unroll(MT * NN * 4):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
-            wait_part(mbar, slot, w, part, phase, PARTS - 1 - part + PENDING)
+            if not DSMEM:   # dsmem: the peers' stores are ordered by the cluster barrier that ended the step
+                wait_part(mbar, slot, w, part, phase, PARTS - 1 - part + PENDING)
             for kp in unroll(KTW // PARTS):
                 for mt in unroll(MT):
                     T.evaluate(T.ptx_legacy.ldmatrix(
@@ -661,7 +721,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             if HALF and part > 0:   # the region is free once this warp's product of the first half is done
                 T.evaluate(T.call_extern("void", "__syncwarp"))
                 stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, rank, part)
-            wait_part(mbar, slot, w, part, phase, 0 if HALF else PARTS - 1 - part + PENDING)
+            if not DSMEM:
+                wait_part(mbar, slot, w, part, phase, 0 if HALF else PARTS - 1 - part + PENDING)
             # every operand of a k4 step is loaded into its own registers before its FMAs (one W register set
             # reused per gate row serialised each load behind the previous row's FMAs), and short k loops are
             # unrolled, so the loads of step k4 + 1 can issue under the FMAs of step k4
@@ -710,8 +771,20 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         return (T.float32(1) - z) * hh + z * h
 
     @T.macro
-    def finish(Y, Lens, hbuf, hst, hoff, red, gi, d, g, t, s, c, ci, seq):
-        """Gate math of this thread's (row, unit) items; Y, own state and h_{s+1} (fp16) written."""
+    def store_y(Y, Lens, d, b, j, s, seq, hn):
+        """Y at step s of row b, unit j (zero past the row's length)."""
+        L = T.meta_var(length(Lens, b, seq))
+        if has_seq_lens:
+            Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
+                dtype, T.if_then_else(s < L, hn, T.float32(0)))
+        else:
+            Y[time_index(d, seq, s), d, b, j] = T.Cast(dtype, hn)
+
+    @T.macro
+    def finish(Y, Lens, hbuf, stage, hst, hoff, red, gi, d, g, t, s, c, ci, seq):
+        """Gate math of this thread's (row, unit) items; Y, own state and h_{s+1} (fp16) written (dsmem: pushed
+        to the peers' slot for step s + 1, one remote store a unit and peer; Y is left to `write_y`, after the
+        barrier's arrive)."""
         for i in unroll(FI):
             v = T.meta_var(i * NT + t)
             row = T.meta_var(v // UB)
@@ -722,13 +795,23 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 L = T.meta_var(length(Lens, b, seq))
                 h = T.meta_var(hst[hoff + ci * FI + i])
                 hn = T.if_then_else(s < L, cell_update(red, gi, d, i, row, u, h), h)
-                if has_seq_lens:
-                    Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
-                        dtype, T.if_then_else(s < L, hn, T.float32(0)))
-                else:
-                    Y[time_index(d, seq, s), d, b, j] = T.Cast(dtype, hn)
+                if not DSMEM:
+                    store_y(Y, Lens, d, b, j, s, seq, hn)
                 hst[hoff + ci * FI + i] = hn
-                hbuf[hidx((s + 1) % 2, d, b, j)] = T.Cast(dtype, hn)
+                if DSMEM:
+                    push_state(stage, (s + 1) % 2, row, j, T.Cast(dtype, hn))
+                else:
+                    hbuf[hidx((s + 1) % 2, d, b, j)] = T.Cast(dtype, hn)
+
+    @T.macro
+    def write_y(Y, Lens, hst, d, g, t, s, c, seq):
+        """dsmem (one chunk a block): Y of step s from the own state, which finish has updated."""
+        for i in unroll(FI):
+            v = T.meta_var(i * NT + t)
+            b = T.meta_var(c * MC + v // UB)
+            j = T.meta_var(g * UB + v % UB)
+            if v < ITEMS and b < B and j < H:
+                store_y(Y, Lens, d, b, j, s, seq, hst[i])
 
     @T.macro
     def final_state(Yh, Lens, hst, hoff, d, g, q, t, seq):
@@ -794,7 +877,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                           load_w_slice(Rw, wsm, d, g, t)
                       else:
                           load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
-                      seed(H0, hbuf, hst, 0, d, g, q, t)
+                      if DSMEM:   # the slots zeroed (padding rows and columns stay zero) before any peer pushes h0
+                          for i in T.serial(math.ceil(SLOTS * NW * REGION / NT)):
+                              if i * NT + t < SLOTS * NW * REGION:
+                                  stage[i * NT + t] = T.Cast(dtype, 0)
+                          T.ptx["barrier.cluster.arrive.release"]()
+                          T.ptx["barrier.cluster.wait.acquire"]()
+                      seed(H0, hbuf, stage, hst, 0, d, g, q, t)
                       if BULK:
                           if t % 32 == 0:
                               for slot, part in T.grid(SLOTS, PARTS):
@@ -815,7 +904,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       for s in T.serial(seq):
                           if FLAGS:
                               wait_producers(flags, d, q, t // 32, s)
-                          if SLOTS == 2:
+                          if SLOTS == 2 and not DSMEM:
                               stage_gpu(hbuf, stage, mbar, s % 2, d, q, 0, t // 32, t % 32, rank)
                           for ci in T.serial(NCB):
                               if not EARLY:
@@ -823,20 +912,22 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                               if MCS > 1:   # the slot refilled next was read by chunk ci - 1: every peer is done
                                   if ci > 0:
                                       T.ptx["barrier.cluster.wait.acquire"]()
-                              stage_gpu(hbuf, stage, mbar, s % 2, d, q + (ci + SLOTS - 1) * BS, (ci + SLOTS - 1) % SLOTS,
-                                        t // 32, t % 32, rank)
+                              if not DSMEM:
+                                  stage_gpu(hbuf, stage, mbar, s % 2, d, q + (ci + SLOTS - 1) * BS,
+                                            (ci + SLOTS - 1) % SLOTS, t // 32, t % 32, rank)
                               # the chunks staged through slot ci % SLOTS before this one (bulk barrier parity)
                               phase = T.meta_var(s * ((NCB + SLOTS - 1 - ci % SLOTS) // SLOTS) + ci // SLOTS)
+                              slot = T.meta_var(s % 2 if DSMEM else ci % SLOTS)   # dsmem: by step parity
                               if SIMT:
                                   product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, s % 2, d, q + ci * BS,
-                                               ci % SLOTS, t // 32, t % 32, rank, phase)
+                                               slot, t // 32, t % 32, rank, phase)
                               else:
-                                  product_gpu(stage, mbar, bfrag, afrag, acc, red, ci % SLOTS, t // 32, t % 32, phase)
+                                  product_gpu(stage, mbar, bfrag, afrag, acc, red, slot, t // 32, t % 32, phase)
                               if MCS > 1:
                                   if ci < NCB - 1:
                                       T.ptx["barrier.cluster.arrive.release"]()
                               T.tvm_storage_sync("shared")
-                              finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
+                              finish(Y, Lens, hbuf, stage, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
                               if EARLY:   # the next chunk's, or step s + 1's first (clamped past the last step)
                                   prefetch(GI, RbH, Lens, gi, d, g, t, T.if_then_else(ci + 1 < NCB, s, s + 1),
                                            q + (ci + 1) % NCB * BS, seq)
@@ -846,6 +937,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   T.evaluate(T.cuda.func_call("tvmseq_flag_publish",
                                                               T.address_of(flags[(d * BS + q) * G + g]), s + 1,
                                                               source_code=_PUBLISH_SRC))
+                          elif DSMEM:   # Y's global stores after the arrive: the release covers the pushes only
+                              T.ptx["barrier.cluster.arrive.release"]()
+                              write_y(Y, Lens, hst, d, g, t, s, q, seq)
+                              T.ptx["barrier.cluster.wait.acquire"]()
                           else:
                               step_barrier()
                       final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
@@ -854,14 +949,14 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
             gi = T.alloc_buffer((FI * 4,), "float32")
             for d, g, q, t in T.grid(D, G, BS, NT):
-                seed(H0, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
+                seed(H0, hbuf, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
             for s, ci in T.grid(seq, NCB):
                 for d, g, q in T.grid(D, G, BS):
                     product_cpu(hbuf, Rw, red, s % 2, d, g, q + ci * BS)
                     for t in T.serial(NT):
                         prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                        finish(Y, Lens, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d, g, t,
-                               s, q + ci * BS, ci, seq)
+                        finish(Y, Lens, hbuf, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d, g,
+                               t, s, q + ci * BS, ci, seq)
             for d, g, q, t in T.grid(D, G, BS, NT):
                 final_state(Yh, Lens, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
 

@@ -42,6 +42,11 @@ def lookup(op: str, **key) -> dict | None:
     return dict(entry["config"]) if entry else None
 
 
+def entry(op: str, **key) -> dict | None:
+    """The whole database entry for `key` (config, times, the pick it beat), or None."""
+    return _table(op, str(DIR)).get(_key(key))
+
+
 def merge(op: str, trials: list[dict], default_of: Callable[[dict], dict], source: str,
           root: Path | None = None) -> list[dict]:
     """Fold timed trials into `<root>/<op>.json`. trials: [{"key": {...}, "config": {...}, "us": float}] (only
