@@ -33,7 +33,8 @@ CASES = {
                                                     direction="bidirectional", linear_before_reset=1,
                                                     with_seq_lens=True), "persistent_mma"),   # fp32: FMA product
     "rnn_bi_b8_h256_lens": ("rnn_node_model", dict(op="RNN", seq=31, batch=8, input_size=64, hidden=256,
-                                                   direction="bidirectional", with_seq_lens=True), "persistent"),
+                                                   direction="bidirectional", with_seq_lens=True),
+                            "persistent_mma"),   # measured faster than the SIMT engine: the staged kernel, dsmem
     "gru_stack_4x512_b8": ("gru_stack_model", dict(layers=4, seq=30, batch=8, input_size=64, hidden=512),
                            "pipelined"),
     # float16: tensor-core projection (flat rows) + tensor-core persistent recurrence; onnxruntime's CPU GRU/RNN
@@ -43,6 +44,10 @@ CASES = {
     "rnn_fp16_bi_b32_h512_lens": ("rnn_node_model", dict(op="RNN", seq=17, batch=32, input_size=96, hidden=512,
                                                          direction="bidirectional", with_seq_lens=True,
                                                          with_initial_h=True, dtype="float16"), "persistent_mma"),
+    "gru_fp16_bi_b8_h256_lens": ("rnn_node_model", dict(op="GRU", seq=25, batch=8, input_size=48, hidden=256,
+                                                        direction="bidirectional", linear_before_reset=1,
+                                                        with_seq_lens=True, with_initial_h=True, dtype="float16"),
+                                 "persistent_mma"),   # batch 8 routed by the database (dsmem)
     "gru_fp16_bi_b130_h256_lens": ("rnn_node_model", dict(op="GRU", seq=19, batch=130, input_size=72, hidden=256,
                                                           direction="bidirectional", linear_before_reset=1,
                                                           with_seq_lens=True, with_initial_h=True, dtype="float16"),

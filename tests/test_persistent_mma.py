@@ -214,7 +214,8 @@ def test_cuda_codegen(D, B, H, cell):
 def test_cluster_sync_codegen(dtype, cell, knobs):
     """cluster_sync: the step ends with a cluster barrier, no grid barrier, and the launch is not cooperative (the
     clusters are independent and need not all be resident); with the image layout the copies multicast; with
-    dsmem the state goes to the peers by remote shared-memory stores and nothing is copied from global memory."""
+    dsmem the state goes to the peers by st.async (completing on their mbarriers) and nothing is copied from global
+    memory."""
     tgt = resolve("cuda")
     cfg = pm.MmaConfig.of(knobs)
     func = pm.persistent_mma_func(1, 64, 16 * cfg.units_per_block if cfg.cluster == 16 else 8 * cfg.units_per_block,
@@ -224,7 +225,7 @@ def test_cluster_sync_codegen(dtype, cell, knobs):
     assert "barrier.cluster.arrive.release" in src and "barrier.cluster.wait.acquire" in src
     assert "grid().sync()" not in src
     assert ("multicast::cluster" in src) == cfg.image
-    assert ("st.shared::cluster" in src and "mapa.shared::cluster" in src) == cfg.dsmem
+    assert ("st.async.shared::cluster.mbarrier::complete_tx::bytes" in src and "mapa.shared::cluster" in src) == cfg.dsmem
     assert ("cp.async" not in src) == cfg.dsmem
 
 

@@ -69,20 +69,37 @@ __forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, i
   __syncwarp();
 }
 """
-# dsmem: one state element into the same offset of a cluster peer's shared memory (its staging slot)
-_DSMEM_SRC = {
+# dsmem: the new state into a cluster peer's staging slot by st.async, whose complete_tx on the peer's mbarrier for
+# that slot tells the peer the bytes have landed (no fence, no cluster barrier: each block waits for its own slot).
+# float32: one unit a store; float16: st.async has no 16-bit form, so lanes 2i and 2i + 1 (units u, u + 1 of one row)
+# go as one 32-bit word from lane 2i. Every lane calls it (the shuffle); `store` says whether the value is sent.
+_ST_ASYNC_SRC = {
     "float32": r"""
-__forceinline__ __device__ void tvmseq_dsmem_store_float32(float* local, int rank, float v) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(local), remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+__forceinline__ __device__ void tvmseq_st_async_float32(float* local, void* mbar, int ranks, float v,
+                                                        int store) {
+  if (!store) return;
+  unsigned a = (unsigned)__cvta_generic_to_shared(local), m = (unsigned)__cvta_generic_to_shared(mbar), ra, rm;
+  for (int r = 0; r < ranks; ++r) {
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rm) : "r"(m), "r"(r));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+                 :: "r"(ra), "f"(v), "r"(rm) : "memory");
+  }
 }
 """,
     "float16": r"""
-__forceinline__ __device__ void tvmseq_dsmem_store_float16(half* local, int rank, half v) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(local), remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-  asm volatile("st.shared::cluster.b16 [%0], %1;" :: "r"(remote), "h"(__half_as_ushort(v)) : "memory");
+__forceinline__ __device__ void tvmseq_st_async_float16(half* local, void* mbar, int ranks, half v,
+                                                        int store) {
+  unsigned x = __half_as_ushort(v), hi = __shfl_down_sync(0xffffffffu, x, 1);
+  if (!store || (threadIdx.x & 1)) return;
+  unsigned w = (x & 0xffffu) | (hi << 16);
+  unsigned a = (unsigned)__cvta_generic_to_shared(local), m = (unsigned)__cvta_generic_to_shared(mbar), ra, rm;
+  for (int r = 0; r < ranks; ++r) {
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rm) : "r"(m), "r"(r));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 :: "r"(ra), "r"(w), "r"(rm) : "memory");
+  }
 }
 """}
 
@@ -142,11 +159,16 @@ class MmaConfig:
                      on no other block, so clusters run independently, the launch is not cooperative, and the
                      step's hand-off costs a cluster barrier (cluster-scope release/acquire of the state written to
                      global memory) instead of a grid-wide one; with image, the state copies multicast over it
-    dsmem:           (with cluster_sync, one chunk a block a step) no state in global memory at all: a block
-                     writes each new state element straight into the staging slot of every block of its cluster
-                     (distributed shared memory: mapa + st.shared::cluster), two slots by step parity, so a step
-                     is product -> gate math -> remote stores -> cluster barrier; no copies, no waits on them, and
-                     the release at the barrier covers only shared-memory stores (Y is written after the arrive)
+    dsmem:           (with cluster_sync, one chunk a block a step) no state in global memory and no barrier a step:
+                     a block sends each new state element straight into the staging slot of every block of its
+                     cluster by st.async (distributed shared memory), which completes on the receiver's mbarrier of
+                     that slot (two slots by step parity, each armed with the bytes it receives a step); a block
+                     waits only for its own slot. No fence: the first version (remote st.shared::cluster stores,
+                     then a cluster barrier) stalled on the barrier's release (ncu: membar 3.7 stalls an issue) and
+                     was slower than the global round trip for fp32 (sweep 15); with st.async (sweep 16) GRU fp16
+                     H256 B64 2.12 -> 1.48 us a step, B8 3.04 (SIMT engine) -> 1.15, RNN fp32 H256 B64 1.92 -> 1.74.
+                     No overwrite hazard without a barrier: a peer sends h_{s+2} into a slot only after it received
+                     this block's h_{s+1}, which this block sends after it has read the slot for step s
     early_gate won only at some shapes (H1024 B256 14.6 -> 13.9, RNN H256 B64 2.21 -> 2.10) and lost at others
     (H1024 B64 4.88 -> 5.04), so only the database turns it on; so do image and cluster (sweeps 10-12).
     """
@@ -509,20 +531,24 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                         Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float32(0))
 
     @T.macro
-    def push_state(stage, slot, row, j, value):
-        """dsmem: state element (row `row` of the block's chunk, unit j) -> staging slot `slot` of every block of
-        the cluster (all of them read every unit), at the offset the product reads it from."""
-        for r in unroll(CS):
-            T.evaluate(T.cuda.func_call(f"tvmseq_dsmem_store_{dtype}",
-                                        T.address_of(stage[soff(slot, j // KW, row, 0) + j % KW]), r, value,
-                                        source_code=_DSMEM_SRC[dtype]))
+    def push_state(stage, dmbar, hst, slot, c, g, t):
+        """dsmem: this thread's items of the block's state (hst, float32) -> staging slot `slot` of every block of
+        the cluster (all of them read every unit), at the offset the product reads it from, completing on each
+        peer's mbarrier of that slot; rows past the batch and units past H are not sent (they stay zero)."""
+        for i in unroll(FI):
+            v = T.meta_var(i * NT + t)
+            j = T.meta_var(g * UB + v % UB)
+            at = T.meta_var(soff(slot, T.min(j, Hp - 1) // KW, T.min(v // UB, MC - 1), 0) + T.min(j, Hp - 1) % KW)
+            T.evaluate(T.cuda.func_call(f"tvmseq_st_async_{dtype}", T.address_of(stage[at]), T.address_of(dmbar[slot]),
+                                        CS, T.Cast(dtype, hst[i]),
+                                        T.Cast("int32", v < ITEMS and c * MC + v // UB < B and j < H),
+                                        source_code=_ST_ASYNC_SRC[dtype]))
 
     @T.macro
-    def seed(H0, hbuf, stage, hst, hoff, d, g, q, t):
+    def seed(H0, hbuf, hst, hoff, d, g, q, t):
         """Own state <- h0 (float32; item i of this block's chunk ci at hst[hoff + ci * FI + i]); both halves of
         the fp16 buffer <- h0 / zeros on this block's units and rows, zero on padding rows and units; the last
-        unit group also zeroes the padding columns [G*UB, Hp) of its rows. dsmem: h0 into slot 0 of every
-        block of the cluster (the slots were zeroed, padding stays zero)."""
+        unit group also zeroes the padding columns [G*UB, Hp) of its rows."""
         for ci in T.serial(NCB):
             for i in unroll(FI):
                 v = T.meta_var(i * NT + t)
@@ -531,10 +557,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 if v < ITEMS:
                     hst[hoff + ci * FI + i] = T.if_then_else(
                         b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
-                    if DSMEM:
-                        if b < B and j < H:
-                            push_state(stage, 0, v // UB, j, T.Cast(dtype, hst[hoff + ci * FI + i]))
-                    elif j < Hp:
+                    if j < Hp and not DSMEM:   # dsmem: `push_state` after the seeding
                         hbuf[hidx(0, d, b, j)] = T.Cast(dtype, hst[hoff + ci * FI + i])
                         hbuf[hidx(1, d, b, j)] = T.Cast(dtype, 0)
             if PADC > 0 and not DSMEM:
@@ -684,7 +707,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         for v in unroll(MT * NN * 4):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
-            if not DSMEM:   # dsmem: the peers' stores are ordered by the cluster barrier that ended the step
+            if not DSMEM:   # dsmem: the slot's mbarrier was waited on at the start of the step
                 wait_part(mbar, slot, w, part, phase, PARTS - 1 - part + PENDING)
             for kp in unroll(KTW // PARTS):
                 for mt in unroll(MT):
@@ -781,10 +804,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             Y[time_index(d, seq, s), d, b, j] = T.Cast(dtype, hn)
 
     @T.macro
-    def finish(Y, Lens, hbuf, stage, hst, hoff, red, gi, d, g, t, s, c, ci, seq):
-        """Gate math of this thread's (row, unit) items; Y, own state and h_{s+1} (fp16) written (dsmem: pushed
-        to the peers' slot for step s + 1, one remote store a unit and peer; Y is left to `write_y`, after the
-        barrier's arrive)."""
+    def finish(Y, Lens, hbuf, hst, hoff, red, gi, d, g, t, s, c, ci, seq):
+        """Gate math of this thread's (row, unit) items; Y, own state and h_{s+1} (fp16) written (dsmem: not
+        h_{s+1}, which `push_state` sends to the peers)."""
         for i in unroll(FI):
             v = T.meta_var(i * NT + t)
             row = T.meta_var(v // UB)
@@ -795,23 +817,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 L = T.meta_var(length(Lens, b, seq))
                 h = T.meta_var(hst[hoff + ci * FI + i])
                 hn = T.if_then_else(s < L, cell_update(red, gi, d, i, row, u, h), h)
-                if not DSMEM:
-                    store_y(Y, Lens, d, b, j, s, seq, hn)
+                store_y(Y, Lens, d, b, j, s, seq, hn)
                 hst[hoff + ci * FI + i] = hn
-                if DSMEM:
-                    push_state(stage, (s + 1) % 2, row, j, T.Cast(dtype, hn))
-                else:
+                if not DSMEM:   # dsmem: `push_state` after this
                     hbuf[hidx((s + 1) % 2, d, b, j)] = T.Cast(dtype, hn)
-
-    @T.macro
-    def write_y(Y, Lens, hst, d, g, t, s, c, seq):
-        """dsmem (one chunk a block): Y of step s from the own state, which finish has updated."""
-        for i in unroll(FI):
-            v = T.meta_var(i * NT + t)
-            b = T.meta_var(c * MC + v // UB)
-            j = T.meta_var(g * UB + v % UB)
-            if v < ITEMS and b < B and j < H:
-                store_y(Y, Lens, d, b, j, s, seq, hst[i])
 
     @T.macro
     def final_state(Yh, Lens, hst, hoff, d, g, q, t, seq):
@@ -862,6 +871,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
                       gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
                       mbar = T.alloc_buffer((SLOTS * NW * PARTS,), "uint64", scope="shared")
+                      if DSMEM:   # an mbarrier a staging slot
+                          dmbar = T.alloc_buffer((2,), "uint64", scope="shared")
                       if SIMT:
                           wsm = T.alloc_buffer((NGU * WROW,), "float32", scope="shared.dyn")
                           hv = T.alloc_buffer((4 * RPL,), "float32", scope="local")
@@ -877,13 +888,26 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                           load_w_slice(Rw, wsm, d, g, t)
                       else:
                           load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
-                      if DSMEM:   # the slots zeroed (padding rows and columns stay zero) before any peer pushes h0
+                      # dsmem: bytes a block receives a step (its chunk's rows x all units, from the whole cluster)
+                      in_bytes = T.meta_var(T.max(T.min(B - q * MC, MC), 0) * (H if SIMT else (H + 1) // 2) * 4)
+                      if DSMEM:   # slots zeroed (padding stays zero), each slot's mbarrier initialised and armed for
+                          # its first state (h0 in slot 0, h1 in slot 1) before any peer sends into it
                           for i in T.serial(math.ceil(SLOTS * NW * REGION / NT)):
                               if i * NT + t < SLOTS * NW * REGION:
                                   stage[i * NT + t] = T.Cast(dtype, 0)
+                          if t == 0:
+                              for slot in T.serial(2):
+                                  T.ptx["mbarrier.init.shared::cta.b64"](T.address_of(dmbar[slot]), T.uint32(1))
+                              T.ptx["fence.mbarrier_init.release.cluster"]()
                           T.ptx["barrier.cluster.arrive.release"]()
                           T.ptx["barrier.cluster.wait.acquire"]()
-                      seed(H0, hbuf, stage, hst, 0, d, g, q, t)
+                          if t == 0 and in_bytes > 0:
+                              for slot in T.serial(2):
+                                  T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](T.address_of(dmbar[slot]),
+                                                                                     T.Cast("uint32", in_bytes))
+                      seed(H0, hbuf, hst, 0, d, g, q, t)
+                      if DSMEM:
+                          push_state(stage, dmbar, hst, 0, q, g, t)
                       if BULK:
                           if t % 32 == 0:
                               for slot, part in T.grid(SLOTS, PARTS):
@@ -918,6 +942,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                               # the chunks staged through slot ci % SLOTS before this one (bulk barrier parity)
                               phase = T.meta_var(s * ((NCB + SLOTS - 1 - ci % SLOTS) // SLOTS) + ci // SLOTS)
                               slot = T.meta_var(s % 2 if DSMEM else ci % SLOTS)   # dsmem: by step parity
+                              if DSMEM:   # this step's state has landed (all peers' bytes for slot s % 2)
+                                  if in_bytes > 0:
+                                      T.evaluate(T.cuda.mbarrier_wait(T.address_of(dmbar[s % 2]), s // 2 % 2))
                               if SIMT:
                                   product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, s % 2, d, q + ci * BS,
                                                slot, t // 32, t % 32, rank, phase)
@@ -927,7 +954,14 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   if ci < NCB - 1:
                                       T.ptx["barrier.cluster.arrive.release"]()
                               T.tvm_storage_sync("shared")
-                              finish(Y, Lens, hbuf, stage, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
+                              if DSMEM:   # every thread is past this slot's wait: arm the slot's next phase (h_{s+2})
+                                  if t == 0 and in_bytes > 0:
+                                      T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
+                                          T.address_of(dmbar[s % 2]), T.Cast("uint32", in_bytes))
+                              finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
+                              if DSMEM:
+                                  if s + 1 < seq:
+                                      push_state(stage, dmbar, hst, (s + 1) % 2, q, g, t)
                               if EARLY:   # the next chunk's, or step s + 1's first (clamped past the last step)
                                   prefetch(GI, RbH, Lens, gi, d, g, t, T.if_then_else(ci + 1 < NCB, s, s + 1),
                                            q + (ci + 1) % NCB * BS, seq)
@@ -937,25 +971,24 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   T.evaluate(T.cuda.func_call("tvmseq_flag_publish",
                                                               T.address_of(flags[(d * BS + q) * G + g]), s + 1,
                                                               source_code=_PUBLISH_SRC))
-                          elif DSMEM:   # Y's global stores after the arrive: the release covers the pushes only
-                              T.ptx["barrier.cluster.arrive.release"]()
-                              write_y(Y, Lens, hst, d, g, t, s, q, seq)
-                              T.ptx["barrier.cluster.wait.acquire"]()
-                          else:
+                          elif not DSMEM:   # dsmem: no barrier, each block waits on its own slot's mbarrier
                               step_barrier()
+                      if DSMEM:   # no block leaves while its last sends may be in flight
+                          T.ptx["barrier.cluster.arrive.release"]()
+                          T.ptx["barrier.cluster.wait.acquire"]()
                       final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
         else:
             red = T.alloc_buffer((NW * MC * NGU,), "float32")
             hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
             gi = T.alloc_buffer((FI * 4,), "float32")
             for d, g, q, t in T.grid(D, G, BS, NT):
-                seed(H0, hbuf, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
+                seed(H0, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
             for s, ci in T.grid(seq, NCB):
                 for d, g, q in T.grid(D, G, BS):
                     product_cpu(hbuf, Rw, red, s % 2, d, g, q + ci * BS)
                     for t in T.serial(NT):
                         prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                        finish(Y, Lens, hbuf, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d, g,
+                        finish(Y, Lens, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d, g,
                                t, s, q + ci * BS, ci, seq)
             for d, g, q, t in T.grid(D, G, BS, NT):
                 final_state(Yh, Lens, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
