@@ -28,7 +28,8 @@ R[rows, w*KW : (w+1)*KW]. A step, per chunk:
      items, applies the gates (state kept in float32 in registers), writes Y and publishes h_{s+1} to the
      other half of a double buffer in global memory;
 then a grid barrier (cooperative launch: all blocks resident) ends the step (`flags`: per-block ready
-flags instead, measured slower). fp16: the state enters the product rounded to fp16 (the fp16 GEMM's
+flags instead, measured slower; `cluster_sync`: a cluster barrier, when one thread-block cluster holds a batch
+group's blocks; `dsmem`: no barrier at all, the state sent block to block inside the cluster, see MmaConfig). fp16: the state enters the product rounded to fp16 (the fp16 GEMM's
 input, as in cuDNN); the update itself stays float32.
 
 sequence_lens: as in `persistent_gru` (state kept past a row's end, Y zero there, reverse starts at
