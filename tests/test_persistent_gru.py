@@ -162,7 +162,7 @@ def test_fits_on_chip_and_fallback():
     spec = gru.GruSpec(1, 1, 4096, 16, "float32", 1, "forward")
     func, path, reason = pg.recurrence_func_auto(spec, cuda)
     assert path == "per_step" and reason
-    spec = gru.GruSpec(1, 8, 256, 16, "float32", 1, "forward")
+    spec = gru.GruSpec(1, 8, 512, 16, "float32", 1, "forward")
     func, path, _ = pg.recurrence_func_auto(spec, cuda)
     assert path == "persistent"
     assert "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"])
@@ -345,7 +345,10 @@ def test_path_choice_and_option_errors():
     from tvmseq.kernels import gru
 
     assert pg.choose_path(1, 8, 256, "float32", "llvm")[0] == "per_step"      # CPU: per-step kernels
-    assert pg.choose_path(1, 8, 256, "float32", "cuda")[0] == "persistent"
+    assert pg.choose_path(1, 8, 512, "float32", "cuda")[0] == "persistent"
+    # batch 8, hidden 256: the staged kernel (dsmem) was measured faster than the SIMT engine (database entry)
+    assert pg.choose_path(1, 8, 256, "float32", "cuda")[0] == "persistent_mma"
+    assert pg.choose_path(1, 1, 256, "float32", "cuda")[0] == "persistent"     # there the engine won
     assert pg.choose_path(1, 64, 1024, "float32", "cuda")[0] == "per_step"    # measured: tiled per-step wins
     assert pg.choose_path(1, 64, 256, "float32", "cuda")[0] == "persistent_mma"   # staged FMA kernel (measured)
     assert pg.choose_path(2, 8, 1024, "float16", "cuda")[0] == "persistent"

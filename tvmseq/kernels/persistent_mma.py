@@ -74,26 +74,10 @@ __forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, i
 # that slot tells the peer the bytes have landed (no fence, no cluster barrier: each block waits for its own slot).
 # float32: one unit a store; float16: st.async has no 16-bit form, so lanes 2i and 2i + 1 (units u, u + 1 of one row)
 # go as one 32-bit word from lane 2i. Every lane calls it (the shuffle); `store` says whether the value is sent.
-_ST_ASYNC_SRC = {
-    "float32": r"""
-__forceinline__ __device__ void tvmseq_st_async_float32(float* local, void* mbar, int ranks, float v,
-                                                        int store) {
-  if (!store) return;
-  unsigned a = (unsigned)__cvta_generic_to_shared(local), m = (unsigned)__cvta_generic_to_shared(mbar), ra, rm;
-  for (int r = 0; r < ranks; ++r) {
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rm) : "r"(m), "r"(r));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
-                 :: "r"(ra), "f"(v), "r"(rm) : "memory");
-  }
-}
-""",
-    "float16": r"""
-__forceinline__ __device__ void tvmseq_st_async_float16(half* local, void* mbar, int ranks, half v,
-                                                        int store) {
-  unsigned x = __half_as_ushort(v), hi = __shfl_down_sync(0xffffffffu, x, 1);
-  if (!store || (threadIdx.x & 1)) return;
-  unsigned w = (x & 0xffffu) | (hi << 16);
+_ST_ASYNC_B32 = r"""
+#ifndef TVMSEQ_ST_ASYNC_B32
+#define TVMSEQ_ST_ASYNC_B32
+__forceinline__ __device__ void tvmseq_st_async_b32(void* local, void* mbar, int ranks, unsigned w) {
   unsigned a = (unsigned)__cvta_generic_to_shared(local), m = (unsigned)__cvta_generic_to_shared(mbar), ra, rm;
   for (int r = 0; r < ranks; ++r) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
@@ -101,6 +85,19 @@ __forceinline__ __device__ void tvmseq_st_async_float16(half* local, void* mbar,
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
                  :: "r"(ra), "r"(w), "r"(rm) : "memory");
   }
+}
+#endif
+"""
+_ST_ASYNC_SRC = {
+    "float32": _ST_ASYNC_B32 + r"""
+__forceinline__ __device__ void tvmseq_st_async_float32(float* local, void* mbar, int ranks, float v, int store) {
+  if (store) tvmseq_st_async_b32(local, mbar, ranks, __float_as_uint(v));
+}
+""",
+    "float16": _ST_ASYNC_B32 + r"""
+__forceinline__ __device__ void tvmseq_st_async_float16(half* local, void* mbar, int ranks, half v, int store) {
+  unsigned x = __half_as_ushort(v), hi = __shfl_down_sync(0xffffffffu, x, 1);
+  if (store && !(threadIdx.x & 1)) tvmseq_st_async_b32(local, mbar, ranks, (x & 0xffffu) | (hi << 16));
 }
 """}
 
