@@ -423,6 +423,39 @@ def test_prebuilt_on_gpu(case):
     np.testing.assert_allclose(Yh.numpy().astype(np.float64), want[1], **tol)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq", [0, 1, 2])
+def test_prebuilt_dsmem_short_sequences(seq):
+    """dsmem has no barrier a step, so a block may leave only when every send into its shared memory has
+    landed: with 0 steps (only h0 was sent), 1 (nothing sent after h0) or 2 steps, the kernel returns and Y / Y_h
+    are right (Y_h zero for a zero-length sequence)."""
+    import tvm as tvm_rt
+
+    from tvmseq.bench.common import cuda_available
+
+    if not cuda_available():
+        pytest.skip("no CUDA GPU")
+    (case,) = [c for c in _gpu_index() if _case_name(c) == "pmma_gru_forward_h256_b64_lens"] or [None]
+    if case is None:
+        pytest.skip(f"no prebuilt dsmem case in {PREBUILT}")
+    D, B, H, direction, cell, acts, clip, lens, cfg, *dtype = case
+    assert pm.MmaConfig.of(cfg).dsmem
+    if seq:
+        inputs, (want_y, want_yh) = gpu_case_problem(D, B, H, direction, cell, acts, clip, lens, "float16", seq)
+    else:
+        inputs, _ = make_problem(D, B, H, 1, "float16", 1, seed=3)
+        inputs = (inputs[0][:, :0], inputs[1], inputs[2], np.zeros(B, np.int32), inputs[4])
+        want_y, want_yh = np.zeros((0, D, B, H)), np.zeros((D, B, H))
+    dev = tvm_rt.cuda(0)
+    f = tvm_rt.runtime.load_module(str(PREBUILT / "pmma.so"))[_case_name(case)]
+    Y = tvm_rt.runtime.tensor(np.full((seq, D, B, H), np.nan, np.float16), dev)
+    Yh = tvm_rt.runtime.tensor(np.full((D, B, H), np.nan, np.float16), dev)
+    for _ in range(3):
+        f(*[tvm_rt.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], Y, Yh)
+    np.testing.assert_allclose(Y.numpy().astype(np.float64), want_y, **TOL)
+    np.testing.assert_allclose(Yh.numpy().astype(np.float64), want_yh, **TOL)
+
+
 if __name__ == "__main__":
     build_gpu_cases(sys.argv[1] if len(sys.argv) > 1 else "out/pmma")
 

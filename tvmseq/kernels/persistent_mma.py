@@ -971,7 +971,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                                               source_code=_PUBLISH_SRC))
                           elif not DSMEM:   # dsmem: no barrier, each block waits on its own slot's mbarrier
                               step_barrier()
-                      if DSMEM:   # no block leaves while its last sends may be in flight
+                      if DSMEM:   # no block leaves while sends into it may be in flight: every send was waited for
+                          # by its receiver (the last step sends nothing), except h0's when there is no step at all
+                          if seq == 0 and in_bytes > 0:
+                              T.evaluate(T.cuda.mbarrier_wait(T.address_of(dmbar[0]), 0))
                           T.ptx["barrier.cluster.arrive.release"]()
                           T.ptx["barrier.cluster.wait.acquire"]()
                       final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
