@@ -6,6 +6,9 @@
 #   bash scripts/gpu_session8.sh P   sweep 15b (out/pmma15 rebuilt: the bidirectional picks added) + the engine again
 #                                    (out/peng15), ncu warp stalls of cluster_sync vs dsmem (NCU_NAMES)
 #   bash scripts/gpu_session8.sh G   the GRU grid vs cuDNN (out/pgru10; RUNS processes per dtype)
+#   bash scripts/gpu_session8.sh F   final code: persistent_mma GPU cases (out/pmma) + memcheck of the dsmem cases and the
+#                                    0/1/2-step test, the dsmem sweep re-timed (out/pmma16), the SIMT engine's H1024 B8
+#                                    configs (out/psweep8, built by scripts/pgru_sweep.py's build with that dict)
 #   bash scripts/gpu_session8.sh R   whole models through the importer (out/gm8), racecheck of two dsmem cases, the
 #                                    RNN bench with its odd-size GPU tests (out/prnn8)
 # Results come back under $OUT.
@@ -47,6 +50,18 @@ elif [ "$PART" = G ]; then   # the GRU grid (out/$PGRU) in RUNS processes per dt
   done
   # few files come back from a call: the runs' JSON and logs as one archive
   (cd $RES && tar czf grids.tgz grid_*/persistent_gru.json pgru_*.log && rm -rf grid_* pgru_*.log)
+elif [ "$PART" = F ]; then
+  TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \
+    -p no:cacheprovider 2>&1 | tail -1
+  timeout 200 compute-sanitizer --tool memcheck --print-limit 20 env TVMSEQ_PMMA_PREBUILT=out/pmma python3 -m pytest \
+    -q -m gpu tests/test_persistent_mma.py -k "short_sequences or $DS_CASES" -p no:cacheprovider 2>&1 \
+    | grep -E "SUMMARY|passed|failed" | tail -3
+  timeout 120 python3 scripts/pmma_sweep.py run out/pmma16 > $RES/pmma16.log 2>&1; echo "sweep rc=$?"
+  cp out/pmma16/results.json $RES/results_pmma16.json
+  if [ -d out/psweep8 ]; then
+    timeout 400 python3 scripts/pgru_sweep.py run out/psweep8 > $RES/psweep.log 2>&1; echo "engine sweep rc=$?"
+    cp out/psweep8/results.json $RES/results_psweep8.json
+  fi
 elif [ "$PART" = R ]; then   # whole models (out/gm8), racecheck of two dsmem cases, the RNN bench (out/prnn8)
   TVMSEQ_GPU_MODELS=out/${GM:-gm8s} timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_models.py \
     -p no:cacheprovider > $RES/pytest_models.log 2>&1; tail -1 $RES/pytest_models.log
