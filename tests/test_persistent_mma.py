@@ -424,22 +424,24 @@ def test_prebuilt_on_gpu(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["pmma_gru_forward_h256_b64_lens", "pmma_gru_forward_h1024_b64_lens"])
 @pytest.mark.parametrize("seq", [0, 1, 2])
-def test_prebuilt_dsmem_short_sequences(seq):
-    """dsmem has no barrier a step, so a block may leave only when every send into its shared memory has
-    landed: with 0 steps (only h0 was sent), 1 (nothing sent after h0) or 2 steps, the kernel returns and Y / Y_h
-    are right (Y_h zero for a zero-length sequence)."""
+def test_prebuilt_short_sequences(seq, name):
+    """0, 1 and 2 steps. dsmem (the first case) has no barrier a step, so a block may leave only when every send
+    into its shared memory has landed: with 0 steps only h0 was sent, with 1 nothing after it. early_gate (the
+    second) loads step 0's gate_i before the step loop: not with 0 steps (memcheck). Y / Y_h right, Y_h zero
+    for a zero-length sequence."""
     import tvm as tvm_rt
 
     from tvmseq.bench.common import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")
-    (case,) = [c for c in _gpu_index() if _case_name(c) == "pmma_gru_forward_h256_b64_lens"] or [None]
+    (case,) = [c for c in _gpu_index() if _case_name(c) == name] or [None]
     if case is None:
-        pytest.skip(f"no prebuilt dsmem case in {PREBUILT}")
+        pytest.skip(f"no prebuilt case {name} in {PREBUILT}")
     D, B, H, direction, cell, acts, clip, lens, cfg, *dtype = case
-    assert pm.MmaConfig.of(cfg).dsmem
+    assert pm.MmaConfig.of(cfg).dsmem or pm.MmaConfig.of(cfg).early_gate
     if seq:
         inputs, (want_y, want_yh) = gpu_case_problem(D, B, H, direction, cell, acts, clip, lens, "float16", seq)
     else:

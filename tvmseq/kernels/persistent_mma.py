@@ -921,7 +921,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                           if t == 0:
                               flags[(d * BS + q) * G + g] = 0
                       if EARLY:
-                          prefetch(GI, RbH, Lens, gi, d, g, t, 0, q, seq)
+                          if seq > 0:   # gate_i of step 0 (a 0-step call has none)
+                              prefetch(GI, RbH, Lens, gi, d, g, t, 0, q, seq)
                       step_barrier()
                       for s in T.serial(seq):
                           if FLAGS:
