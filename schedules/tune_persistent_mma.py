@@ -8,9 +8,10 @@ staging) by measurement, and record the winners in schedules/measured/persistent
 
 The variants per (D, B, H) are scripts/pmma_sweep.py's SWEEP (the rule's pick is added where missing). A winner
 replaces the rule's pick only when >= 3% faster. Below the kernel's batch floors (16 in float16, 32 in float32) the
-rival is the SIMT engine instead (scripts/pmma_sweep.py build-engine times it at those shapes): an entry there, with
-the engine as its model_config, makes the importer route that exact shape to this kernel. The results file may hold several runs (artifacts/bench/pmma_sweep.json
-holds all sweeps, oldest first): a config timed again counts with its newest time, since the kernel changed between
+rival is the SIMT engine instead (`build` also builds it at ENGINE_SWEEP's shapes into out/engine, `run` times it in
+the same process): an entry there, with the engine as its model_config, makes the importer route that exact shape
+to this kernel. The results file may hold several runs (artifacts/bench/pmma_sweep.json holds all sweeps, oldest
+first): a config timed again counts with its newest time, since the kernel changed between
 sweeps (session 6, sweep 12: every config re-timed after the partial-sum stores changed).
 """
 from __future__ import annotations
@@ -33,20 +34,30 @@ def _model_pick(D, B, H, cell="gru", dtype="float16"):
 
 def build(out: Path) -> None:
     import pmma_sweep
+    from tvmseq.kernels import persistent_mma as pm
 
     sweep = {}
     for key, variants in pmma_sweep.SWEEP.items():
         D, B, H, dtype, cell = pmma_sweep.sweep_key(key)
-        pick = _model_pick(D, B, H, cell, dtype)
-        knobs = pick.knobs()
+        if _rival(dict(D=D, B=B, H=H, cell=cell, dtype=dtype)) == pm.ENGINE_PICK:
+            sweep[key] = variants   # below the batch floor: the engine is the rival (out/engine)
+            continue
+        knobs = _model_pick(D, B, H, cell, dtype).knobs()
         sweep[key] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
     pmma_sweep.build(out, sweep)
+    # below the batch floors the rival is the SIMT engine: built beside the variants, timed in the same process
+    pmma_sweep.build(out / "engine", pmma_sweep.ENGINE_SWEEP, kernel="persistent_gru")
 
 
 def run(out: Path) -> None:
+    """Both libraries of `build` timed; out/results.json holds the variants' rows and then the engine's."""
     import pmma_sweep
 
     pmma_sweep.run(out)
+    if (out / "engine" / "index.json").exists():
+        pmma_sweep.run(out / "engine")
+        rows = json.loads((out / "results.json").read_text()) + json.loads((out / "engine" / "results.json").read_text())
+        (out / "results.json").write_text(json.dumps(rows, indent=1))
 
 
 def _rival(key: dict) -> dict:
