@@ -7,10 +7,7 @@
 # Results come back under $OUT.
 set +e
 PART=${1:-A}
-source .gpu/env.sh || exit 1
-export PYTHONUNBUFFERED=1
-RES=$OUT; mkdir -p $RES
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $RES/gpu.txt
+source scripts/gpu_start.sh
 CS_CASES="h250_b61 or h256_b37 or h200_b70 or h256_b7_ or h500_b66 or h250_b90"
 if [ "$PART" = A ]; then
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \

@@ -14,10 +14,7 @@
 # Results come back under $OUT.
 set +e
 PART=${1:-A}
-source .gpu/env.sh || exit 1
-export PYTHONUNBUFFERED=1
-RES=$OUT; mkdir -p $RES
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $RES/gpu.txt
+source scripts/gpu_start.sh
 DS_CASES="rnn_reverse_h250_b61 or h256_b39 or h200_b29 or h256_b1_ or gru_forward_h256_b64 or h250_b7_ or h500_b50 or h136_b23"
 if [ "$PART" = A ]; then
   TVMSEQ_PMMA_PREBUILT=out/pmma timeout 150 python3 -m pytest -q -m gpu tests/test_persistent_mma.py \

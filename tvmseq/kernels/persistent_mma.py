@@ -29,8 +29,9 @@ R[rows, w*KW : (w+1)*KW]. A step, per chunk:
      other half of a double buffer in global memory;
 then a grid barrier (cooperative launch: all blocks resident) ends the step (`flags`: per-block ready
 flags instead, measured slower; `cluster_sync`: a cluster barrier, when one thread-block cluster holds a batch
-group's blocks; `dsmem`: no barrier at all, the state sent block to block inside the cluster, see MmaConfig). fp16: the state enters the product rounded to fp16 (the fp16 GEMM's
-input, as in cuDNN); the update itself stays float32.
+group's blocks; `dsmem`: no barrier at all, the state sent block to block inside the cluster, see MmaConfig).
+fp16: the state enters the product rounded to fp16 (the fp16 GEMM's input, as in cuDNN); the update itself stays
+float32.
 
 sequence_lens: as in `persistent_gru` (state kept past a row's end, Y zero there, reverse starts at
 the row's last valid step, Y_h the state after the last valid step, zero for an empty row).
@@ -792,16 +793,6 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         return (T.float32(1) - z) * hh + z * h
 
     @T.macro
-    def store_y(Y, Lens, d, b, j, s, seq, hn):
-        """Y at step s of row b, unit j (zero past the row's length)."""
-        L = T.meta_var(length(Lens, b, seq))
-        if has_seq_lens:
-            Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
-                dtype, T.if_then_else(s < L, hn, T.float32(0)))
-        else:
-            Y[time_index(d, seq, s), d, b, j] = T.Cast(dtype, hn)
-
-    @T.macro
     def finish(Y, Lens, hbuf, hst, hoff, red, gi, d, g, t, s, c, ci, seq):
         """Gate math of this thread's (row, unit) items; Y, own state and h_{s+1} (fp16) written (dsmem: not
         h_{s+1}, which `push_state` sends to the peers)."""
@@ -815,7 +806,11 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 L = T.meta_var(length(Lens, b, seq))
                 h = T.meta_var(hst[hoff + ci * FI + i])
                 hn = T.if_then_else(s < L, cell_update(red, gi, d, i, row, u, h), h)
-                store_y(Y, Lens, d, b, j, s, seq, hn)
+                if has_seq_lens:
+                    Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
+                        dtype, T.if_then_else(s < L, hn, T.float32(0)))
+                else:
+                    Y[time_index(d, seq, s), d, b, j] = T.Cast(dtype, hn)
                 hst[hoff + ci * FI + i] = hn
                 if not DSMEM:   # dsmem: `push_state` after this
                     hbuf[hidx((s + 1) % 2, d, b, j)] = T.Cast(dtype, hn)
@@ -990,8 +985,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     product_cpu(hbuf, Rw, red, s % 2, d, g, q + ci * BS)
                     for t in T.serial(NT):
                         prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                        finish(Y, Lens, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d, g,
-                               t, s, q + ci * BS, ci, seq)
+                        finish(Y, Lens, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d, g, t,
+                               s, q + ci * BS, ci, seq)
             for d, g, q, t in T.grid(D, G, BS, NT):
                 final_state(Yh, Lens, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
 

@@ -53,8 +53,14 @@ def supports(N: int, K: int, tile: MmaGemmTile = MmaGemmTile()) -> str | None:
     if tile.bm * tile.bk // 8 % tile.threads or tile.bn * tile.bk // 8 % tile.threads:
         # the A and the W copies are two separate loops of whole rounds over the threads
         return f"tile {tile}: the 16-byte copies of a stage do not split evenly over {tile.threads} threads"
-    if N % tile.bn or K % tile.bk:
-        return f"N={N} (gate rows) must be a multiple of {tile.bn} and K={K} (input size) of {tile.bk}"
+    return weight_misfit(N, K, tile.bn, tile.bk)
+
+
+def weight_misfit(N: int, K: int, bn: int, bk: int) -> str | None:
+    """Why an N x K weight does not split into whole bn-row, bk-column tiles (None: it does); the tensor-core
+    projections (this one, `projection_wgmma`, `projection_tma`) take whole tiles only."""
+    if N % bn or K % bk:
+        return f"N={N} (gate rows) must be a multiple of {bn} and K={K} (input size) of {bk}"
     return None
 
 

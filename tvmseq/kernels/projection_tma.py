@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import TvmseqError
+from .projection_mma import projection_mma_func, weight_misfit
 from .projection_wgmma import ATOM, BK, align_offset, warpgroup_tile_macros
 
 SWIZZLE_128B_MAP = 3        # CU_TENSOR_MAP_SWIZZLE_128B
@@ -61,16 +62,12 @@ def supports(N: int, K: int, tile: TmaTile = TmaTile()) -> str | None:
         return f"tile {tile}: 2+ stages"
     if tile.smem_bytes() > 227 * 1024:
         return f"tile {tile}: {tile.smem_bytes()} B of shared memory > 227 KB"
-    if N % tile.bn or K % BK:
-        return f"N={N} (gate rows) must be a multiple of {tile.bn} and K={K} (input size) of {BK}"
-    return None
+    return weight_misfit(N, K, tile.bn, BK)
 
 
 def projection_tma_func(D: int, N: int, K: int, gpu: bool = True, tile: TmaTile = TmaTile()):
     """prim_func(X [rows, K] fp16, W [D, N, K] fp16, bias [D, N] f32, gate_i [D, rows, N] f32)."""
     from tvm.script import tirx as T
-
-    from .projection_mma import projection_mma_func
 
     why = supports(N, K, tile)
     if why:

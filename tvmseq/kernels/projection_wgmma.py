@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import TvmseqError
+from .projection_mma import projection_mma_func, weight_misfit
 
 BK = 64            # k per stage: one 128-byte swizzle row of fp16
 CPR = BK // 8      # 16-byte chunks a tile row (the swizzle permutes them within 8-row atoms)
@@ -109,16 +110,12 @@ def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile()) -> str | None:
         return f"tile {tile}: the {tile.bn * CPR} 16-byte W copies of a stage do not split over {tile.threads} threads"
     if tile.stages < (3 if tile.inflight else 2):
         return f"tile {tile}: {3 if tile.inflight else 2}+ stages"
-    if N % tile.bn or K % BK:
-        return f"N={N} (gate rows) must be a multiple of {tile.bn} and K={K} (input size) of {BK}"
-    return None
+    return weight_misfit(N, K, tile.bn, BK)
 
 
 def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaTile = WgmmaTile()):
     """prim_func(X [rows, K] fp16, W [D, N, K] fp16, bias [D, N] f32, gate_i [D, rows, N] f32)."""
     from tvm.script import tirx as T
-
-    from .projection_mma import projection_mma_func
 
     why = supports(N, K, tile)
     if why:
