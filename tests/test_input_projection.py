@@ -31,8 +31,9 @@ def _spec(D, B, H, I, dtype="float32"):  # noqa: E741
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_module(D, B, H, I, dtype):  # noqa: E741
-    sch = ip.TiledInputProjection().apply(ip.input_projection_func(_spec(D, B, H, I, dtype)), LLVM)
+def _cpu_module(D, B, H, I, dtype, few_blocks=False):  # noqa: E741
+    rule = ip.TiledInputProjection(dict(ip.FEW_BLOCKS_GENES)) if few_blocks else ip.TiledInputProjection()
+    sch = rule.apply(ip.input_projection_func(_spec(D, B, H, I, dtype)), LLVM)
     assert sch is not None, "the rule must apply when an M tile divides the batch"
     return tvm.compile(sch.mod, target=LLVM)["gru_input_projection"]
 
@@ -45,9 +46,11 @@ CPU_CASES = ([(D, B, I, H, "float32") for D in (1, 2) for B in (16, 64, 96)
              + [(1, 64, 19, 128, "float32"), (2, 16, 19, 128, "float32")])  # only k padded: no unpad block
 
 
-@pytest.mark.parametrize("D,B,I,H,dtype", CPU_CASES)
-def test_tiled_projection_matches_numpy_on_cpu(D, B, I, H, dtype):  # noqa: E741
-    func = _cpu_module(D, B, H, I, dtype)
+@pytest.mark.parametrize("D,B,I,H,dtype,few_blocks", [c + (False,) for c in CPU_CASES]
+                         + [(1, 64, 100, 50, "float32", True), (2, 64, 33, 24, "float32", True),
+                            (1, 64, 48, 128, "float32", True)])   # padded-rows genes at small batch
+def test_tiled_projection_matches_numpy_on_cpu(D, B, I, H, dtype, few_blocks):  # noqa: E741
+    func = _cpu_module(D, B, H, I, dtype, few_blocks)
     rng = np.random.default_rng(D * 1000 + B + I + H)
     W = rng.uniform(-1, 1, (D, 3 * H, I)).astype(dtype)
     bias = rng.standard_normal((D, 3 * H)).astype(np.float32)
@@ -128,6 +131,33 @@ def test_row_tile_only_where_the_batch_layout_has_no_tile():
     assert ip.row_tile(_spec(2, 1, 64, 33), H100) == ip.PROJECTION_GENES["bm"]
     assert ip.row_tile(_spec(1, 64, 1024, 1024), H100) is None     # the batch layout is tiled already
     assert ip.row_tile(_spec(1, 8, 1024, 1024), LLVM) is None      # the CPU keeps its loop nest
+
+
+def test_padded_rows_genes_by_block_count():
+    """The 64 x 64 tile where PROJECTION_GENES' tiles would give under 4 blocks an SM (static seq, float32);
+    PROJECTION_GENES for a symbolic seq, float16, or many blocks."""
+    few, big = ip.FEW_BLOCKS_GENES, ip.PROJECTION_GENES
+    assert ip.padded_rows_genes(_spec(1, 8, 1024, 1024), 100, H100) is few        # 13 x 24 = 312 blocks
+    assert ip.padded_rows_genes(_spec(2, 8, 512, 512), 100, H100) is few          # 2 x 13 x 12 = 312
+    assert ip.padded_rows_genes(_spec(1, 1, 1024, 1024), 100, H100) is few
+    assert ip.padded_rows_genes(_spec(2, 8, 1024, 1024), 100, H100) is big        # 624 >= 4 x 132
+    assert ip.padded_rows_genes(_spec(1, 8, 1024, 1024), 1000, H100) is big       # 125 x 24 = 3000
+    assert ip.padded_rows_genes(_spec(1, 8, 1024, 1024), None, H100) is big       # any length
+    assert ip.padded_rows_genes(_spec(1, 8, 1024, 1024, "float16"), 100, H100) is big
+    few_func, tile = ip.projection_for(_spec(1, 8, 1024, 1024), H100, 100)
+    big_func, tile2 = ip.projection_for(_spec(1, 8, 1024, 1024), H100)
+    assert tile == tile2 == few["bm"] and few_func.script() != big_func.script()
+
+
+def test_few_blocks_genes_build_without_spills():
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: ptxas not checked")
+    from tvmseq.bench.recurrent_gemm import ptxas_report
+
+    func, _ = ip.projection_for(_spec(1, 8, 1024, 1024), H100, 100)
+    src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
+    (info,) = ptxas_report(src).values()
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
 
 
 @pytest.mark.parametrize("seq", [1, 5, 17])
@@ -229,6 +259,47 @@ def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
     f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in (X, W, bias)], out)
     want = numpy_projection(X[:, None], W, bias)[:, :, 0]
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 64), (2, 300, 256, 128)])
+def test_wgmma_projection_half_gate_i_cpu_variant_matches_numpy(D, rows, N, K):
+    """gate_dtype float16: the float32 sum plus bias rounded once to half (the GPU epilogue's numerics), so within
+    half a half-ulp of the largest magnitude of the float64 result."""
+    from tvmseq.kernels import projection_wgmma as pwg
+
+    func = pwg.projection_wgmma_func(D, N, K, gpu=False, gate_dtype="float16")
+    f = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
+    rng = np.random.default_rng(rows)
+    X = rng.standard_normal((rows, K)).astype(np.float16)
+    W = (rng.standard_normal((D, N, K)) * K ** -0.5).astype(np.float16)
+    bias = rng.standard_normal((D, N)).astype(np.float32)
+    out = tvm.runtime.tensor(np.full((D, rows, N), np.nan, np.float16))
+    f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in (X, W, bias)], out)
+    got, want = out.numpy(), numpy_projection(X[:, None], W, bias)[:, :, 0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=1e-3 * np.abs(want).max())
+
+
+def test_wgmma_projection_half_gate_i_cuda_codegen():
+    """gate_dtype float16 on the H100: a half gate_i, its column pairs stored as one 4-byte half2 each; float32
+    stays float2; (with nvcc) no spills."""
+    from tvmseq.errors import TvmseqError
+    from tvmseq.kernels import projection_wgmma as pwg
+
+    def source(gate_dtype):
+        func = pwg.projection_wgmma_func(2, 3072, 1024, gate_dtype=gate_dtype)
+        return tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
+
+    src = source("float16")
+    assert "half* __restrict__ GateI_ptr" in src and "*(half2*)(GateI_ptr" in src
+    assert "*(float2*)(GateI_ptr" in source("float32")
+    with pytest.raises(TvmseqError, match="gate_dtype 'float64'"):
+        pwg.projection_wgmma_func(1, 128, 64, gate_dtype="float64")
+    if shutil.which("nvcc"):
+        from tvmseq.bench.recurrent_gemm import ptxas_report
+
+        (info,) = ptxas_report(src).values()
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
 
 
 def test_wgmma_projection_refuses_shapes_it_cannot_tile():

@@ -77,7 +77,7 @@ def _bench_funcs(c, target) -> dict:
     D = 2 if c["bidirectional"] else 1
     spec = gru.GruSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"], linear_before_reset=1,
                        direction="bidirectional" if D == 2 else "forward")
-    proj, tile = input_projection.projection_for(spec, target)   # what the importer emits
+    proj, tile = input_projection.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
     rec, path, why = pg.recurrence_func_auto(spec, target)
     sfx = _suffix(c)
     return {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),

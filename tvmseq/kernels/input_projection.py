@@ -211,6 +211,29 @@ def schedule_input_projection(func: tirx.PrimFunc, target: tvm.target.Target,
 # ---------------------------------------------------------------------------------------------------
 # Batches no M tile divides (1, 8, 100, ...): the projection on seq * batch rows padded to whole tiles
 # ---------------------------------------------------------------------------------------------------
+# Padded rows with few blocks: at seq 100 and batch 1-8 the row tiles of PROJECTION_GENES (64 x 128, 8 x 8 a thread)
+# make under 4 blocks an SM, and a 64 x 64 tile with 8 x 4 accumulators a thread (twice the blocks, 128 threads
+# each) is faster. Measured on the H100, fp32, seq 100 (`scripts/proj_rows_sweep.py`,
+# artifacts/bench/proj_rows_sweep.json, cuBLAS in the same process): us a step B1 H1024 0.75 -> 0.52, B1 H512
+# 0.40 -> 0.27, B8 H512 0.66 -> 0.51, B8 H1024 1.64 -> 1.59, bi B8 H512 0.87 -> 0.84; where the large tile makes
+# more blocks (bi B8 H1024: 624, 2.72 vs 3.09 us; B100 H1024: 3768, 14.2 vs 16.5) it stays.
+FEW_BLOCKS_GENES: dict[str, int] = dict(PROJECTION_GENES, bn=64, tn=4)
+FEW_BLOCKS_WAVES = 4
+
+
+def padded_rows_genes(spec, seq, target) -> dict:
+    """The genes of the padded-rows projection of `spec` at `seq` steps: FEW_BLOCKS_GENES when seq is known
+    (an int) and PROJECTION_GENES' tiles would give fewer than FEW_BLOCKS_WAVES blocks an SM of the target,
+    else PROJECTION_GENES (a symbolic seq: any length, so the tile that wins on long inputs)."""
+    from .recurrent_gemm import gpu_facts
+
+    if not isinstance(seq, int) or spec.dtype != "float32":   # float16 was not measured on this path
+        return PROJECTION_GENES
+    g = PROJECTION_GENES
+    blocks = spec.num_directions * -(-seq * spec.batch // g["bm"]) * -(-spec.gates * spec.hidden // g["bn"])
+    return FEW_BLOCKS_GENES if blocks < FEW_BLOCKS_WAVES * gpu_facts(target).num_sms else PROJECTION_GENES
+
+
 def row_tile(spec, target) -> int | None:
     """Rows per tile when the projection of `spec` should run on its seq * batch rows padded to whole tiles
     of the template's M tile (a [tiles, tile, input] view, i.e. the projection of a batch of `tile`):
@@ -428,19 +451,23 @@ def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> 
     return None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
-def projection_for(spec, target):
+def projection_for(spec, target, seq=None):
     """(scheduled projection prim_func, row tile): the tensor-core projection on the flat rows (tile FLAT:
     X [seq * B, I] -> gate_i [D, seq * B, gates * H]); else on the batch layout (tile None), or for the
     padded rows of `row_tile` (then the prim_func is the projection of a batch of `tile` rows: X [tiles,
-    tile, I] -> gate_i [D, tiles, tile, gates * H])."""
+    tile, I] -> gate_i [D, tiles, tile, gates * H], its genes from `padded_rows_genes` at `seq` steps, an int
+    when the model's length is static)."""
     import dataclasses
 
     flat = tensor_core_projection(spec, target)
     if flat is not None:
         return flat, FLAT
     tile = row_tile(spec, target)
-    run_spec = dataclasses.replace(spec, batch=tile) if tile else spec
-    return schedule_input_projection(input_projection_func(run_spec), target)["main"], tile
+    if not tile:
+        return schedule_input_projection(input_projection_func(spec), target)["main"], tile
+    rule = TiledInputProjection(dict(padded_rows_genes(spec, seq, target)))
+    func = input_projection_func(dataclasses.replace(spec, batch=tile))
+    return schedule_input_projection(func, target, rule)["main"], tile
 
 
 def pad_rows_func(batch: int, input_size: int, tile: int, dtype: str) -> tirx.PrimFunc:

@@ -47,11 +47,12 @@ def build_kernels(spec, target_json: str, path: str = "auto"):
 
 
 @functools.lru_cache(maxsize=64)
-def projection_kernel(spec, target_json: str):
-    """`input_projection.projection_for`, built once per spec/target: (prim_func, row tile or None)."""
+def projection_kernel(spec, target_json: str, seq=None):
+    """`input_projection.projection_for`, built once per spec/target/length (an int when static, else None):
+    (prim_func, row tile or None)."""
     from ..kernels import input_projection
 
-    return input_projection.projection_for(spec, tvm.target.Target(target_json))
+    return input_projection.projection_for(spec, tvm.target.Target(target_json), seq)
 
 
 def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
@@ -64,7 +65,8 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
 
     D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
     G = spec.gates * H
-    proj, tile = projection_kernel(spec, str(target))
+    static_seq = int(seq) if isinstance(seq, (int, tirx.IntImm)) else None
+    proj, tile = projection_kernel(spec, str(target), static_seq)
     if tile == input_projection.FLAT:   # tensor cores, on the seq * B rows as one matrix
         sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
         x_rows = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
@@ -73,7 +75,8 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
                              [x_rows, c["w"], bias_i], relax.TensorType([D, seq * B, G], "float32"), name_hint=op)
         return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
     sizes = {"directions": D, "batch": tile or B, "hidden": H, "input_size": I, "gates": spec.gates}
-    key = KernelKey(sizes, c["dtype"], dynamic=("seq",))
+    few = tile and input_projection.padded_rows_genes(spec, static_seq, target) is input_projection.FEW_BLOCKS_GENES
+    key = KernelKey(sizes, c["dtype"], {"genes": "few_blocks"} if few else {}, dynamic=("seq",))
     op = f"{cell}_input_projection"
     if not tile:
         return emit_kernel(bb, op, key, lambda: proj, [c["x"], c["w"], bias_i],
