@@ -11,6 +11,12 @@ pre-activations of its own units: no partial sums, no reduction, no k-split.
 
 Interface: that of `persistent_mma` (gate_i f32 [D, T, B, NG*H], R [D, NG*H, H] fp16, rb_h f32 [D, H],
 seq_lens i32 [B], h0 f32 [D, B, H] -> Y [T, D, B, H], Y_h [D, B, H] fp16); GRU with linear_before_reset=1, RNN.
+gate_dtype="float16" takes gate_i in half (as `projection_wgmma` can write it: half the bytes read a step); the
+loads widen it to float32, so the gate math is unchanged. Measured on the H100 (scripts/half_gate_ab.py,
+artifacts/bench/half_gate_ab.json, seq 100, projection + recurrence us a step, float32 -> float16 gate_i): bi H1024
+B256 25.1 -> 26.0, bi H512 B256 10.6 -> 11.2, H1024 B256 13.8 -> 14.1, others within 4%; the relative error
+against float64 rises 2.1e-4 -> 2.6e-4. So the importer keeps float32 gate_i (the loads and the projection's
+stores stay one 2- or 4-byte element a lane: half the bytes, the same number of transactions).
 
 Work split. Direction d runs on blocks [d*G*BS, (d+1)*G*BS); block (g, q) owns UB hidden units [g*UB, (g+1)*UB)
 (the NG*UB rows of R of their gates: the wgmma N) and every BS-th 64-row batch chunk from chunk q. Shared
@@ -42,7 +48,7 @@ from ..errors import TvmseqError
 from ..targets import is_gpu, resolve
 
 from .persistent_mma import GATES, check_args
-from .projection_wgmma import ATOM, align_offset, encode_descriptor, mma_async
+from .projection_wgmma import ATOM, GATE_DTYPES, align_offset, encode_descriptor, mma_async
 from .projection_wgmma import BK as KB   # k of a tile: one 128-byte swizzle row of fp16
 
 MC = 64              # rows of a state chunk: the wgmma M of one warpgroup
@@ -159,15 +165,18 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
 
 
 def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
-                          target, config: WgmmaRecConfig | None = None, cell: str = "gru"):
+                          target, config: WgmmaRecConfig | None = None, cell: str = "gru",
+                          gate_dtype: str = "float32"):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
-    warpgroup tensor cores (see the module doc)."""
+    warpgroup tensor cores (see the module doc); gate_i of gate_dtype (float32 or float16)."""
     from tvm.script import tirx as T
 
     from . import persistent_gru as pg
     from . import recurrent_gemm as rg
 
     check_args(D, B, H, dtype, directions, cell, kind="wgmma", dtypes=("float16",))
+    if gate_dtype not in GATE_DTYPES:
+        raise TvmseqError(f"persistent wgmma: gate_dtype {gate_dtype!r} not one of {GATE_DTYPES}")
     target = resolve(target)
     gpu = is_gpu(target)
     NG = GATES[cell]
@@ -191,6 +200,10 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     f_act, g_act, clipf = pg.cell_math(acts, D, NG, clip)
     length = pg.row_length(has_seq_lens, B)
     time_index = pg.time_index_fn(directions)
+
+    def widen(v):
+        # float32 gate_i is read as it was (no cast node): the default kernel's code stays what it was
+        return v if gate_dtype == "float32" else T.Cast("float32", v)
 
     def swz(r, k):
         """Half offset of element k (< 64) of row r inside a swizzled 64-column tile."""
@@ -265,7 +278,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
             L = T.meta_var(length(Lens, b, seq))
             tt = T.meta_var(T.max(T.min(time_index(d, L, s), seq - 1), 0))
             for q in unroll(NG):
-                gi[it * 4 + q] = GI[d, tt, b, q * H + j]
+                gi[it * 4 + q] = widen(GI[d, tt, b, q * H + j])
             if NG == 3:
                 gi[it * 4 + 3] = RbH[d, j]
 
@@ -349,7 +362,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
              y: T.handle, y_h: T.handle):
         seq = T.int32()
-        GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+        GI = T.match_buffer(gate_i, (D, seq, B, G3), gate_dtype)
         Rw = T.match_buffer(r_w, (D, G3, H), "float16")
         RbH = T.match_buffer(rb_h, (D, H), "float32")
         Lens = T.match_buffer(lens, (B,), "int32")

@@ -11,11 +11,12 @@ copying. The tiles are stored in the 128-byte swizzle layout wgmma's descriptors
 row r at chunk c ^ (r % 8), 8-row atoms of 1 KB, each tile 1 KB aligned); a k16 step advances the descriptor's
 start address by 32 bytes. A stage's copies land through the generic proxy and wgmma reads through the async
 proxy, hence the proxy fence before the barrier that publishes a stage. Accumulators: BN / 2 float32 registers
-a thread, the m16n8 C-fragment layout per 8 columns; the epilogue adds the bias and stores column pairs.
+a thread, the m16n8 C-fragment layout per 8 columns; the epilogue adds the bias and stores column pairs: float32,
+or with gate_dtype="float16" rounded once to half (half the bytes written here and read by the recurrence a step).
 
 Needs N % BN == 0 and K % 64 == 0 (`supports`); sm_90a only (the caller checks the target). The CPU variant
-is `projection_mma`'s loop nest (the interface's numerics); the layouts are checked on the GPU by
-`scripts/tc_projection_sweep.py`.
+is `projection_mma`'s loop nest (the interface's numerics; with float16 gate_i `projection_cpu_func`); the layouts
+are checked on the GPU by `scripts/tc_projection_sweep.py`.
 """
 from __future__ import annotations
 
@@ -56,14 +57,19 @@ def align_offset(smem):
     return (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM) % ATOM // 2
 
 
-def warpgroup_tile_macros(BN: int):
+def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32"):
     """(k_slice, store_rows): the TIR macros a 64 x BN warpgroup tile of the projection is made of, shared by this
-    kernel and `projection_tma`.
+    kernel and `projection_tma` (which stores float32 only).
       k_slice(smem, acc, da, db, a_off, b_off, kt): the four m64nBNk16 wgmmas of k slice kt, A (64 rows) and B (BN
         gate rows) from the 128-byte-swizzled tiles at half offsets a_off and b_off; slice 0 overwrites acc.
       store_rows(GateI, Bias, acc, d, row0, n0, rows, t): the accumulators (the m16n8 C-fragment layout per 8
-        columns) plus the bias into gate_i rows [row0, row0 + 64) < rows, columns [n0, n0 + BN), as column pairs."""
+        columns) plus the bias into gate_i rows [row0, row0 + 64) < rows, columns [n0, n0 + BN), as column pairs; a
+        float16 gate_i gets the fp32 sum rounded once (a pair of halves: one 4-byte store)."""
     from tvm.script import tirx as T
+
+    def stored(pair):
+        # float32 returns the expression untouched: the default kernel's code stays what it was
+        return pair if gate_dtype == "float32" else T.Cast(f"{gate_dtype}x2", pair)
 
     @T.macro
     def k_slice(smem, acc, da, db, a_off, b_off, kt):
@@ -79,7 +85,7 @@ def warpgroup_tile_macros(BN: int):
                 r = T.meta_var(row0 + (t % 128) // 32 * 16 + t % 32 // 4 + 8 * h)
                 n = T.meta_var(n0 + j * 8 + (t % 4) * 2)
                 if r < rows:
-                    GateI[d, r, T.ramp(n, 1, 2)] = acc[T.ramp(j * 4 + 2 * h, 1, 2)] + Bias[d, T.ramp(n, 1, 2)]
+                    GateI[d, r, T.ramp(n, 1, 2)] = stored(acc[T.ramp(j * 4 + 2 * h, 1, 2)] + Bias[d, T.ramp(n, 1, 2)])
 
     return k_slice, store_rows
 
@@ -113,15 +119,48 @@ def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile()) -> str | None:
     return weight_misfit(N, K, tile.bn, BK)
 
 
-def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaTile = WgmmaTile()):
-    """prim_func(X [rows, K] fp16, W [D, N, K] fp16, bias [D, N] f32, gate_i [D, rows, N] f32)."""
+GATE_DTYPES = ("float32", "float16")   # gate_i storage; float16 halves the epilogue's (and the recurrence's) traffic
+
+
+def projection_cpu_func(D: int, N: int, K: int, gate_dtype: str):
+    """The CPU variant with a gate_i of gate_dtype: the float32 sum plus the bias, rounded once (the epilogue's
+    numerics). float32 is `projection_mma`'s loop nest, as before."""
     from tvm.script import tirx as T
 
+    if gate_dtype == "float32":
+        return projection_mma_func(D, N, K, gpu=False)
+
+    @T.prim_func
+    def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+        rows = T.int32()
+        Xb = T.match_buffer(x, (rows, K), "float16")
+        Wb = T.match_buffer(w, (D, N, K), "float16")
+        Bias = T.match_buffer(bias, (D, N), "float32")
+        GateI = T.match_buffer(gate_i, (D, rows, N), gate_dtype)
+        acc = T.alloc_buffer((1,), "float32")
+        for d, m, n in T.grid(D, rows, N):
+            acc[0] = T.float32(0)
+            for k in T.serial(K):
+                acc[0] = acc[0] + T.Cast("float32", Xb[m, k]) * T.Cast("float32", Wb[d, n, k])
+            GateI[d, m, n] = T.Cast(gate_dtype, acc[0] + Bias[d, n])
+
+    return main.with_attrs({"tirx.is_scheduled": True, "global_symbol": "gru_input_projection",
+                            "tirx.noalias": True})
+
+
+def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaTile = WgmmaTile(),
+                          gate_dtype: str = "float32"):
+    """prim_func(X [rows, K] fp16, W [D, N, K] fp16, bias [D, N] f32, gate_i [D, rows, N] gate_dtype): float32
+    accumulation either way; gate_dtype "float16" rounds the sum plus bias to half on the store."""
+    from tvm.script import tirx as T
+
+    if gate_dtype not in GATE_DTYPES:
+        raise TvmseqError(f"wgmma projection: gate_dtype {gate_dtype!r} not one of {GATE_DTYPES}")
     why = supports(N, K, tile)
     if why:
         raise TvmseqError(f"wgmma projection: {why}")
     if not gpu:
-        return projection_mma_func(D, N, K, gpu=False)
+        return projection_cpu_func(D, N, K, gate_dtype)
     BM, BN, S, NT = tile.bm, tile.bn, tile.stages, tile.threads
     P = S - 2 if tile.inflight else S - 1    # k steps loaded ahead
     LIVE = 1 if tile.inflight else 0          # wgmma groups left running at the end of a k step
@@ -131,7 +170,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     A_ELEMS, B_ELEMS = BM * ROW, BN * ROW
     STAGE = A_ELEMS + B_ELEMS          # halfs a stage (a multiple of 512 halfs = 1 KB)
     unroll = T.unroll
-    k_slice, store_rows = warpgroup_tile_macros(BN)
+    k_slice, store_rows = warpgroup_tile_macros(BN, gate_dtype)
 
     def swz(r, c):
         """half offset of 16-byte chunk c of row r inside a 1 KB-aligned tile."""
@@ -158,7 +197,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         Xb = T.match_buffer(x, (rows, K), "float16")
         Wb = T.match_buffer(w, (D, N, K), "float16")
         Bias = T.match_buffer(bias, (D, N), "float32")
-        GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
+        GateI = T.match_buffer(gate_i, (D, rows, N), gate_dtype)
         # blockIdx.x walks the gate-row tiles: the blocks running together share X rows (read from DRAM once)
         # and re-read W (the smaller operand) from L2; the other order streamed X once per gate-row tile
         for bz in T.thread_binding(D, thread="blockIdx.z"):
