@@ -281,7 +281,8 @@ def _torch_weights_from_onnx(W, R, B, H):
 def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
     """The input projection as the importer runs it: on the batch layout, on the flat seq * B rows (tile
     FLAT), or (`tile` rows per tile) X's seq * B rows copied into whole tiles, projected as a [tiles, tile]
-    batch and the valid rows copied back (the importer's pad_rows kernel and strided_slice)."""
+    batch and the valid rows copied back (the importer's pad_rows kernel and strided_slice; one direction:
+    tv[3], the recurrence's gate_i, becomes a view of them, the importer's memory.view)."""
     import torch
     import tvm
 
@@ -295,13 +296,16 @@ def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
         return lambda: proj(flat[0], tv[1], tv[2], flat[1])
     tiles = -(-rows // tile)
     x_tiles = torch.zeros(tiles * tile, X.shape[-1], device=X.device, dtype=X.dtype)
-    g_tiles = torch.empty(D, tiles * tile, G, device=X.device)
+    g_tiles = gate_i.new_empty(D, tiles * tile, G)
+    if D == 1:   # the recurrence reads a view of the tiles' first rows, as in the importer (no copy back)
+        tv[3] = tvm.runtime.from_dlpack(g_tiles[:, :rows].view(gate_i.shape))
     args = [tvm.runtime.from_dlpack(t) for t in (x_tiles.view(tiles, tile, -1), g_tiles.view(D, tiles, tile, G))]
 
     def run():
         x_tiles[:rows].copy_(X.view(rows, -1))
         proj(args[0], tv[1], tv[2], args[1])
-        gate_i.view(D, rows, G).copy_(g_tiles[:, :rows])
+        if D > 1:
+            gate_i.view(D, rows, G).copy_(g_tiles[:, :rows])
     return run
 
 
