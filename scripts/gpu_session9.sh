@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Session 9 on the H100, runtime-only TVM (carry .gpu and the out/ payloads built here):
 #   bash scripts/gpu_session9.sh G   the GRU grid vs cuDNN (out/$PGRU; RUNS processes per dtype in DTYPES)
+#   bash scripts/gpu_session9.sh V   the engine's reduction padding: A/B (out/redab3), the persistent GRU GPU tests
+#                                    (out/$PGRU) with memcheck and racecheck of two of them, the recurrent GEMM (out/$RG)
+#                                    and RNN (out/$PRNN) GPU tests
 #   bash scripts/gpu_session9.sh T   GPU tests: whole models through the importer (out/$GM), the warpgroup kernels'
 #                                    prebuilt cases (out/$PWG) with memcheck
 # Results come back under $OUT.
@@ -18,6 +21,19 @@ if [ "$PART" = G ]; then   # the GRU grid (out/$PGRU) in RUNS processes per dtyp
   done
   # few files come back from a call: the runs' JSON and logs as one archive
   (cd $RES && tar czf grids.tgz grid_*/persistent_gru.json pgru_*.log && rm -rf grid_* pgru_*.log)
+elif [ "$PART" = V ]; then
+  [ -d out/redab3 ] && { timeout 120 python3 scripts/reduce_ab.py run out/redab3 2>&1 | tail -6 | cut -c1-160; cp out/redab3/results.json $RES/results_redab3.json; }
+  TVMSEQ_PGRU_PREBUILT=out/$PGRU timeout 200 python3 -m pytest -q -m gpu tests/test_persistent_gru.py -p no:cacheprovider \
+    > $RES/pytest_pgru.log 2>&1; echo "pgru tests: $(tail -1 $RES/pytest_pgru.log)"; grep -E "FAILED" $RES/pytest_pgru.log | head
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --print-limit 20 env TVMSEQ_PGRU_PREBUILT=out/$PGRU python3 -m pytest -q -m gpu \
+      tests/test_persistent_gru.py -k "${SAN_CASES:-h1024_b64 or float16_h1024_b8}" -p no:cacheprovider > $RES/pgru_$tool.log 2>&1
+    echo "== $tool rc=$?: $(grep -E "SUMMARY" $RES/pgru_$tool.log | tail -1) $(grep -E "passed|failed" $RES/pgru_$tool.log | tail -1)"
+  done
+  [ -n "$RG" ] && { TVMSEQ_RG_PREBUILT=out/$RG timeout 200 python3 -m pytest -q -m gpu tests/test_recurrent_gemm.py -p no:cacheprovider \
+    > $RES/pytest_rg.log 2>&1; echo "rg tests: $(tail -1 $RES/pytest_rg.log)"; grep FAILED $RES/pytest_rg.log | head; }
+  [ -n "$PRNN" ] && { TVMSEQ_PRNN_PREBUILT=out/$PRNN timeout 200 python3 -m pytest -q -m gpu tests/test_persistent_rnn_gpu.py -p no:cacheprovider \
+    > $RES/pytest_prnn.log 2>&1; echo "prnn tests: $(tail -1 $RES/pytest_prnn.log)"; grep FAILED $RES/pytest_prnn.log | head; }
 elif [ "$PART" = T ]; then
   if [ -n "$GM" ]; then
     TVMSEQ_GPU_MODELS=out/$GM timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_models.py \

@@ -90,7 +90,7 @@ def test_reference_module_agrees():
 
 
 @needs_compiler
-@pytest.mark.parametrize("vp", [1, 2, 4, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("vp", [1, 2, 4, 8, 16, 32, 64, 128, 96, 160, 224, 288])   # powers of two, 32 x odd
 def test_transposing_warp_reduction_plan(vp):
     """Simulate the shuffle stages lane by lane exactly as `make_warp_reduce` emits them: every one of
     the vp sums must be written once, by one lane, at its original index."""
@@ -120,6 +120,29 @@ def test_transposing_warp_reduction_plan(vp):
             assert np.isnan(out[base + i]), "two lanes write the same sum"
             out[base + i] = vals[lane, i]
     np.testing.assert_allclose(out, want, rtol=1e-12)
+
+
+@needs_compiler
+def test_padded_sums():
+    """Up to a warp the next power of two, above it the next multiple of 32 (the reduction's stages stay whole);
+    exactly the sums on the CPU (a warp of one)."""
+    assert [rg.padded_sums(v, 32) for v in (1, 3, 17, 32, 33, 48, 96, 97, 130)] == [1, 4, 32, 32, 64, 64, 96, 128, 160]
+    assert [rg.padded_sums(v, 1) for v in (1, 5, 96)] == [1, 5, 96]
+    geo = rg.EngineGeometry(3 * 1024, 1024, 8, rg.PersistentConfig(64, 8, 4, 48), 32, rows_per_unit=3)
+    assert geo.V == 192 and geo.Vp == 192     # 256 before: the H1024 B8 bidirectional GRU's pick
+
+
+@needs_compiler
+def test_shared_memory_over_48k_needs_48k_dynamic():
+    """TVM's runtime raises a kernel's shared-memory limit only when its dynamic part is >= 48 KB: 43 KB of weight
+    rows beside 12 KB of static partial sums did not launch on the H100 (bidirectional H512 B13), 48 KB do."""
+    from tvmseq.targets import resolve
+
+    facts = rg.gpu_facts(resolve("cuda"))
+    geo = lambda rows: rg.EngineGeometry(3 * 512, 512, 13, rg.PersistentConfig(64, 8, 7, rows), 32,  # noqa: E731
+                                         rows_per_unit=3)
+    assert "48 KB" in geo(21).check(facts, 128)
+    assert geo(24).check(facts, 128) is None
 
 
 @needs_compiler

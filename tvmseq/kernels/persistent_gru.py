@@ -149,7 +149,7 @@ def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
 
     BC, KT, Hp, R_reg, WS = geo.BC, geo.KT, geo.Hp, geo.R_reg, geo.warp_size
     unroll = T.unroll if gpu else T.serial
-    vp = 1 << (nr * BC - 1).bit_length()
+    vp = rg.padded_sums(nr * BC, geo.warp_size)
     reduce = rg.make_warp_reduce(WS, vp)
     reg_n = max(0, min(r0 + nr, R_reg) - r0)       # rows of this pass held in registers
     sm_lo = max(r0, R_reg)                         # first row of this pass in shared memory

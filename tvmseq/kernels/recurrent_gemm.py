@@ -73,6 +73,9 @@ _REG_OVERHEAD = 40
 # Two blocks per SM (128 + 128 blocks of a bidirectional GRU) only where the estimate is this low: ptxas
 # measured 46-64 registers there (cap 128 at 256 threads); above ~120 estimated, ptxas went to 128-242.
 _TWO_PER_SM_REGS = 100
+# A launch may use more than 48 KB of shared memory only after cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES),
+# which TVM's CUDA runtime calls only when the dynamic part alone is >= 48 KB (backend/cuda/runtime/cuda_module.cc)
+_DYN_SMEM_OPT_IN = 48 * 1024
 _TWO_PER_SM_MAX_BATCH = 8  # above, the step cost model cannot tell chunking against sharing an SM
 
 
@@ -173,7 +176,7 @@ class EngineGeometry:
 
     @property
     def Vp(self) -> int:
-        return 1 << (self.V - 1).bit_length()
+        return padded_sums(self.V, self.warp_size)
 
     def regs_estimate(self) -> int:
         """32-bit registers per thread: weight tile + state values + accumulators + overhead."""
@@ -205,6 +208,11 @@ class EngineGeometry:
         smem_cap = facts.smem_per_block if per_sm == 1 else (228 * 1024) // per_sm - 1024
         if self.smem_bytes() > smem_cap:
             return f"{self.smem_bytes()} B shared memory per block > {smem_cap} ({per_sm} blocks per SM)"
+        dynamic, static = 4 * self.R_smem * self.Hp, 4 * 2 * self.W * self.Vp   # weight rows; partial sums
+        if 0 < dynamic < _DYN_SMEM_OPT_IN < dynamic + static:
+            # measured: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE (bidirectional H512 B13, 43 KB + 12 KB)
+            return (f"{dynamic} B dynamic + {static} B static shared memory: over 48 KB, and TVM's runtime raises "
+                    f"the kernel's limit only from 48 KB of dynamic memory, so it would not launch")
         return None
 
 
@@ -390,6 +398,16 @@ def make_ll_ops(gpu: bool, nb: int, nw: int, poll: PollOptions | None = None):
 # ----------------------------------------------------------------------------------------------------
 # Warp reduction that transposes while it reduces
 # ----------------------------------------------------------------------------------------------------
+
+
+def padded_sums(values: int, warp_size: int) -> int:
+    """The partial sums a lane holds for `make_warp_reduce` when it has `values`: up to a warp's width the next
+    power of two, above it the next multiple of the warp's width, so each of the five halving stages stays whole
+    (96 sums = 32 x 3: stages of 48, 24, 12, 6 and 3 shuffles, 93 in all, where padding to 128 took 124; the
+    engine's H1024 B8 GRU passes have 96). On the CPU (warp width 1) exactly `values`."""
+    if values <= warp_size:
+        return 1 << max(values - 1, 0).bit_length()
+    return -(-values // warp_size) * warp_size
 
 
 def reduce_plan(vp: int, warp_size: int) -> list[tuple[int, int]]:
