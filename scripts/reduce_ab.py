@@ -32,7 +32,11 @@ VARIANTS2 = {key: [None] for key in [
 # run 3: the bidirectional H512 picks once the engine's check refused 43 KB of dynamic beside 12 KB of static shared
 # memory (run 2: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)
 VARIANTS3 = {key: [None] for key in [(2, 13, 512, "float32"), (2, 16, 512, "float32")]}
-VARIANTS = {"2": VARIANTS2, "3": VARIANTS3}.get(os.environ.get("REDUCE_AB", ""), VARIANTS)
+# run 4: the select-free reduction (XOR layout, `recurrent_gemm.xor_layout`) against run 3's code, where it applies
+VARIANTS4 = {key: [None] for key in [
+    (1, 8, 1024, "float32"), (2, 8, 1024, "float32"), (1, 8, 1024, "float16"), (2, 8, 1024, "float16"),
+    (1, 7, 1024, "float32"), (1, 16, 1024, "float32"), (2, 7, 1024, "float32"), (2, 16, 1024, "float32")]}
+VARIANTS = {"2": VARIANTS2, "3": VARIANTS3, "4": VARIANTS4}.get(os.environ.get("REDUCE_AB", ""), VARIANTS)
 
 
 def build_one(out: Path, prefix: str) -> None:

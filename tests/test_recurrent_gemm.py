@@ -123,6 +123,40 @@ def test_transposing_warp_reduction_plan(vp):
 
 
 @needs_compiler
+@pytest.mark.parametrize("rows,batch", [(24, 4), (48, 4), (12, 8), (32, 1), (4, 8), (96, 2)])
+def test_select_free_reduction_in_xor_layout(rows, batch):
+    """Lanes hold sum v = b * rows + r at position ((v // h) ^ lane) * h + v % h (`xor_layout`): each stage
+    acc[i] += shfl_xor(acc[i + half]) (the select-free `make_warp_reduce`) leaves lane L with the sums L h + i,
+    where `reduced_layout` says the standard reduction leaves them; `xor_row` and the column swap place them."""
+    h, row_bits = rg.xor_layout(rows, batch, 32)
+    vp = rows * batch
+    rng = np.random.default_rng(rows * batch)
+    sums = rng.standard_normal((32, vp))            # [lane, v]: this lane's partial sum of v
+    acc = np.empty((32, vp))
+    for lane in range(32):
+        for slot_b in range(batch):                 # column slot b holds batch column b ^ (lane >> row_bits)
+            for slot_r in range(rows):              # row slot s holds row xor_row(s)
+                r = ((slot_r // h) ^ (lane & ((1 << row_bits) - 1))) * h + slot_r % h
+                acc[lane, slot_b * rows + slot_r] = sums[lane, (slot_b ^ (lane >> row_bits)) * rows + r]
+    for off, half in rg.reduce_plan(vp, 32):
+        acc[:, :half] = acc[:, :half] + acc[[lane ^ off for lane in range(32)], half:2 * half]
+    held, bits, dup_mask = rg.reduced_layout(vp, 32)
+    assert held == h and dup_mask == 0
+    out = np.full(vp, np.nan)
+    for lane in range(32):
+        base = sum(stride for off, stride in bits if lane & off)
+        out[base:base + held] = acc[lane, :held]
+    np.testing.assert_allclose(out, sums.sum(axis=0), rtol=1e-12)
+
+
+def test_xor_layout_only_where_it_fits():
+    assert rg.xor_layout(24, 4, 32) == (3, 3) and rg.xor_layout(48, 4, 32) == (6, 3)
+    assert rg.xor_layout(12, 4, 32) is None      # 48 sums: padded to 64
+    assert rg.xor_layout(24, 3, 32) is None      # 72 sums
+    assert rg.xor_layout(24, 4, 1) is None       # the CPU variant
+
+
+@needs_compiler
 def test_padded_sums():
     """Up to a warp the next power of two, above it the next multiple of 32 (the reduction's stages stay whole);
     exactly the sums on the CPU (a warp of one)."""

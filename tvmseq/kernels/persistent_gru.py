@@ -150,7 +150,24 @@ def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
     BC, KT, Hp, R_reg, WS = geo.BC, geo.KT, geo.Hp, geo.R_reg, geo.warp_size
     unroll = T.unroll if gpu else T.serial
     vp = rg.padded_sums(nr * BC, geo.warp_size)
-    reduce = rg.make_warp_reduce(WS, vp)
+    xor = rg.xor_layout(nr, BC, WS)   # (h, row bits): this lane's weight rows were loaded permuted (load_weights)
+    reduce = rg.make_warp_reduce(WS, vp, select_free=xor is not None)
+    # the state columns' XOR layers (a column bit each; five explicit slots keep the macro static, 0 = none)
+    col_bits = ([1 << i for i in range(BC.bit_length() - 1)] if xor else []) + [0] * 5
+    row_bits = xor[1] if xor else 0
+
+    @T.macro
+    def swap_layer(cval, lane, bit):
+        """XOR layout: column slot b takes batch column b ^ (lane >> row_bits), one column bit at a time."""
+        if bit > 0:
+            for lo in unroll(BC // (2 * bit)):
+                for m in unroll(bit):
+                    for j in unroll(KT):
+                        swap = T.meta_var(T.bitwise_and(T.shift_right(lane, row_bits), bit) != 0)
+                        x = cval[(lo * 2 * bit + m) * KT + j]
+                        y = cval[(lo * 2 * bit + m + bit) * KT + j]
+                        cval[(lo * 2 * bit + m) * KT + j] = T.Select(swap, y, x)
+                        cval[(lo * 2 * bit + m + bit) * KT + j] = T.Select(swap, x, y)
     reg_n = max(0, min(r0 + nr, R_reg) - r0)       # rows of this pass held in registers
     sm_lo = max(r0, R_reg)                         # first row of this pass in shared memory
     sm_n = r0 + nr - sm_lo
@@ -160,6 +177,11 @@ def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
         b0 = T.meta_var(c * BC)
         ll_wait(ws, base + b0 * Hp + t * KT, Hp, flag, T.max(T.min(H - t * KT, KT), 0),
                 T.min(B - b0, BC), cval)
+        swap_layer(cval, lane, col_bits[0])
+        swap_layer(cval, lane, col_bits[1])
+        swap_layer(cval, lane, col_bits[2])
+        swap_layer(cval, lane, col_bits[3])
+        swap_layer(cval, lane, col_bits[4])
         for v in unroll(vp):
             acc[v] = T.float32(0)
         if reg_n > 0:
@@ -176,6 +198,25 @@ def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
         reduce(acc, lane, red, warp)
 
     return do_pass, vp
+
+
+def weight_row_of_slot(passes, WS: int, BC: int):
+    """slot_row(s, lane): the local weight row a lane keeps in row slot s, given the passes [(r0, nr)] (rows of a
+    pass in the XOR layout of `recurrent_gemm.xor_layout` are permuted per lane; other rows stay in place)."""
+    from . import recurrent_gemm as rg
+
+    layouts = [(r0, nr, rg.xor_layout(nr, BC, WS)) for r0, nr in passes]
+
+    def slot_row(s, lane):   # s: a loop variable (a TIR expression)
+        from tvm import tirx
+        from tvm.script import tirx as T
+
+        row = s
+        for r0, nr, xor in layouts:
+            if xor:
+                row = T.Select(tirx.all(r0 <= s, s < r0 + nr), r0 + rg.xor_row(s - r0, xor[0], xor[1], lane), row)
+        return row
+    return slot_row
 
 
 def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, clip,
@@ -251,24 +292,28 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
         pass_zr, vp_a = make_pass(0, 2 * U)
         pass_h, vp_b = make_pass(2 * U, U)
         vp_max = max(vp_a, vp_b)
+    slot_row = weight_row_of_slot([(0, NG * U)] if lbr else [(0, 2 * U), (2 * U, U)], WS, BC)
 
     # ---- per-thread pieces ----------------------------------------------------------------------
     @T.macro
     def load_weights(Rw, a_reg, a_smem, d, g, t):
-        """Local row r = gate * U + u holds R row gate * H + g * U + u (zero when that unit is >= H)."""
-        for r in unroll(R_reg):
+        """Local row r = gate * U + u holds R row gate * H + g * U + u (zero when that unit is >= H); row slot s
+        of a lane holds local row slot_row(s, lane) (itself, or permuted in a pass of the XOR layout)."""
+        for s in unroll(R_reg):
             for j in unroll(KT):
+                r = T.meta_var(slot_row(s, t % WS))
                 unit = T.meta_var(g * U + r % U)
                 k = T.meta_var(t * KT + j)
-                a_reg[r * KT + j] = T.if_then_else(
+                a_reg[s * KT + j] = T.if_then_else(
                     unit < H and k < H, f32(Rw[d, (r // U) * H + T.min(unit, H - 1), T.min(k, H - 1)]), T.float32(0))
-        for r in range(R_smem):
+        for s in range(R_smem):
             for j in unroll(KT):
-                unit = T.meta_var(g * U + (R_reg + r) % U)
+                r = T.meta_var(slot_row(R_reg + s, t % WS))
+                unit = T.meta_var(g * U + r % U)
                 k = T.meta_var(t * KT + j)
-                a_smem[r, k] = T.if_then_else(
+                a_smem[s, k] = T.if_then_else(
                     unit < H and k < H,
-                    f32(Rw[d, ((R_reg + r) // U) * H + T.min(unit, H - 1), T.min(k, H - 1)]), T.float32(0))
+                    f32(Rw[d, (r // U) * H + T.min(unit, H - 1), T.min(k, H - 1)]), T.float32(0))
 
     length = row_length(has_seq_lens, B)
 

@@ -436,9 +436,35 @@ def reduced_layout(vp: int, warp_size: int) -> tuple[int, list[tuple[int, int]],
     return held, bits, dup_mask
 
 
-def make_warp_reduce(warp_size: int, vp: int):
+def xor_layout(rows: int, batch: int, warp_size: int) -> tuple[int, int] | None:
+    """(h, row-group bits) where a pass's rows x batch partial sums (v = b * rows + r) can be held in the XOR
+    layout that makes the transposing reduction select-free, else None. It needs exactly 32 h sums (no padding),
+    rows = h * 2^k and batch = 2^(5 - k): then q = v // h = b * 2^k + r // h, and lane L holds sum v at position
+    ((q ^ L) h + v % h), i.e. batch column b ^ (L >> k) and row group (r // h) ^ (L & (2^k - 1)). In that layout
+    every lane keeps positions [0, half) at each stage and receives its partner's [half, 2 half) (the partner holds
+    there exactly the sums this lane keeps), so a stage is acc[i] += shfl_xor(acc[i + half]) with no select, and
+    lane L ends with sums L h + i as before. The engine fills it by loading each lane's weight rows in permuted
+    order (once) and swapping its state columns (log2(batch) select layers a pass; 32 selects at batch 4 against
+    186 saved at 96 sums)."""
+    values = rows * batch
+    if warp_size != 32 or values % 32:
+        return None
+    h = values // 32
+    groups = rows // h if rows % h == 0 else 0
+    if not groups or groups & (groups - 1) or batch * groups != 32:
+        return None
+    return h, groups.bit_length() - 1
+
+
+def xor_row(slot: int, h: int, row_bits: int, lane):
+    """The row (of a pass) whose weights go into row slot `slot` of this lane in the XOR layout."""
+    return T.bitwise_xor(slot // h, T.bitwise_and(lane, (1 << row_bits) - 1)) * h + slot % h
+
+
+def make_warp_reduce(warp_size: int, vp: int, select_free: bool = False):
     """reduce(acc, lane, red, warp): reduce acc[vp] over the warp's lanes and store the sums to the
-    shared buffer red[warp, v]. Five explicit stage slots keep every register index static."""
+    shared buffer red[warp, v]. Five explicit stage slots keep every register index static. select_free: the
+    sums are in the XOR layout (`xor_layout`), so each stage is a shuffle and an add, no selects."""
     plan = reduce_plan(vp, warp_size)
     plan = plan + [(0, -1)] * (5 - len(plan))  # pad to five slots; (0, -1) = no stage
     held, bits, dup_mask = reduced_layout(vp, warp_size)
@@ -447,7 +473,10 @@ def make_warp_reduce(warp_size: int, vp: int):
 
     @T.macro
     def stage(acc, lane, off, half):
-        if half > 0:
+        if half > 0 and select_free:
+            for i in T.unroll(half):
+                acc[i] = acc[i] + T.tvm_warp_shuffle_xor(full, acc[i + half], off, 32, 32)
+        elif half > 0:
             for i in T.unroll(half):
                 upper = T.meta_var((lane & off) != 0)
                 send = T.meta_var(T.Select(upper, acc[i], acc[i + half]))
