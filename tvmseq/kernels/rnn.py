@@ -86,14 +86,14 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         load_state(state, H0)
         for s in range(seq):
             gemm(state, R, gh)
-            for b in L["blockIdx.x"](B):
+            for b in L["blockIdx.x"](B):   # grid (batch, directions, unit chunks), as the GRU's gate kernel
                 for d in L["blockIdx.y"](D):
-                    for tx in L["threadIdx.x"](NT):
-                        for j0 in range(_ceildiv(H, NT)):
-                            if j0 * NT + tx < H:
+                    for jc in L["blockIdx.z"](_ceildiv(H, NT)):
+                        for tx in L["threadIdx.x"](NT):
+                            if jc * NT + tx < H:
                                 length = row_length(Lens, b, seq)
                                 t = T.if_then_else(is_reverse(d), length - 1 - s, s)
-                                j = j0 * NT + tx
+                                j = jc * NT + tx
                                 if s < length:
                                     hn = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
                                     state[d, b, j] = hn
