@@ -86,6 +86,7 @@ def test_prebuilt_kernels_on_gpu(entry):
     np.testing.assert_allclose(Yh.numpy().astype(np.float64), rYh, **tol, err_msg=f"Y_h of {entry['name']}")
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("lbr", [0, 1])
@@ -109,6 +110,7 @@ def test_gru_on_gpu_matches_reference(dtype, direction, lbr, hidden, batch):
     np.testing.assert_allclose(y_h.astype(np.float64), ry_h, **tol)
 
 
+@pytest.mark.compiles
 def test_stacked_model_on_gpu():
     import tvmseq
     from tvmseq import models
@@ -122,6 +124,7 @@ def test_stacked_model_on_gpu():
         np.testing.assert_allclose(compiled(X=x), sess.run(None, {"X": x})[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.compiles
 def test_dlpack_inputs_from_torch():
     import tvmseq
     from tvmseq import models
@@ -135,12 +138,14 @@ def test_dlpack_inputs_from_torch():
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.compiles
 def test_demo_on_gpu():
     from tvmseq.demo import run_demo
 
     assert run_demo(target="cuda") < 1e-3
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 def test_rnn_on_gpu_matches_reference(direction):
     from onnx import numpy_helper
