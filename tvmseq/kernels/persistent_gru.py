@@ -286,13 +286,13 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     def make_pass(r0, nr):
         return make_engine_pass(geo, H, B, r0, nr, ll_wait, gpu)
 
+    passes = [(0, NG * U)] if lbr else [(0, 2 * U), (2 * U, U)]   # (first local row, rows): z,r,h or z,r then h
     if lbr:
-        pass_zrh, vp_max = make_pass(0, NG * U)
+        pass_zrh, vp_max = make_pass(*passes[0])
     else:
-        pass_zr, vp_a = make_pass(0, 2 * U)
-        pass_h, vp_b = make_pass(2 * U, U)
+        (pass_zr, vp_a), (pass_h, vp_b) = [make_pass(*p) for p in passes]
         vp_max = max(vp_a, vp_b)
-    slot_row = weight_row_of_slot([(0, NG * U)] if lbr else [(0, 2 * U), (2 * U, U)], WS, BC)
+    slot_row = weight_row_of_slot(passes, WS, BC)
 
     # ---- per-thread pieces ----------------------------------------------------------------------
     @T.macro
