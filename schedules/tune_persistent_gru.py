@@ -1,13 +1,14 @@
-"""Tune the persistent GRU's schedule (blocks per direction, warps, batch chunk; shared-memory rows: the
-fewest that fit) by measurement, and record the winners in schedules/measured/persistent_gru.json, which
+"""Tune the persistent GRU's schedule (blocks per direction, warps, batch chunk, shared-memory rows) by
+measurement, and record the winners in schedules/measured/persistent_gru.json, which
 `persistent_gru.default_gru_config` reads.
 
-  tvmseq tune persistent_gru build out/sweep                 # here: per (D, B, H) the model's pick + variants
-  tvmseq tune persistent_gru run out/sweep                   # GPU machine: launched 5x, checked, timed
+  tvmseq tune persistent_gru build out/sweep                 # here: per grid cell the model's pick + variants
+  tvmseq tune persistent_gru run out/sweep                   # GPU machine: checked against float64, timed
   tvmseq tune persistent_gru merge out/sweep/results.json    # here: winners -> the database
 
-`run` prints one line per variant as it goes; each variant runs in its own process (a hang is reported,
-not fatal). A winner replaces the model's pick only when >= 3% faster in the same run.
+The cells and variants are scripts/pgru_sweep.py's; `run` prints each cell's winner as it goes and runs each cell
+in its own process (a hang costs that cell). A winner replaces the model's pick only when >= 3% faster in the same
+run.
 """
 from __future__ import annotations
 
@@ -28,21 +29,15 @@ def _model_pick(D, B, H, dtype="float32"):
 
 
 def build(out: Path) -> None:
-    import pgru_sweep  # scripts/: the variants per (D, B, H), the builder and its smem-rows rule
+    import pgru_sweep  # scripts/: the cells, their variants (the model's pick first) and the builder
 
-    sweep = {}
-    for (D, B, H), variants in pgru_sweep.SWEEP.items():
-        pick = _model_pick(D, B, H)
-        knobs = (pick.num_blocks, pick.num_warps, pick.batch_chunk)
-        sweep[(D, B, H)] = variants if knobs in variants else [knobs, *variants]   # the pick is always timed
-    pgru_sweep.build(out, sweep)
+    pgru_sweep.build(out, pgru_sweep.CELLS)
 
 
 def run(out: Path) -> None:
-    import pgru_diag
+    import pgru_sweep
 
-    pgru_diag.LAUNCHES = 5
-    pgru_diag.run(out)
+    pgru_sweep.run(out)
 
 
 def _config(text: str) -> dict:

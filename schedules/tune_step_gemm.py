@@ -47,9 +47,9 @@ def merge(results: Path) -> None:
 
     trials = []
     for r in json.loads(Path(results).read_text())["rows"]:
-        if r.get("agree") and not r.get("bidirectional"):
+        if r.get("agree"):
             H = r["hidden"]
-            key = dict(M=r["batch"], N=3 * H, K=H, D=1, dtype=r["dtype"])
+            key = dict(M=r["batch"], N=3 * H, K=H, D=2 if r.get("bidirectional") else 1, dtype=r["dtype"])
             trials.append(dict(key=key, config=_tile(r["tile"]), us=r["tvmseq_us_step"]))
     measured.merge("step_gemm", trials, model_pick, source=f"{results}: us per step of the per-step GRU")
 

@@ -1,45 +1,64 @@
-"""Schedule sweep of the persistent GRU (warps / blocks / batch chunk) on the H100, the way
-`bench recurrent_gemm --sweep` found 16 warps 1.6x faster for the recurrent GEMM at batch 1.
+"""Measured schedule sweep of the SIMT engine (persistent GRU) on the grid cells it runs (what
+`tvmseq tune persistent_gru` drives). Per cell (D, B, H, dtype): the cost model's pick, the database's pick, and
+for every (blocks a direction, warps) the two shared-memory-rows x batch-chunk settings the cost model ranks best,
+so the sweep also tests the model's ranking.
 
-  python3 scripts/pgru_sweep.py build out/sweep     # here
-  python3 scripts/pgru_sweep.py run out/sweep       # GPU machine (each kernel in its own process)
+  python3 scripts/pgru_sweep.py build out/psw [CELLS]   # here: one library per cell, index.json
+  python3 scripts/pgru_sweep.py run out/psw             # GPU machine: each cell's variants in one process
+  python3 schedules/tune_persistent_gru.py merge out/psw/results.json   # here: winners -> the database
+
+CELLS: comma-separated D:B:H:dtype (default: the grid cells on the engine). `run` times each variant with CUDA
+events (3 warm launches, then the mean of 10) and checks it against a float64 recurrence; a cell's process
+has a deadline, so a hang costs that cell, not the run. Results carry `us_step_wall` as the merge reads it.
 """
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pgru_diag  # noqa: E402  (run_one / run: load, launch 3x, check against float64, time)
 
-# (D, B, H) x [(blocks, warps, batch chunk)]; shared-memory rows: the fewest that fit
-SWEEP = {
-    (1, 1, 512): [(128, 8, 1), (128, 16, 1), (64, 16, 1)],
-    (1, 8, 512): [(128, 8, 2), (128, 16, 2), (128, 16, 4)],
-    (1, 1, 1024): [(128, 8, 1), (128, 16, 1), (64, 16, 1)],
-    (1, 8, 1024): [(128, 8, 4), (128, 16, 4), (128, 16, 2), (128, 16, 8)],
-    (2, 1, 1024): [(128, 8, 1), (64, 8, 1), (64, 16, 1)],
-    (2, 8, 1024): [(64, 8, 2), (64, 16, 2), (64, 16, 4)],
-}
+# the grid cells (batch {1, 8} x hidden {256, 512, 1024}, uni and bi) where the importer runs the SIMT engine
+# (session 8's sweep, in one process per kernel, found 16 warps and 64 blocks a direction at batch 1)
+CELLS = [(D, B, H, "float32") for D in (1, 2) for B, H in ((1, 256), (1, 512), (1, 1024), (8, 512), (8, 1024))] + \
+        [(D, B, H, "float16") for D in (1, 2) for B, H in ((1, 512), (1, 1024), (8, 1024))]
+SEQ, WARM, TIMED = 100, 3, 10
 
 
-def _config(D, B, H, blocks, warps, chunk):
+def variants(D: int, B: int, H: int, dtype: str) -> list:
+    """PersistentConfigs to time for one cell (model's pick first)."""
     from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
     from tvmseq.targets import resolve
 
-    facts = rg.gpu_facts(resolve("cuda"))
-    for smem_rows in range(0, 3 * H // blocks + 4, 3):
-        cfg = rg.PersistentConfig(blocks, warps, chunk, smem_rows)
-        if pg._geometry(D, B, H, cfg, True).check(facts, blocks * D) is None:
-            return cfg
-    return None
+    tgt = resolve("cuda")
+    facts = rg.gpu_facts(tgt)
+    picks = [pg.default_gru_config(D, B, H, dtype, tgt, measured=False),
+             pg.default_gru_config(D, B, H, dtype, tgt, measured=True)]
+    for blocks in sorted({64 // D, 128 // D, 64, 128}):
+        for warps in (4, 8, 16):
+            ranked = []
+            for chunk_cap in (1, 2, 4, 8):
+                chunk = rg._pick_batch_chunk(B, chunk_cap)
+                for smem_rows in range(0, 3 * -(-H // blocks) + 1, 3):
+                    cfg = rg.PersistentConfig(blocks, warps, chunk, smem_rows)
+                    geo = pg._geometry(D, B, H, cfg, True)
+                    if geo.check(facts, blocks * D) is None and blocks * geo.U >= H:
+                        ranked.append((rg.estimate_step_cycles(geo), smem_rows, cfg))
+            picks += [cfg for _, _, cfg in sorted(ranked, key=lambda x: x[:2])[:2]]
+    return list(dict.fromkeys(picks))
 
 
-def build(out: Path, sweep: dict | None = None):
-    """Every variant of `sweep` (default SWEEP) into out/sweep.so + index.json."""
+def _cells(arg: str | None):
+    if not arg:
+        return CELLS
+    return [(int(d), int(b), int(h), dt) for d, b, h, dt in (c.split(":") for c in arg.split(","))]
+
+
+def build(out: Path, cells) -> None:
     import tvm
 
     from tvmseq import artifacts
@@ -48,35 +67,112 @@ def build(out: Path, sweep: dict | None = None):
 
     tgt = resolve("cuda")
     out.mkdir(parents=True, exist_ok=True)
-    funcs, index = {}, []
-    for (D, B, H), knobs in (sweep or SWEEP).items():
-        for blocks, warps, chunk in knobs:
-            cfg = _config(D, B, H, blocks, warps, chunk)
-            if cfg is None:
-                print("no fit", D, B, H, blocks, warps, chunk)
-                continue
-            name = f"s_d{D}_b{B}_h{H}_g{blocks}w{warps}c{chunk}s{cfg.smem_rows}"
-            f = pg.persistent_gru_func(D, B, H, "float32", 1, "bidirectional" if D == 2 else "forward", None,
-                                       None, False, tgt, cfg)
+    index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else []
+    for D, B, H, dtype in cells:
+        lib = f"cell_d{D}_b{B}_h{H}_{dtype}.so"
+        if (out / lib).exists():
+            continue
+        funcs, rows = {}, []
+        for cfg in variants(D, B, H, dtype):
+            name = f"e_d{D}_b{B}_h{H}_{dtype}_g{cfg.num_blocks}w{cfg.num_warps}c{cfg.batch_chunk}s{cfg.smem_rows}"
+            f = pg.persistent_gru_func(D, B, H, dtype, 1, "bidirectional" if D == 2 else "forward", None, None,
+                                       False, tgt, cfg)
             funcs[name] = f.with_attr("global_symbol", name)
-            index.append(dict(variant="sweep", D=D, B=B, H=H, dtype="float32", func=name, file="sweep.so",
-                              config=str(cfg)))
-    t0 = time.time()
-    with artifacts.device_binaries(("sm_90a",)):
-        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
-        report = dict(artifacts.NVCC.last_report)
-    ex.export_library(str(out / "sweep.so"))
-    for e in index:
-        e["ptxas"] = report.get(e["func"] + "_kernel", {})
-        print(e["func"], e["ptxas"])
-    (out / "index.json").write_text(json.dumps(index, indent=1))
-    print(f"built {len(funcs)} kernels in {time.time() - t0:.0f}s")
+            rows.append(dict(D=D, B=B, H=H, dtype=dtype, func=name, file=lib, config=str(cfg)))
+        t0 = time.time()
+        with artifacts.device_binaries(("sm_90a",)):
+            ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
+            report = dict(artifacts.NVCC.last_report)
+        ex.export_library(str(out / lib))
+        for r in rows:
+            r["ptxas"] = report.get(r["func"] + "_kernel", {})
+            spill = r["ptxas"].get("spill_stores", 0)
+            print(r["func"], r["ptxas"].get("registers"), "regs", f"SPILL {spill}" if spill else "", flush=True)
+        index += rows
+        (out / "index.json").write_text(json.dumps(index, indent=1))
+        print(f"{lib}: {len(funcs)} kernels in {time.time() - t0:.0f}s", flush=True)
+
+
+def _reference(gate_i, R, h0):
+    import pgru_diag
+
+    return pgru_diag._reference(gate_i, R, h0)
+
+
+def run_cell(out: Path, lib: str) -> list[dict]:
+    """Every variant in `lib`, in this process: errors against float64 and CUDA-event time a step."""
+    import torch
+    import tvm
+
+    rows = [e for e in json.loads((out / "index.json").read_text()) if e["file"] == lib]
+    D, B, H, dtype = rows[0]["D"], rows[0]["B"], rows[0]["H"], rows[0]["dtype"]
+    mod = tvm.runtime.load_module(str(out / lib))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tdt = getattr(torch, dtype)
+    gate_i = torch.randn(D, SEQ, B, 3 * H, device="cuda", generator=g)
+    R = ((torch.rand(D, 3 * H, H, device="cuda", generator=g) * 2 - 1) * H ** -0.5).to(tdt)
+    h0 = torch.randn(D, B, H, device="cuda", generator=g) * 0.5
+    ref = _reference(gate_i, R, h0)
+    Y = torch.empty(SEQ, D, B, H, device="cuda", dtype=tdt)
+    Yh = torch.empty(D, B, H, device="cuda", dtype=tdt)
+    lens = torch.full((B,), SEQ, dtype=torch.int32, device="cuda")
+    args = [tvm.runtime.from_dlpack(t) for t in (gate_i, R, torch.zeros(D, H, device="cuda"), lens, h0, Y, Yh)]
+    tol = 2e-3 if dtype == "float16" else 1e-4
+    results = []
+    for e in rows:
+        fn = mod[e["func"]]
+        Y.fill_(float("nan"))
+        fn(*args)
+        torch.cuda.synchronize()
+        err = float((Y.double() - ref).abs().max())
+        for _ in range(WARM - 1):
+            fn(*args)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(TIMED):
+            fn(*args)
+        stop.record()
+        torch.cuda.synchronize()
+        us = start.elapsed_time(stop) * 1e3 / TIMED / SEQ
+        res = dict(e, errs=[err], us_step_wall=[us], ok=err <= tol, timing="cuda events, mean of 10 launches")
+        print(json.dumps({k: res[k] for k in ("func", "ok", "errs", "us_step_wall")}), flush=True)
+        results.append(res)
+    return results
+
+
+def run(out: Path) -> list[dict]:
+    index = json.loads((out / "index.json").read_text())
+    results = []
+    for lib in dict.fromkeys(e["file"] for e in index):
+        t0 = time.time()
+        try:
+            p = subprocess.run([sys.executable, __file__, "cell", str(out), lib], capture_output=True, text=True,
+                               timeout=90)
+            got = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("[")]
+            if got:
+                results += got[-1]
+            else:
+                print(lib, "failed:", p.stderr[-600:], flush=True)
+        except subprocess.TimeoutExpired:
+            print(lib, "timed out", flush=True)
+        cell = [r for r in results if r["file"] == lib and r["ok"]]
+        if cell:
+            best = min(cell, key=lambda r: r["us_step_wall"][0])
+            print(f"{lib}: best {best['config']} {best['us_step_wall'][0]:.2f} us ({time.time() - t0:.0f}s)",
+                  flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    return results
 
 
 if __name__ == "__main__":
-    mode, out = sys.argv[1], Path(sys.argv[2])
+    mode, where = sys.argv[1], Path(sys.argv[2])
     if mode == "build":
-        build(out)
-    else:
-        pgru_diag.LAUNCHES = 5
-        pgru_diag.run(out)
+        build(where, _cells(sys.argv[3] if len(sys.argv) > 3 else None))
+    elif mode == "run":
+        run(where)
+    elif mode == "cell":
+        found = run_cell(where, sys.argv[3])
+        print(json.dumps(found))
+    elif mode == "list":
+        for c in _cells(sys.argv[3] if len(sys.argv) > 3 else None):
+            print(c, [str(v) for v in variants(*c)])

@@ -155,22 +155,30 @@ def test_scripts_drive_the_benchmarks_through_the_cli(monkeypatch, script, step,
 
 
 def test_persistent_gru_build_always_times_the_model_pick(monkeypatch):
-    """tune_persistent_gru build: scripts/pgru_sweep.py's variants, with the cost model's pick added where
-    the list lacks it (a winner is only a winner against the pick)."""
+    """tune_persistent_gru build: scripts/pgru_sweep.py's cells; each cell's variants start with the cost model's
+    pick (a winner is only a winner against it), hold the database's pick, and all fit on the H100."""
     import sys
+
+    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.targets import resolve
 
     tune = _script("tune_persistent_gru")
     sys.path.insert(0, str(ROOT / "scripts"))
     import pgru_sweep
 
-    seen = {}
-    monkeypatch.setattr(pgru_sweep, "build", lambda out, sweep=None: seen.update(sweep))
+    seen = []
+    monkeypatch.setattr(pgru_sweep, "build", lambda out, cells: seen.extend(cells))
     tune.build(Path("unused"))
-    assert set(seen) == set(pgru_sweep.SWEEP)
-    for (D, B, H), variants in seen.items():
-        pick = tune._model_pick(D, B, H)
-        assert (pick.num_blocks, pick.num_warps, pick.batch_chunk) in variants
-        assert set(pgru_sweep.SWEEP[(D, B, H)]) <= set(variants)
+    assert seen == pgru_sweep.CELLS
+    facts = rg.gpu_facts(resolve("cuda"))
+    for D, B, H, dtype in seen:
+        variants = pgru_sweep.variants(D, B, H, dtype)
+        assert variants[0] == tune._model_pick(D, B, H, dtype)
+        assert pg.default_gru_config(D, B, H, dtype, resolve("cuda")) in variants
+        assert len(set(variants)) == len(variants) > 3
+        for cfg in variants:
+            assert pg._geometry(D, B, H, cfg, True).check(facts, cfg.num_blocks * D) is None, cfg
 
 
 def test_persistent_mma_merge_counts_a_configs_newest_timing(tmp_path, monkeypatch):

@@ -29,9 +29,12 @@ NAME = "gru"
 ROUNDS = 3
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
 QUICK_HIDDEN, QUICK_BATCH = (256, 1024), (1, 64)
-# tile sweep: these fp32 unidirectional configs, each with the SWEEP_TILES best tiles of the cost model
-# (batch 8 runs the warp kernel in the grid: its sweep rows say whether TILED_MIN_BATCH should come down)
-SWEEP_CONFIGS = ((512, 8), (1024, 8), (512, 64), (512, 256), (1024, 64), (1024, 256))
+# tile sweep: these fp32 configs (hidden, batch, bidirectional), each with the SWEEP_TILES best tiles of the cost
+# model (batch 8 runs the warp kernel in the grid: its sweep rows say whether TILED_MIN_BATCH should come down;
+# the bidirectional ones are the grid cells where the per-step path runs both directions in one step GEMM)
+SWEEP_CONFIGS = ((512, 8, False), (1024, 8, False), (512, 64, False), (512, 256, False), (1024, 64, False),
+                 (1024, 256, False), (256, 256, False), (256, 256, True), (512, 256, True), (1024, 64, True),
+                 (1024, 256, True))
 SWEEP_TILES = 5
 # GPU test kernels (tests/test_gpu_gru.py, marked gpu): (D, B, H, dtype, lbr, direction), all with
 # sequence_lens; batch >= 16 runs the tiled step GEMM (odd sizes: edge tiles, K % 4 != 0, split-K)
@@ -184,8 +187,8 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
         index["configs"].append(dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c),
                                      **step_gemm_info(_spec(c), tgt)))
     if sweep:
-        for hidden, batch in SWEEP_CONFIGS:
-            c = {"dtype": "float32", "bidirectional": False, "hidden": hidden, "batch": batch}
+        for hidden, batch, bidirectional in SWEEP_CONFIGS:
+            c = {"dtype": "float32", "bidirectional": bidirectional, "hidden": hidden, "batch": batch}
             for rank, (tile, cost) in enumerate(sweep_tiles(c, tgt)):
                 func = f"rec_{_suffix(c)}_{_tile_key(tile)}"
                 sched = gru.StepSchedule(tiled=True, tile=tile)
@@ -413,7 +416,7 @@ def _run_sweep(root: Path, index: dict, args) -> list[dict]:
     """Every sweep tile's recurrence (with the config's own input projection), timed and checked."""
     mods = _MODULES.setdefault(str(root), PrebuiltModules(root))
     rows = []
-    cols = ["hidden", "batch", "rank", "tile", "model_us", "tvmseq_us_step", "recurrence_us_step", "cudnn_us_step",
+    cols = ["bidirectional", "hidden", "batch", "rank", "tile", "model_us", "tvmseq_us_step", "recurrence_us_step", "cudnn_us_step",
             "err_tvmseq", "agree"]
     for e in index["sweep"]:
         c = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch")}
@@ -427,7 +430,7 @@ def _run_sweep(root: Path, index: dict, args) -> list[dict]:
                    tile=f"{t['bm']}x{t['bn']}x{t['bk']} {t['tm']}x{t['tn']} s{t['split_k']}")
         rows.append(row)
         print_table(rows[-1:], cols)
-        save("gru_sweep", rows, {"note": "step-GEMM tile sweep (fp32, uni, lbr=1)"}, None, args.out)
+        save("gru_sweep", rows, {"note": "step-GEMM tile sweep (fp32, lbr=1)"}, None, args.out)
     print()
     print_table(rows, cols)
     return rows
