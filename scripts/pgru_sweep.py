@@ -1,7 +1,7 @@
 """Measured schedule sweep of the SIMT engine (persistent GRU) on the grid cells it runs (what
 `tvmseq tune persistent_gru` drives). Per cell (D, B, H, dtype): the cost model's pick, the database's pick, and
-for every (blocks a direction, warps) the two shared-memory-rows x batch-chunk settings the cost model ranks best,
-so the sweep also tests the model's ranking.
+for every (blocks a direction, warps) the two shared-memory-rows x batch-chunk settings the cost model ranks best
+and the one with the fewest passes a step, so the sweep also tests the model's ranking.
 
   python3 scripts/pgru_sweep.py build out/psw [CELLS]   # here: one library per cell, index.json
   python3 scripts/pgru_sweep.py run out/psw             # GPU machine: each cell's variants in one process
@@ -21,10 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# the grid cells (batch {1, 8} x hidden {256, 512, 1024}, uni and bi) where the importer runs the SIMT engine
-# (session 8's sweep, in one process per kernel, found 16 warps and 64 blocks a direction at batch 1)
-CELLS = [(D, B, H, "float32") for D in (1, 2) for B, H in ((1, 256), (1, 512), (1, 1024), (8, 512), (8, 1024))] + \
-        [(D, B, H, "float16") for D in (1, 2) for B, H in ((1, 512), (1, 1024), (8, 1024))]
+# the grid cells of batch {1, 8} x hidden {256, 512, 1024}, uni and bi, both dtypes: where the importer runs the
+# SIMT engine, or the staged-state kernel where the database has it beat the engine (scripts/pmma_sweep.py sweeps
+# those against the engine's pick from here). Session 8's sweep (one process per kernel) found 16 warps and 64
+# blocks a direction at batch 1.
+CELLS = [(D, B, H, dtype) for dtype in ("float32", "float16") for D in (1, 2) for B in (1, 8) for H in (256, 512, 1024)]
 SEQ, WARM, TIMED = 100, 3, 10
 
 
@@ -47,8 +48,10 @@ def variants(D: int, B: int, H: int, dtype: str) -> list:
                     cfg = rg.PersistentConfig(blocks, warps, chunk, smem_rows)
                     geo = pg._geometry(D, B, H, cfg, True)
                     if geo.check(facts, blocks * D) is None and blocks * geo.U >= H:
-                        ranked.append((rg.estimate_step_cycles(geo), smem_rows, cfg))
-            picks += [cfg for _, _, cfg in sorted(ranked, key=lambda x: x[:2])[:2]]
+                        ranked.append((geo.NC, rg.estimate_step_cycles(geo), smem_rows, cfg))
+            ranked.sort(key=lambda x: x[1:3])
+            # ... and the one with the fewest passes a step (scripts/engine_cost_fit.py: each pass pays a hand-off)
+            picks += [cfg for *_, cfg in ranked[:2] + sorted(ranked, key=lambda x: x[:3])[:1]]
     return list(dict.fromkeys(picks))
 
 

@@ -1,0 +1,103 @@
+"""How well the SIMT engine's step cost model (`recurrent_gemm.estimate_step_cycles`) ranks the configs the
+sweep timed (artifacts/bench/pgru_sweep.json), against a linear model fitted to those timings:
+
+  t_step = c0 + c1 NC + c2 NC issue / 1000 + c3 NC KT + c4 NC G / 64       (us)
+
+NC passes a step, `issue` the model's issue-cycle count of one pass, KT k-values a thread, G blocks a direction.
+Per cell it prints the cost model's pick (what `default_gru_config(measured=False)` returns) and the fitted
+model's pick, fitted without that cell (leave one cell out), each as its time over the cell's best measured time
+("unmeasured" when the sweep did not time that config).
+
+  python3 scripts/engine_cost_fit.py [artifacts/bench/pgru_sweep.json]
+
+Session 10: the fit puts ~0.8 us on every pass (c1), i.e. the hand-off is paid per pass, where the cost model
+overlaps passes with one hand-off a step; the cost model's picks were 0-54% slower than the best timed config
+(mean 24%), the fit's 0-25% (mean 5%) where its pick was timed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _issue(geo) -> float:
+    """The cost model's issue cycles of one pass (estimate_step_cycles without the fixed and hand-off terms)."""
+    warps_per_scheduler, latency_hiding = max(1.0, geo.W / 4), min(1.0, geo.W / 8)
+    return (geo.R * geo.KT * geo.BC + 2 * geo.Vp + geo.R_smem * geo.KT) * warps_per_scheduler / latency_hiding
+
+
+def features(geo) -> list[float]:
+    return [1.0, geo.NC, geo.NC * _issue(geo) / 1000, geo.NC * geo.KT, geo.NC * geo.G / 64]
+
+
+def load(path: Path) -> list[dict]:
+    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels import recurrent_gemm as rg
+
+    rows = []
+    for r in json.loads(path.read_text()):
+        if r.get("ok"):
+            cfg = rg.PersistentConfig(**{k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", r["config"])})
+            rows.append(dict(cell=(r["D"], r["B"], r["H"], r["dtype"]), cfg=cfg, us=r["us_step_wall"][0],
+                             geo=pg._geometry(r["D"], r["B"], r["H"], cfg, True)))
+    return rows
+
+
+def fitted_pick(D: int, B: int, H: int, weights, facts):
+    """The config with the lowest fitted time: 128/D or 64/D blocks a direction (128 at two an SM for a
+    bidirectional batch <= 8), any warps, shared-memory rows and batch chunk that fit."""
+    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels import recurrent_gemm as rg
+
+    best = None
+    for per_dir in {max(1, 128 // D), max(1, 64 // D)} | ({128} if D == 2 and B <= 8 else set()):
+        blocks = math.ceil(H / math.ceil(H / min(per_dir, H)))
+        for warps in (4, 8, 16):
+            for smem_rows in range(0, 3 * math.ceil(H / blocks) + 1, 3):
+                for cap in (1, 2, 4, 8, 16, 32):
+                    cfg = rg.PersistentConfig(blocks, warps, rg._pick_batch_chunk(B, cap), smem_rows)
+                    geo = pg._geometry(D, B, H, cfg, True)
+                    if geo.check(facts, blocks * D) is None and blocks * geo.U >= H:
+                        score = (float(np.dot(weights, features(geo))), smem_rows, warps)
+                        best = min(best, (score, cfg)) if best else (score, cfg)
+    return best[1]
+
+
+def main(path: Path) -> None:
+    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.targets import resolve
+
+    tgt = resolve("cuda")
+    facts = rg.gpu_facts(tgt)
+    rows = load(path)
+    X, y = np.array([features(r["geo"]) for r in rows]), np.array([r["us"] for r in rows])
+    weights = np.linalg.lstsq(X, y, rcond=None)[0]
+    print("fit on all cells (us):", np.round(weights, 3), "rms residual", round(float(np.sqrt(np.mean((X @ weights - y) ** 2))), 3))
+    regrets = {"cost model": [], "fit": []}
+    for cell in sorted({r["cell"] for r in rows}):
+        timed = {r["cfg"]: r["us"] for r in rows if r["cell"] == cell}
+        rest = [i for i, r in enumerate(rows) if r["cell"] != cell]
+        w = np.linalg.lstsq(X[rest], y[rest], rcond=None)[0]
+        best = min(timed.values())
+        line = []
+        for name, cfg in (("cost model", pg.default_gru_config(*cell, tgt, measured=False)),
+                          ("fit", fitted_pick(*cell[:3], w, facts))):
+            knobs = f"{cfg.num_blocks},{cfg.num_warps},{cfg.batch_chunk},{cfg.smem_rows}"
+            if cfg in timed:
+                regrets[name].append(timed[cfg] / best - 1)
+                line.append(f"{name} {knobs} {timed[cfg] / best - 1:+.0%}")
+            else:
+                line.append(f"{name} {knobs} unmeasured")
+        print(cell, f"best {best:.2f} us;", "; ".join(line))
+    for name, r in regrets.items():
+        print(f"{name}: {len(r)} picks timed, slower than the best by mean {np.mean(r):.0%}, max {np.max(r):.0%}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "artifacts/bench/pgru_sweep.json"))
