@@ -1,4 +1,4 @@
-"""Tune the persistent GRU's schedule (blocks per direction, warps, batch chunk, shared-memory rows) by
+"""Tune the persistent GRU's (and RNN's) schedule (blocks per direction, warps, batch chunk, shared-memory rows) by
 measurement, and record the winners in schedules/measured/persistent_gru.json, which
 `persistent_gru.default_gru_config` reads.
 
@@ -21,11 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-def _model_pick(D, B, H, dtype="float32"):
+def _model_pick(D, B, H, dtype="float32", cell="gru"):
     from tvmseq.kernels import persistent_gru as pg
     from tvmseq.targets import resolve
 
-    return pg.default_gru_config(D, B, H, dtype, resolve("cuda"), measured=False)
+    return pg.default_gru_config(D, B, H, dtype, resolve("cuda"), cell, measured=False)
 
 
 def build(out: Path) -> None:
@@ -50,11 +50,11 @@ def merge(results: Path) -> None:
     trials = []
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step_wall"):
-            key = dict(D=r["D"], B=r["B"], H=r["H"], dtype=r["dtype"], cell="gru")
+            key = dict(D=r["D"], B=r["B"], H=r["H"], dtype=r["dtype"], cell=r.get("cell", "gru"))
             trials.append(dict(key=key, config=_config(r["config"]), us=r["us_step_wall"][-1]))
     measured.merge("persistent_gru", trials,
-                   lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["dtype"])),
-                   source=f"{results}: warm launch wall time per step, recurrence only")
+                   lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["dtype"], k["cell"])),
+                   source=f"{results}: time per step (CUDA events, mean of 10 launches), recurrence only")
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 10 for the H100 (the GPU machine was withdrawn before it ran), runtime-only TVM (carry .gpu
 # and the out/ payloads). Build here first, in this order (each step reads the databases the one before merged):
-#   tvmseq tune persistent_gru build out/psw          # 24 cells x (model, database, per (blocks, warps) 2 + fewest passes)
+#   tvmseq tune persistent_gru build out/psw          # 32 cells (GRU, RNN) x (model, database, per (blocks, warps) 2 + fewest passes)
 #   ... S, then: tvmseq tune persistent_gru merge $RES/psw_results.json
 #   tvmseq tune persistent_mma build out/pmma         # the staged-state variants + the (re-tuned) engine beside them
 #   ... P, then: append $RES/pmma_results.json to artifacts/bench/pmma_sweep.json; tvmseq tune persistent_mma merge

@@ -1,5 +1,5 @@
-"""Measured schedule sweep of the SIMT engine (persistent GRU) on the grid cells it runs (what
-`tvmseq tune persistent_gru` drives). Per cell (D, B, H, dtype): the cost model's pick, the database's pick, and
+"""Measured schedule sweep of the SIMT engine (persistent GRU and RNN) on the grid cells it runs (what
+`tvmseq tune persistent_gru` drives). Per cell (D, B, H, dtype, cell): the cost model's pick, the database's pick, and
 for every (blocks a direction, warps) the two shared-memory-rows x batch-chunk settings the cost model ranks best
 and the one with the fewest passes a step, so the sweep also tests the model's ranking.
 
@@ -7,7 +7,7 @@ and the one with the fewest passes a step, so the sweep also tests the model's r
   python3 scripts/pgru_sweep.py run out/psw             # GPU machine: each cell's variants in one process
   python3 schedules/tune_persistent_gru.py merge out/psw/results.json   # here: winners -> the database
 
-CELLS: comma-separated D:B:H:dtype (default: the grid cells on the engine). `run` times each variant with CUDA
+CELLS: comma-separated D:B:H:dtype[:cell] (default: the grid cells on the engine). `run` times each variant with CUDA
 events (3 warm launches, then the mean of 10) and checks it against a float64 recurrence; a cell's process
 has a deadline, so a hang costs that cell, not the run. Results carry `us_step_wall` as the merge reads it.
 """
@@ -25,11 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # SIMT engine, or the staged-state kernel where the database has it beat the engine (scripts/pmma_sweep.py sweeps
 # those against the engine's pick from here). Session 8's sweep (one process per kernel) found 16 warps and 64
 # blocks a direction at batch 1.
-CELLS = [(D, B, H, dtype) for dtype in ("float32", "float16") for D in (1, 2) for B in (1, 8) for H in (256, 512, 1024)]
+CELLS = [(D, B, H, dtype, "gru") for dtype in ("float32", "float16") for D in (1, 2) for B in (1, 8)
+         for H in (256, 512, 1024)] + \
+        [(D, B, H, "float32", "rnn") for D in (1, 2) for B in (1, 8) for H in (256, 1024)]   # the RNN benchmark's
 SEQ, WARM, TIMED = 100, 3, 10
 
 
-def variants(D: int, B: int, H: int, dtype: str) -> list:
+def variants(D: int, B: int, H: int, dtype: str, cell: str = "gru") -> list:
     """PersistentConfigs to time for one cell (model's pick first)."""
     from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
@@ -37,16 +39,17 @@ def variants(D: int, B: int, H: int, dtype: str) -> list:
 
     tgt = resolve("cuda")
     facts = rg.gpu_facts(tgt)
-    picks = [pg.default_gru_config(D, B, H, dtype, tgt, measured=False),
-             pg.default_gru_config(D, B, H, dtype, tgt, measured=True)]
+    ng = pg.GATES[cell]   # weight rows a unit: shared-memory rows come in whole units
+    picks = [pg.default_gru_config(D, B, H, dtype, tgt, cell, measured=False),
+             pg.default_gru_config(D, B, H, dtype, tgt, cell, measured=True)]
     for blocks in sorted({64 // D, 128 // D, 64, 128}):
         for warps in (4, 8, 16):
             ranked = []
             for chunk_cap in (1, 2, 4, 8):
                 chunk = rg._pick_batch_chunk(B, chunk_cap)
-                for smem_rows in range(0, 3 * -(-H // blocks) + 1, 3):
+                for smem_rows in range(0, ng * -(-H // blocks) + 1, ng):
                     cfg = rg.PersistentConfig(blocks, warps, chunk, smem_rows)
-                    geo = pg._geometry(D, B, H, cfg, True)
+                    geo = pg._geometry(D, B, H, cfg, True, cell)
                     if geo.check(facts, blocks * D) is None and blocks * geo.U >= H:
                         ranked.append((geo.NC, rg.estimate_step_cycles(geo), smem_rows, cfg))
             ranked.sort(key=lambda x: x[1:3])
@@ -58,7 +61,11 @@ def variants(D: int, B: int, H: int, dtype: str) -> list:
 def _cells(arg: str | None):
     if not arg:
         return CELLS
-    return [(int(d), int(b), int(h), dt) for d, b, h, dt in (c.split(":") for c in arg.split(","))]
+    cells = []
+    for text in arg.split(","):
+        d, b, h, dtype, *cell = text.split(":")
+        cells.append((int(d), int(b), int(h), dtype, cell[0] if cell else "gru"))
+    return cells
 
 
 def build(out: Path, cells) -> None:
@@ -71,17 +78,18 @@ def build(out: Path, cells) -> None:
     tgt = resolve("cuda")
     out.mkdir(parents=True, exist_ok=True)
     index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else []
-    for D, B, H, dtype in cells:
-        lib = f"cell_d{D}_b{B}_h{H}_{dtype}.so"
+    for D, B, H, dtype, cell in cells:
+        lib = f"{cell}_d{D}_b{B}_h{H}_{dtype}.so"
         if (out / lib).exists():
             continue
         funcs, rows = {}, []
-        for cfg in variants(D, B, H, dtype):
-            name = f"e_d{D}_b{B}_h{H}_{dtype}_g{cfg.num_blocks}w{cfg.num_warps}c{cfg.batch_chunk}s{cfg.smem_rows}"
+        for cfg in variants(D, B, H, dtype, cell):
+            name = (f"e_{cell}_d{D}_b{B}_h{H}_{dtype}_g{cfg.num_blocks}w{cfg.num_warps}c{cfg.batch_chunk}"
+                    f"s{cfg.smem_rows}")
             f = pg.persistent_gru_func(D, B, H, dtype, 1, "bidirectional" if D == 2 else "forward", None, None,
-                                       False, tgt, cfg)
+                                       False, tgt, cfg, cell=cell)
             funcs[name] = f.with_attr("global_symbol", name)
-            rows.append(dict(D=D, B=B, H=H, dtype=dtype, func=name, file=lib, config=str(cfg)))
+            rows.append(dict(D=D, B=B, H=H, dtype=dtype, cell=cell, func=name, file=lib, config=str(cfg)))
         t0 = time.time()
         with artifacts.device_binaries(("sm_90a",)):
             ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
@@ -96,10 +104,22 @@ def build(out: Path, cells) -> None:
         print(f"{lib}: {len(funcs)} kernels in {time.time() - t0:.0f}s", flush=True)
 
 
-def _reference(gate_i, R, h0):
+def _reference(gate_i, R, h0, cell):
+    """float64 Y [T, D, B, H] of the GRU (lbr=1, zero rb_h) or tanh RNN; direction 1 runs in reverse."""
     import pgru_diag
+    import torch
 
-    return pgru_diag._reference(gate_i, R, h0)
+    if cell == "gru":
+        return pgru_diag._reference(gate_i, R, h0)
+    D, T_, B, H = gate_i.shape
+    Y = torch.zeros(T_, D, B, H, dtype=torch.float64, device=gate_i.device)
+    for d in range(D):
+        h = h0[d].double()
+        for s in range(T_):
+            t = T_ - 1 - s if d == 1 else s
+            h = torch.tanh(gate_i[d, t].double() + h @ R[d].double().T)
+            Y[t, d] = h
+    return Y
 
 
 def run_cell(out: Path, lib: str) -> list[dict]:
@@ -108,14 +128,15 @@ def run_cell(out: Path, lib: str) -> list[dict]:
     import tvm
 
     rows = [e for e in json.loads((out / "index.json").read_text()) if e["file"] == lib]
-    D, B, H, dtype = rows[0]["D"], rows[0]["B"], rows[0]["H"], rows[0]["dtype"]
+    D, B, H, dtype, cell = (rows[0][k] for k in ("D", "B", "H", "dtype", "cell"))
+    NGH = (3 if cell == "gru" else 1) * H
     mod = tvm.runtime.load_module(str(out / lib))
     g = torch.Generator(device="cuda").manual_seed(0)
     tdt = getattr(torch, dtype)
-    gate_i = torch.randn(D, SEQ, B, 3 * H, device="cuda", generator=g)
-    R = ((torch.rand(D, 3 * H, H, device="cuda", generator=g) * 2 - 1) * H ** -0.5).to(tdt)
+    gate_i = torch.randn(D, SEQ, B, NGH, device="cuda", generator=g)
+    R = ((torch.rand(D, NGH, H, device="cuda", generator=g) * 2 - 1) * H ** -0.5).to(tdt)
     h0 = torch.randn(D, B, H, device="cuda", generator=g) * 0.5
-    ref = _reference(gate_i, R, h0)
+    ref = _reference(gate_i, R, h0, cell)
     Y = torch.empty(SEQ, D, B, H, device="cuda", dtype=tdt)
     Yh = torch.empty(D, B, H, device="cuda", dtype=tdt)
     lens = torch.full((B,), SEQ, dtype=torch.int32, device="cuda")

@@ -172,13 +172,14 @@ def test_persistent_gru_build_always_times_the_model_pick(monkeypatch):
     tune.build(Path("unused"))
     assert seen == pgru_sweep.CELLS
     facts = rg.gpu_facts(resolve("cuda"))
-    for D, B, H, dtype in seen:
-        variants = pgru_sweep.variants(D, B, H, dtype)
-        assert variants[0] == tune._model_pick(D, B, H, dtype)
-        assert pg.default_gru_config(D, B, H, dtype, resolve("cuda")) in variants
+    assert {c[4] for c in seen} == {"gru", "rnn"}
+    for D, B, H, dtype, cell in seen:
+        variants = pgru_sweep.variants(D, B, H, dtype, cell)
+        assert variants[0] == tune._model_pick(D, B, H, dtype, cell)
+        assert pg.default_gru_config(D, B, H, dtype, resolve("cuda"), cell) in variants
         assert len(set(variants)) == len(variants) > 3
         for cfg in variants:
-            assert pg._geometry(D, B, H, cfg, True).check(facts, cfg.num_blocks * D) is None, cfg
+            assert pg._geometry(D, B, H, cfg, True, cell).check(facts, cfg.num_blocks * D) is None, cfg
 
 
 def test_persistent_mma_merge_counts_a_configs_newest_timing(tmp_path, monkeypatch):
