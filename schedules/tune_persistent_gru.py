@@ -54,7 +54,7 @@ def merge(results: Path) -> None:
             trials.append(dict(key=key, config=_config(r["config"]), us=r["us_step_wall"][-1]))
     measured.merge("persistent_gru", trials,
                    lambda k: dataclasses.asdict(_model_pick(k["D"], k["B"], k["H"], k["dtype"], k["cell"])),
-                   source=f"{results}: time per step (CUDA events, mean of 10 launches), recurrence only")
+                   source=f"{results}: time per step (CUDA events), recurrence only")
 
 
 def main(argv=None) -> int:

@@ -25,14 +25,10 @@ from pathlib import Path
 import numpy as np
 
 
-def _issue(geo) -> float:
-    """The cost model's issue cycles of one pass (estimate_step_cycles without the fixed and hand-off terms)."""
-    warps_per_scheduler, latency_hiding = max(1.0, geo.W / 4), min(1.0, geo.W / 8)
-    return (geo.R * geo.KT * geo.BC + 2 * geo.Vp + geo.R_smem * geo.KT) * warps_per_scheduler / latency_hiding
-
-
 def features(geo) -> list[float]:
-    return [1.0, geo.NC, geo.NC * _issue(geo) / 1000, geo.NC * geo.KT, geo.NC * geo.G / 64]
+    from tvmseq.kernels.recurrent_gemm import pass_issue_cycles
+
+    return [1.0, geo.NC, geo.NC * pass_issue_cycles(geo) / 1000, geo.NC * geo.KT, geo.NC * geo.G / 64]
 
 
 def load(path: Path) -> list[dict]:

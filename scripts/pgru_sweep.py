@@ -8,7 +8,7 @@ and the one with the fewest passes a step, so the sweep also tests the model's r
   python3 schedules/tune_persistent_gru.py merge out/psw/results.json   # here: winners -> the database
 
 CELLS: comma-separated D:B:H:dtype[:cell] (default: the grid cells on the engine). `run` times each variant with CUDA
-events (3 warm launches, then the mean of 10) and checks it against a float64 recurrence; a cell's process
+events (3 warm launches, then the median of 10) and checks it against a float64 recurrence; a cell's process
 has a deadline, so a hang costs that cell, not the run. Results carry `us_step_wall` as the merge reads it.
 """
 from __future__ import annotations
@@ -69,9 +69,7 @@ def _cells(arg: str | None):
 
 
 def build(out: Path, cells) -> None:
-    import tvm
-
-    from tvmseq import artifacts
+    from tvmseq.bench.common import compile_for_gpu
     from tvmseq.kernels import persistent_gru as pg
     from tvmseq.targets import resolve
 
@@ -91,9 +89,7 @@ def build(out: Path, cells) -> None:
             funcs[name] = f.with_attr("global_symbol", name)
             rows.append(dict(D=D, B=B, H=H, dtype=dtype, cell=cell, func=name, file=lib, config=str(cfg)))
         t0 = time.time()
-        with artifacts.device_binaries(("sm_90a",)):
-            ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
-            report = dict(artifacts.NVCC.last_report)
+        ex, report = compile_for_gpu(funcs, tgt)
         ex.export_library(str(out / lib))
         for r in rows:
             r["ptxas"] = report.get(r["func"] + "_kernel", {})
@@ -104,43 +100,29 @@ def build(out: Path, cells) -> None:
         print(f"{lib}: {len(funcs)} kernels in {time.time() - t0:.0f}s", flush=True)
 
 
-def _reference(gate_i, R, h0, cell):
-    """float64 Y [T, D, B, H] of the GRU (lbr=1, zero rb_h) or tanh RNN; direction 1 runs in reverse."""
-    import pgru_diag
-    import torch
-
-    if cell == "gru":
-        return pgru_diag._reference(gate_i, R, h0)
-    D, T_, B, H = gate_i.shape
-    Y = torch.zeros(T_, D, B, H, dtype=torch.float64, device=gate_i.device)
-    for d in range(D):
-        h = h0[d].double()
-        for s in range(T_):
-            t = T_ - 1 - s if d == 1 else s
-            h = torch.tanh(gate_i[d, t].double() + h @ R[d].double().T)
-            Y[t, d] = h
-    return Y
-
-
 def run_cell(out: Path, lib: str) -> list[dict]:
-    """Every variant in `lib`, in this process: errors against float64 and CUDA-event time a step."""
+    """Every variant in `lib`, in this process: errors against float64 (pmma_sweep's GRU/RNN reference) and CUDA-event
+    time a step (the median of TIMED launches, as pmma_sweep times the staged-state kernel it is compared with)."""
     import torch
     import tvm
 
+    from pmma_sweep import _reference
+    from tvmseq.bench.common import time_cuda
+    from tvmseq.kernels.persistent_gru import GATES
+
     rows = [e for e in json.loads((out / "index.json").read_text()) if e["file"] == lib]
     D, B, H, dtype, cell = (rows[0][k] for k in ("D", "B", "H", "dtype", "cell"))
-    NGH = (3 if cell == "gru" else 1) * H
     mod = tvm.runtime.load_module(str(out / lib))
     g = torch.Generator(device="cuda").manual_seed(0)
-    tdt = getattr(torch, dtype)
-    gate_i = torch.randn(D, SEQ, B, NGH, device="cuda", generator=g)
-    R = ((torch.rand(D, NGH, H, device="cuda", generator=g) * 2 - 1) * H ** -0.5).to(tdt)
+    gate_i = torch.randn(D, SEQ, B, GATES[cell] * H, device="cuda", generator=g)
+    R = ((torch.rand(D, GATES[cell] * H, H, device="cuda", generator=g) * 2 - 1) * H ** -0.5).to(getattr(torch, dtype))
+    rb_h = torch.zeros(D, H, device="cuda")
     h0 = torch.randn(D, B, H, device="cuda", generator=g) * 0.5
-    ref = _reference(gate_i, R, h0, cell)
-    Y = torch.empty(SEQ, D, B, H, device="cuda", dtype=tdt)
-    Yh = torch.empty(D, B, H, device="cuda", dtype=tdt)
+    ref = _reference(gate_i, R, rb_h, h0, D)
+    Y = torch.empty(SEQ, D, B, H, device="cuda", dtype=R.dtype)
+    Yh = torch.empty(D, B, H, device="cuda", dtype=R.dtype)
     lens = torch.full((B,), SEQ, dtype=torch.int32, device="cuda")
-    args = [tvm.runtime.from_dlpack(t) for t in (gate_i, R, torch.zeros(D, H, device="cuda"), lens, h0, Y, Yh)]
+    args = [tvm.runtime.from_dlpack(t) for t in (gate_i, R, rb_h, lens, h0, Y, Yh)]
     tol = 2e-3 if dtype == "float16" else 1e-4
     results = []
     for e in rows:
@@ -149,16 +131,8 @@ def run_cell(out: Path, lib: str) -> list[dict]:
         fn(*args)
         torch.cuda.synchronize()
         err = float((Y.double() - ref).abs().max())
-        for _ in range(WARM - 1):
-            fn(*args)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(TIMED):
-            fn(*args)
-        stop.record()
-        torch.cuda.synchronize()
-        us = start.elapsed_time(stop) * 1e3 / TIMED / SEQ
-        res = dict(e, errs=[err], us_step_wall=[us], ok=err <= tol, timing="cuda events, mean of 10 launches")
+        us = time_cuda(lambda: fn(*args), warmup=WARM, iters=TIMED) * 1e3 / SEQ
+        res = dict(e, errs=[err], us_step_wall=[us], ok=err <= tol, timing=f"cuda events, median of {TIMED} launches")
         print(json.dumps({k: res[k] for k in ("func", "ok", "errs", "us_step_wall")}), flush=True)
         results.append(res)
     return results

@@ -421,8 +421,8 @@ def _run_sweep(root: Path, index: dict, args) -> list[dict]:
     """Every sweep tile's recurrence (with the config's own input projection), timed and checked."""
     mods = _MODULES.setdefault(str(root), PrebuiltModules(root))
     rows = []
-    cols = ["bidirectional", "hidden", "batch", "rank", "tile", "model_us", "tvmseq_us_step", "recurrence_us_step", "cudnn_us_step",
-            "err_tvmseq", "agree"]
+    cols = ["bidirectional", "hidden", "batch", "rank", "tile", "model_us", "tvmseq_us_step", "recurrence_us_step",
+            "cudnn_us_step", "err_tvmseq", "agree"]
     for e in index["sweep"]:
         c = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch")}
         if not _wanted(c, args):

@@ -559,15 +559,19 @@ _HANDOFF_CYCLES = 1000   # LL store -> L2 -> a polling consumer sees it
 _PASS_FIXED_CYCLES = 150  # __syncthreads, cross-warp sum, activation, stores
 
 
-def estimate_step_cycles(geo: EngineGeometry) -> float:
-    """Rough cycles per step of one block: the passes (batch chunks) of a step are issue-bound (FMAs,
-    transposing shuffles, shared-memory weight loads, spread over 4 schedulers, slower with too few
-    warps to hide latencies) and overlap with the
-    hand-off latency of the previous chunk, so a step costs max(all passes, hand-off + one pass)."""
+def pass_issue_cycles(geo: EngineGeometry) -> float:
+    """Issue cycles of one pass (batch chunk): FMAs, transposing shuffles and shared-memory weight loads, spread
+    over 4 schedulers, slower with too few warps to hide latencies."""
     warps_per_scheduler = max(1.0, geo.W / 4)
     latency_hiding = min(1.0, geo.W / 8)  # under 2 warps per scheduler, dependent issue stalls
-    issue = (geo.R * geo.KT * geo.BC + 2 * geo.Vp + geo.R_smem * geo.KT) * warps_per_scheduler / latency_hiding
-    one_pass = issue + _PASS_FIXED_CYCLES
+    return (geo.R * geo.KT * geo.BC + 2 * geo.Vp + geo.R_smem * geo.KT) * warps_per_scheduler / latency_hiding
+
+
+def estimate_step_cycles(geo: EngineGeometry) -> float:
+    """Rough cycles per step of one block: the passes (batch chunks) of a step are issue-bound
+    (`pass_issue_cycles`) and overlap with the hand-off latency of the previous chunk, so a step costs
+    max(all passes, hand-off + one pass)."""
+    one_pass = pass_issue_cycles(geo) + _PASS_FIXED_CYCLES
     return max(geo.NC * one_pass, _HANDOFF_CYCLES + one_pass)
 
 
