@@ -1,18 +1,20 @@
-"""How well the SIMT engine's step cost model (`recurrent_gemm.estimate_step_cycles`) ranks the configs the
-sweep timed (artifacts/bench/pgru_sweep.json), against a linear model fitted to those timings:
+"""How well the SIMT engine's step cost model ranks the configs the sweep timed (artifacts/bench/pgru_sweep.json),
+against a linear model fitted to those timings:
 
   t_step = c0 + c1 NC + c2 NC issue / 1000 + c3 NC KT + c4 NC G / 64       (us)
 
-NC passes a step, `issue` the model's issue-cycle count of one pass, KT k-values a thread, G blocks a direction.
-Per cell it prints the cost model's pick (what `default_gru_config(measured=False)` returns) and the fitted
-model's pick, fitted without that cell (leave one cell out), each as its time over the cell's best measured time
-("unmeasured" when the sweep did not time that config).
+NC passes a step, `issue` the issue-cycle count of one pass (`recurrent_gemm.pass_issue_cycles`), KT k-values a
+thread, G blocks a direction. Per cell (D, B, H, dtype, GRU/RNN) it prints the cost model's pick (what
+`default_gru_config(measured=False)` returns) and the fitted model's pick, fitted without that cell (leave one cell
+out), each as its time over the cell's best measured time ("unmeasured" when the sweep did not time that config).
 
   python3 scripts/engine_cost_fit.py [artifacts/bench/pgru_sweep.json]
 
-Session 10: the fit puts ~0.8 us on every pass (c1), i.e. the hand-off is paid per pass, where the cost model
-overlaps passes with one hand-off a step; the cost model's picks were 0-54% slower than the best timed config
-(mean 24%), the fit's 0-25% (mean 5%) where its pick was timed.
+Session 10: the fit put ~0.8 us on every pass, i.e. the hand-off is paid per pass where the cycle model
+(`recurrent_gemm.estimate_step_cycles`) overlaps passes with one hand-off a step. Session 11 (387 configs, 32 cells,
+the fewest-pass configs timed): the cycle model's picks were 0-110% slower than the best (mean 43%), the fit's
+0-79% (mean 7%); the fit's weights on all cells are now the engine's cost model (`persistent_gru.STEP_FIT_US`),
+so the two columns print the same picks until the sweep is re-run and re-fitted.
 """
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ import numpy as np
 
 
 def features(geo) -> list[float]:
-    from tvmseq.kernels.recurrent_gemm import pass_issue_cycles
+    from tvmseq.kernels.persistent_gru import step_features
 
-    return [1.0, geo.NC, geo.NC * pass_issue_cycles(geo) / 1000, geo.NC * geo.KT, geo.NC * geo.G / 64]
+    return step_features(geo)
 
 
 def load(path: Path) -> list[dict]:
@@ -39,12 +41,13 @@ def load(path: Path) -> list[dict]:
     for r in json.loads(path.read_text()):
         if r.get("ok"):
             cfg = rg.PersistentConfig(**{k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", r["config"])})
-            rows.append(dict(cell=(r["D"], r["B"], r["H"], r["dtype"]), cfg=cfg, us=r["us_step_wall"][0],
-                             geo=pg._geometry(r["D"], r["B"], r["H"], cfg, True)))
+            cell = r.get("cell", "gru")
+            rows.append(dict(cell=(r["D"], r["B"], r["H"], r["dtype"], cell), cfg=cfg, us=r["us_step_wall"][0],
+                             geo=pg._geometry(r["D"], r["B"], r["H"], cfg, True, cell)))
     return rows
 
 
-def fitted_pick(D: int, B: int, H: int, weights, facts):
+def fitted_pick(D: int, B: int, H: int, cell: str, weights, facts):
     """The config with the lowest fitted time: 128/D or 64/D blocks a direction (128 at two an SM for a
     bidirectional batch <= 8), any warps, shared-memory rows and batch chunk that fit."""
     from tvmseq.kernels import persistent_gru as pg
@@ -54,10 +57,11 @@ def fitted_pick(D: int, B: int, H: int, weights, facts):
     for per_dir in {max(1, 128 // D), max(1, 64 // D)} | ({128} if D == 2 and B <= 8 else set()):
         blocks = math.ceil(H / math.ceil(H / min(per_dir, H)))
         for warps in (4, 8, 16):
-            for smem_rows in range(0, 3 * math.ceil(H / blocks) + 1, 3):
+            ng = pg.GATES[cell]
+            for smem_rows in range(0, ng * math.ceil(H / blocks) + 1, ng):
                 for cap in (1, 2, 4, 8, 16, 32):
                     cfg = rg.PersistentConfig(blocks, warps, rg._pick_batch_chunk(B, cap), smem_rows)
-                    geo = pg._geometry(D, B, H, cfg, True)
+                    geo = pg._geometry(D, B, H, cfg, True, cell)
                     if geo.check(facts, blocks * D) is None and blocks * geo.U >= H:
                         score = (float(np.dot(weights, features(geo))), smem_rows, warps)
                         best = min(best, (score, cfg)) if best else (score, cfg)
@@ -82,8 +86,8 @@ def main(path: Path) -> None:
         w = np.linalg.lstsq(X[rest], y[rest], rcond=None)[0]
         best = min(timed.values())
         line = []
-        for name, cfg in (("cost model", pg.default_gru_config(*cell, tgt, measured=False)),
-                          ("fit", fitted_pick(*cell[:3], w, facts))):
+        for name, cfg in (("cost model", pg.default_gru_config(*cell[:4], tgt, cell[4], measured=False)),
+                          ("fit", fitted_pick(*cell[:3], cell[4], w, facts))):
             knobs = f"{cfg.num_blocks},{cfg.num_warps},{cfg.batch_chunk},{cfg.smem_rows}"
             if cfg in timed:
                 regrets[name].append(timed[cfg] / best - 1)

@@ -158,7 +158,7 @@ def run(out: Path) -> list[dict]:
             best = min(cell, key=lambda r: r["us_step_wall"][0])
             print(f"{lib}: best {best['config']} {best['us_step_wall'][0]:.2f} us ({time.time() - t0:.0f}s)",
                   flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+        (out / "results.json").write_text(json.dumps(results, indent=1))   # after each cell: a timeout keeps the rest
     return results
 
 

@@ -208,7 +208,7 @@ def run(out: Path):
         results.append(row)
         print(e["name"], {k: row.get(k) for k in ("us_step", "max_err", "ok", "error")}, e["ptxas"].get("registers"),
               flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+        (out / "results.json").write_text(json.dumps(results, indent=1))   # after each variant: a timeout keeps the rest
 
 
 if __name__ == "__main__":

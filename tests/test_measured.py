@@ -81,8 +81,8 @@ def test_kernel_defaults_come_from_the_committed_databases():
         for e in entries:
             assert dataclasses.asdict(check(e["key"])) == e["config"], (op, e["key"])
             assert e["us"] < e["model_us"], (op, e["key"])
-    assert pg.default_gru_config(1, 1, 1024, "float32", cuda, measured=False) != \
-        pg.default_gru_config(1, 1, 1024, "float32", cuda)
+    assert pg.default_gru_config(1, 8, 256, "float32", cuda, measured=False) != \
+        pg.default_gru_config(1, 8, 256, "float32", cuda)
     assert step_gemm.choose_tile(64, 3072, 1024, 1, "float32", None) == \
         step_gemm.choose_tile(64, 3072, 1024, 1, "float32", cuda, measured=False)
 

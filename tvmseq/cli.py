@@ -135,7 +135,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="tune an operator's schedules: gemm (genetic search / MetaSchedule), or "
                        "measured sweeps of the hand-scheduled kernels (build here, run on the GPU, merge here)")
-    p.add_argument("op", choices=["gemm", "persistent_gru", "step_gemm", "recurrent_gemm", "spmm", "topk"])
+    p.add_argument("op", choices=["gemm", "persistent_gru", "persistent_mma", "step_gemm", "recurrent_gemm", "spmm",
+                                  "topk"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for schedules/tune_<op>.py")
     p.set_defaults(func=cmd_tune)
 

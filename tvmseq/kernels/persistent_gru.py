@@ -61,7 +61,27 @@ def default_gru_config(D: int, B: int, H: int, dtype: str, target, cell: str = "
         config = db.lookup("persistent_gru", D=D, B=B, H=H, dtype=dtype, cell=cell)
         if config:
             return rg.PersistentConfig(**config)
-    return rg.default_config(H, B, dtype, target, rows_per_unit=ng, directions=D, rows_total=ng * H)
+    return rg.default_config(H, B, dtype, target, rows_per_unit=ng, directions=D, rows_total=ng * H,
+                             step_cost=fitted_step_us)
+
+
+# Time of one step (us) as a linear function of step_features, least squares over the engine sweep on the H100
+# (scripts/engine_cost_fit.py on artifacts/bench/pgru_sweep.json, session 11: 387 configs of 32 GRU/RNN cells,
+# rms residual 0.89 us). Its picks were 0-79% slower than the best config timed (mean 7%, each cell left out of
+# its own fit) where `recurrent_gemm.estimate_step_cycles`'s were 0-110% (mean 43%): each pass of a step pays
+# its own hand-off (~0.3 us + its issue time), which the cycle model overlaps.
+STEP_FIT_US = (0.305, 0.332, 0.651, 0.052, 0.205)
+
+
+def step_features(geo) -> list[float]:
+    """1, passes a step (NC), NC x one pass's issue cycles / 1000, NC x k-values a thread, NC x blocks / 64."""
+    from .recurrent_gemm import pass_issue_cycles
+
+    return [1.0, geo.NC, geo.NC * pass_issue_cycles(geo) / 1000, geo.NC * geo.KT, geo.NC * geo.G / 64]
+
+
+def fitted_step_us(geo) -> float:
+    return sum(w * f for w, f in zip(STEP_FIT_US, step_features(geo)))
 
 
 def _geometry(D, B, H, cfg, gpu, cell: str = "gru"):

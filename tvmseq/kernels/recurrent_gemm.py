@@ -576,13 +576,14 @@ def estimate_step_cycles(geo: EngineGeometry) -> float:
 
 
 def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, directions: int = 1,
-                   rows_total: int | None = None, measured: bool = True) -> PersistentConfig:
+                   rows_total: int | None = None, measured: bool = True, step_cost=None) -> PersistentConfig:
     """Schedule for `directions` independent recurrences of `rows_total` weight rows (default H) and
     reduction length H, each on its own subset of blocks: up to 128/directions blocks, then the
     (warps, shared-memory rows, batch chunk) that fits the register file with the lowest
     `estimate_step_cycles`. On CPU a small config that still exercises several blocks, threads and
     chunks. For a single recurrent GEMM the measured winner (`schedules/measured/recurrent_gemm.json`,
-    `schedules/tune_recurrent_gemm.py`) comes first."""
+    `schedules/tune_recurrent_gemm.py`) comes first. `step_cost(geometry)` replaces `estimate_step_cycles`
+    (the GRU/RNN engine passes its fit to measured times) and adds 64/directions blocks to the choices."""
     rows_total = H * rows_per_unit if rows_total is None else rows_total
     units = rows_total // rows_per_unit
     if not is_gpu(target):
@@ -610,7 +611,7 @@ def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, d
                         continue
                     if max_chunks is not None and geo.NC > max_chunks:
                         continue
-                    score = (estimate_step_cycles(geo), smem_rows, warps)
+                    score = ((step_cost or estimate_step_cycles)(geo), smem_rows, warps)
                     if found is None or score < found[0]:
                         found = (score, cfg)
         return found
@@ -618,6 +619,11 @@ def default_config(H: int, B: int, dtype: str, target, rows_per_unit: int = 1, d
     # several recurrences (directions) share the SMs: 128/directions blocks each, one per SM ...
     one_per_sm, all_blocks = max(1, min(128, facts.num_sms) // directions), min(128, facts.num_sms)
     best = best_on(one_per_sm)
+    if step_cost is not None and one_per_sm > 1:
+        # fewer, fuller blocks: fewer partial sums to hand off (the fit puts 64 blocks first at batch 1-8)
+        half = best_on(one_per_sm // 2)
+        if half is not None and (best is None or half[0] < best[0]):
+            best = half
     if B <= _TWO_PER_SM_MAX_BATCH and all_blocks > one_per_sm:
         # ... or, latency-bound, 128 each at two per SM (a direction then runs as fast as a lone one), but
         # not with more batch chunks per step than one per SM needs (measured: bi H1024 B8 on 2 x 128
