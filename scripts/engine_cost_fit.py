@@ -19,18 +19,11 @@ so the two columns print the same picks until the sweep is re-run and re-fitted.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
-
-
-def features(geo) -> list[float]:
-    from tvmseq.kernels.persistent_gru import step_features
-
-    return step_features(geo)
 
 
 def load(path: Path) -> list[dict]:
@@ -47,36 +40,23 @@ def load(path: Path) -> list[dict]:
     return rows
 
 
-def fitted_pick(D: int, B: int, H: int, cell: str, weights, facts):
-    """The config with the lowest fitted time: 128/D or 64/D blocks a direction (128 at two an SM for a
-    bidirectional batch <= 8), any warps, shared-memory rows and batch chunk that fit."""
+def fitted_pick(D: int, B: int, H: int, dtype: str, cell: str, weights, tgt):
+    """The engine's own search (`recurrent_gemm.default_config`, no database) with `weights` as its step cost."""
     from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
 
-    best = None
-    for per_dir in {max(1, 128 // D), max(1, 64 // D)} | ({128} if D == 2 and B <= 8 else set()):
-        blocks = math.ceil(H / math.ceil(H / min(per_dir, H)))
-        for warps in (4, 8, 16):
-            ng = pg.GATES[cell]
-            for smem_rows in range(0, ng * math.ceil(H / blocks) + 1, ng):
-                for cap in (1, 2, 4, 8, 16, 32):
-                    cfg = rg.PersistentConfig(blocks, warps, rg._pick_batch_chunk(B, cap), smem_rows)
-                    geo = pg._geometry(D, B, H, cfg, True, cell)
-                    if geo.check(facts, blocks * D) is None and blocks * geo.U >= H:
-                        score = (float(np.dot(weights, features(geo))), smem_rows, warps)
-                        best = min(best, (score, cfg)) if best else (score, cfg)
-    return best[1]
+    ng = pg.GATES[cell]
+    return rg.default_config(H, B, dtype, tgt, rows_per_unit=ng, directions=D, rows_total=ng * H, measured=False,
+                             step_cost=lambda geo: float(np.dot(weights, pg.step_features(geo))))
 
 
 def main(path: Path) -> None:
     from tvmseq.kernels import persistent_gru as pg
-    from tvmseq.kernels import recurrent_gemm as rg
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
-    facts = rg.gpu_facts(tgt)
     rows = load(path)
-    X, y = np.array([features(r["geo"]) for r in rows]), np.array([r["us"] for r in rows])
+    X, y = np.array([pg.step_features(r["geo"]) for r in rows]), np.array([r["us"] for r in rows])
     weights = np.linalg.lstsq(X, y, rcond=None)[0]
     print("fit on all cells (us):", np.round(weights, 3), "rms residual", round(float(np.sqrt(np.mean((X @ weights - y) ** 2))), 3))
     regrets = {"cost model": [], "fit": []}
@@ -87,7 +67,7 @@ def main(path: Path) -> None:
         best = min(timed.values())
         line = []
         for name, cfg in (("cost model", pg.default_gru_config(*cell[:4], tgt, cell[4], measured=False)),
-                          ("fit", fitted_pick(*cell[:3], cell[4], w, facts))):
+                          ("fit", fitted_pick(*cell, w, tgt))):
             knobs = f"{cfg.num_blocks},{cfg.num_warps},{cfg.batch_chunk},{cfg.smem_rows}"
             if cfg in timed:
                 regrets[name].append(timed[cfg] / best - 1)
