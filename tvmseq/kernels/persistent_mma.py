@@ -71,6 +71,23 @@ __forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, i
   __syncwarp();
 }
 """
+# proj_probe (measurement only, see persistent_mma_func): the step's grid barrier split into an arrive (one release
+# add a block on a counter) and a wait (one thread polls it with acquire loads), so work can sit between the two
+_SPLIT_BARRIER_SRC = r"""
+#ifndef TVMSEQ_SPLIT_BARRIER
+#define TVMSEQ_SPLIT_BARRIER
+__forceinline__ __device__ void tvmseq_split_arrive(int* counter) {
+  __threadfence();
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(counter) : "memory");
+}
+__forceinline__ __device__ void tvmseq_split_wait(int* counter, int target) {
+  int v;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+  } while (v < target);
+}
+#endif
+"""
 # dsmem: the new state into a cluster peer's staging slot by st.async, whose complete_tx on the peer's mbarrier for
 # that slot tells the peer the bytes have landed (no fence, no cluster barrier: each block waits for its own slot).
 # float32: one unit a store; float16: st.async has no 16-bit form, so lanes 2i and 2i + 1 (units u, u + 1 of one row)
@@ -445,9 +462,16 @@ def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", 
 
 
 def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
-                        target, config: MmaConfig | None = None, cell: str = "gru"):
+                        target, config: MmaConfig | None = None, cell: str = "gru", proj_probe: int = 0):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
-    tensor cores (see the module doc)."""
+    tensor cores (see the module doc).
+
+    proj_probe (measurement only, never picked by the importer; outputs unchanged): what computing the input
+    projection inside this kernel, in the step barrier's wait, would cost (`scripts/fused_projection_probe.py`).
+    1: the grid barrier split into arrive / wait (nothing between); 2: between them a second product of the
+    block's weight slice with the staged state (the FLOPs and shared-memory reads of a step's gate_i slice of
+    the block, the input size being the hidden size) and the cross-warp sum of its partials; 3: as 2, after
+    staging the slot again (the copy an input chunk would take). float32, one chunk a block, one staging slot."""
     from tvm.script import tirx as T
 
     from . import persistent_gru as pg
@@ -465,6 +489,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     why = geo.check(rg.gpu_facts(target) if gpu else None)
     if why:
         raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: {why}")
+    if proj_probe and (not geo.SIMT or geo.NCB != 1 or geo.SLOTS != 1 or geo.HALF or cfg.flags or cfg.cluster_sync
+                       or cfg.early_gate or proj_probe not in (1, 2, 3)):
+        raise TvmseqError(f"persistent mma: proj_probe {proj_probe} needs float32, one chunk a block, one staging "
+                          f"slot, no half_stage, flags, cluster_sync or early_gate ({cfg})")
     UB, NW, NT, G, Hp, KW, KTW = geo.UB, geo.NW, geo.NT, geo.G, geo.Hp, geo.KW, geo.KTW
     NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
                                                  geo.ITEMS, geo.FI)
@@ -731,7 +759,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
 
     @T.macro
-    def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase):
+    def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase, wait=True):
         """float32: lane = (rows lane % 16 + 16 i for i < MC / 16, column half lane / 16), CW gate rows; k
         walked in fours: one 16-byte state read per row and one 16-byte (broadcast) W read per gate row, each W
         read used for every row the lane holds (8 FMAs a load at 32 chunk rows); per commit group as
@@ -743,7 +771,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             if HALF and part > 0:   # the region is free once this warp's product of the first half is done
                 T.evaluate(T.call_extern("void", "__syncwarp"))
                 stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, rank, part)
-            if not DSMEM:
+            if not DSMEM and wait:   # wait=False (proj_probe 2): the slot already holds this step's state
                 wait_part(mbar, slot, w, part, phase, 0 if HALF else PARTS - 1 - part + PENDING)
             # every operand of a k4 step is loaded into its own registers before its FMAs (one W register set
             # reused per gate row serialised each load behind the previous row's FMAs), and short k loops are
@@ -836,6 +864,50 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         T.evaluate(T.cuda.func_call("tvmseq_flags_wait", T.address_of(flags[(d * BS + q) * G + T.min(w * KW // UB, G - 1)]),
                                     T.max(T.min(PW, G - w * KW // UB), 0), s, source_code=_WAIT_SRC))
 
+    PP, PROBE = proj_probe, proj_probe > 0
+    PH = 2 if PP == 3 else 1   # copies a step through the staging slot (proj_probe 3 stages it twice)
+
+    def gate_total(red, row, u):
+        total = gate_sum(red, row, u)
+        for gate in range(1, NG):
+            total = total + gate_sum(red, row, gate * UB + u)
+        return total
+
+    @T.macro
+    def probe_sink(Y, red, acc, d, t):
+        """proj_probe: each thread sums the partials of its items' gate rows (as a fused projection would for its
+        gate_i, into a register: acc is free here); compared with a value they never take, so the compiler keeps
+        the work."""
+        for i in unroll(FI):
+            v = T.meta_var(i * NT + t)
+            acc[0] = gate_total(red, T.min(v // UB, MC - 1), v % UB)
+            if acc[0] == T.float32(3.0e38):
+                Y[0, d, 0, 0] = T.Cast(dtype, acc[0])
+
+    @T.macro
+    def probe_window(hbuf, stage, mbar, wsm, hv, wv, acc, red, Y, counter, d, q, t, s, rank):
+        """proj_probe: the step barrier as arrive ... wait, with the probe's work between (see the factory's doc).
+        In a cluster, a peer's slot is refilled (the probe's copy, the next step's copy) only after the peer has
+        read it: cluster barriers after each product (arrive) and before each copy (wait)."""
+        if t == 0:
+            T.evaluate(T.cuda.func_call("tvmseq_split_arrive", T.address_of(counter[0]),
+                                        source_code=_SPLIT_BARRIER_SRC))
+        if PP >= 2:
+            if PP == 3:
+                if MCS > 1:
+                    T.ptx["barrier.cluster.wait.acquire"]()
+                stage_gpu(hbuf, stage, mbar, s % 2, d, q, 0, t // 32, t % 32, rank)
+            product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, s % 2, d, q, 0, t // 32, t % 32, rank,
+                         PH * s + 1, PP == 3)
+            T.tvm_storage_sync("shared")
+            probe_sink(Y, red, acc, d, t)
+            if MCS > 1:
+                T.ptx["barrier.cluster.arrive.release"]()
+        if t == 0:
+            T.evaluate(T.cuda.func_call("tvmseq_split_wait", T.address_of(counter[0]), (s + 1) * geo.BLOCKS,
+                                        source_code=_SPLIT_BARRIER_SRC))
+        T.tvm_storage_sync("shared")
+
     # ---- the kernel (`gpu` picks the branch while the script is parsed: one signature for both) ------
     @T.prim_func
     def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
@@ -852,6 +924,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         if gpu:
             if FLAGS:
                 flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
+            if PROBE:
+                counter = T.alloc_buffer((1,), "int32", scope="global")
             # clusters (launch attribute) of CS consecutive blocks; extent 1 launches none
             for rank in T.thread_binding(CS, thread="clusterCtaIdx.x"):
               for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
@@ -918,8 +992,15 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       if EARLY:
                           if seq > 0:   # gate_i of step 0 (a 0-step call has none)
                               prefetch(GI, RbH, Lens, gi, d, g, t, 0, q, seq)
+                      if PROBE:   # zeroed before the grid barrier below, which no block arrives at the counter before
+                          if gb == 0 and t == 0:
+                              counter[0] = 0
                       step_barrier()
+                      if PP >= 2 and MCS > 1:   # pairs with the cluster wait before the first step's copy
+                          T.ptx["barrier.cluster.arrive.release"]()
                       for s in T.serial(seq):
+                          if PP >= 2 and MCS > 1:   # every peer is done reading its slot (probe_window)
+                              T.ptx["barrier.cluster.wait.acquire"]()
                           if FLAGS:
                               wait_producers(flags, d, q, t // 32, s)
                           if SLOTS == 2 and not DSMEM:
@@ -934,7 +1015,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   stage_gpu(hbuf, stage, mbar, s % 2, d, q + (ci + SLOTS - 1) * BS,
                                             (ci + SLOTS - 1) % SLOTS, t // 32, t % 32, rank)
                               # the chunks staged through slot ci % SLOTS before this one (bulk barrier parity)
-                              phase = T.meta_var(s * ((NCB + SLOTS - 1 - ci % SLOTS) // SLOTS) + ci // SLOTS)
+                              phase = T.meta_var(PH * s * ((NCB + SLOTS - 1 - ci % SLOTS) // SLOTS) + ci // SLOTS)
                               slot = T.meta_var(s % 2 if DSMEM else ci % SLOTS)   # dsmem: by step parity
                               if DSMEM:   # this step's state has landed (all peers' bytes for slot s % 2)
                                   if in_bytes > 0:
@@ -945,7 +1026,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                               else:
                                   product_gpu(stage, mbar, bfrag, afrag, acc, red, slot, t // 32, t % 32, phase)
                               if MCS > 1:
-                                  if ci < NCB - 1:
+                                  if ci < NCB - 1 or PP == 3:
                                       T.ptx["barrier.cluster.arrive.release"]()
                               T.tvm_storage_sync("shared")
                               if DSMEM:   # every thread is past this slot's wait: arm the slot's next phase (h_{s+2})
@@ -965,8 +1046,12 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   T.evaluate(T.cuda.func_call("tvmseq_flag_publish",
                                                               T.address_of(flags[(d * BS + q) * G + g]), s + 1,
                                                               source_code=_PUBLISH_SRC))
+                          elif PROBE:
+                              probe_window(hbuf, stage, mbar, wsm, hv, wv, acc, red, Y, counter, d, q, t, s, rank)
                           elif not DSMEM:   # dsmem: no barrier, each block waits on its own slot's mbarrier
                               step_barrier()
+                      if PP >= 2 and MCS > 1:   # pairs with the last step's arrive
+                          T.ptx["barrier.cluster.wait.acquire"]()
                       if DSMEM:   # no block leaves while sends into it may be in flight: every send was waited for
                           # by its receiver (the last step sends nothing), except h0's when there is no step at all
                           if seq == 0 and in_bytes > 0:
