@@ -10,7 +10,8 @@ size is the hidden size; 3: as 2, after a copy of the chunk's size into the slot
 This times those variants against the importer's recurrence and projection in one process.
 
   python3 scripts/fused_projection_probe.py build out/fproj   # here (compiler)
-  python3 scripts/fused_projection_probe.py run out/fproj     # GPU machine (runtime + torch): results.json
+  python3 scripts/fused_projection_probe.py run out/fproj [DIR]   # GPU machine (runtime + torch):
+                                                               # DIR/fused_projection_probe.json
 """
 from __future__ import annotations
 

@@ -10,12 +10,11 @@ recurrence (extra warps a block computing the next steps' gate_i) is worth build
 it is not.
 
   python3 scripts/overlap_probe.py build out/overlap     # here (compiler): kernels + index.json (ptxas, residency)
-  python3 scripts/overlap_probe.py run out/overlap       # GPU machine (runtime + torch): results.json
+  python3 scripts/overlap_probe.py run out/overlap [DIR] # GPU machine (runtime + torch): DIR/overlap_probe.json
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -114,13 +113,7 @@ def run(root):
         for s in streams:
             start.wait_stream(s)
 
-    only = os.environ.get("PROBE_ONLY")   # one cell's suffix: run its recurrence once (for ncu) and stop
     for c in json.loads((root / "index.json").read_text()):
-        if only:
-            if c["suffix"] == only:
-                _setup(c, mod)[1]()
-                torch.cuda.synchronize()
-            continue
         project, rec_own, rec_seq = _setup(c, mod)
         t = lambda fn: time_cuda(fn, warmup=3, iters=20) * 1e3 / SEQ  # noqa: E731
         row = {k: c[k] for k in ("dtype", "bidirectional", "hidden", "batch", "path")}
@@ -132,8 +125,6 @@ def run(root):
         row["hidden_share"] = (row["sequential_us"] - best) / row["proj_us"]   # of the projection's time
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if only:
-        return
     out = Path(sys.argv[3]) if len(sys.argv) > 3 else root
     (out / "overlap_probe.json").write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
 

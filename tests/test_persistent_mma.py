@@ -260,6 +260,9 @@ def test_projection_probe_refuses_other_configs():
         with pytest.raises(TvmseqError, match="proj_probe"):
             pm.persistent_mma_func(1, 64, 512, dtype, "forward", None, None, False, tgt, pm.MmaConfig.of(knobs),
                                    proj_probe=3)
+    with pytest.raises(TvmseqError, match="proj_probe 4"):   # levels are 1-3
+        pm.persistent_mma_func(1, 64, 512, "float32", "forward", None, None, False, tgt,
+                               pm.MmaConfig.of((8, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)), proj_probe=4)
 
 
 def _dyn_shared_bytes(func, tgt) -> int:
