@@ -254,11 +254,15 @@ def test_projection_probe_codegen(level):
 @needs_compiler
 def test_projection_probe_refuses_other_configs():
     tgt = resolve("cuda")
-    for dtype, knobs in [("float16", (16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)),   # tensor-core product
-                         ("float32", (8, 8, 16, 0, 1)),                      # four chunks a block
-                         ("float32", (8, 8, 16, 0, 4, 0, 0, 1))]:            # early_gate
+    for dtype, H, knobs in [("float16", 512, (16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)),   # tensor-core product
+                            ("float32", 512, (8, 8, 16, 0, 1)),                      # four chunks a block
+                            ("float32", 512, (8, 8, 32, 1, 2)),                      # two staging slots
+                            ("float32", 512, (8, 8, 32, 0, 2, 1)),                   # flags
+                            ("float32", 512, (8, 8, 32, 0, 2, 0, 1)),                # half_stage
+                            ("float32", 512, (8, 8, 16, 0, 4, 0, 0, 1)),             # early_gate
+                            ("float32", 256, (16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1))]:   # cluster_sync
         with pytest.raises(TvmseqError, match="proj_probe"):
-            pm.persistent_mma_func(1, 64, 512, dtype, "forward", None, None, False, tgt, pm.MmaConfig.of(knobs),
+            pm.persistent_mma_func(1, 64, H, dtype, "forward", None, None, False, tgt, pm.MmaConfig.of(knobs),
                                    proj_probe=3)
     with pytest.raises(TvmseqError, match="proj_probe 4"):   # levels are 1-3
         pm.persistent_mma_func(1, 64, 512, "float32", "forward", None, None, False, tgt,
