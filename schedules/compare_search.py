@@ -21,7 +21,7 @@ Per workload:
                 time_evaluator, median of --final-repeat x --final-number runs) next to cuBLAS (torch,
                 TF32 off), so the two runners' different timing does not decide the comparison.
 
-On the GPU machine (full TVM payload, 16 cores): scripts/gpu_search_compare.sh (one workload per call
+On the GPU machine (full TVM payload, 16 cores): `bash schedules/gpu_run.sh search_compare ARGS` (one workload per call
 of about 8 minutes reaches 128 trials). Smoke test here (the genetic side then runs online):
   python3 schedules/compare_search.py --target llvm --problems 64x64x64 --budgets 8 --out-dir /tmp/sc \
       --work-dir /tmp/sc/work --previous "" --population 8

@@ -6,7 +6,7 @@ measurement, and record the winners in schedules/measured/persistent_gru.json, w
   tvmseq tune persistent_gru run out/sweep                   # GPU machine: checked against float64, timed
   tvmseq tune persistent_gru merge out/sweep/results.json    # here: winners -> the database
 
-The cells and variants are scripts/pgru_sweep.py's; `run` prints each cell's winner as it goes and runs each cell
+The cells and variants are schedules/pgru_sweep.py's; `run` prints each cell's winner as it goes and runs each cell
 in its own process (a hang costs that cell). A winner replaces the model's pick only when >= 3% faster in the same
 run.
 """
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "schedules"))
 
 def _model_pick(D, B, H, dtype="float32", cell="gru"):
     from tvmseq.kernels import persistent_gru as pg
@@ -29,7 +29,7 @@ def _model_pick(D, B, H, dtype="float32", cell="gru"):
 
 
 def build(out: Path) -> None:
-    import pgru_sweep  # scripts/: the cells, their variants (the model's pick first) and the builder
+    import pgru_sweep  # schedules/pgru_sweep.py: the cells, their variants (the model's pick first) and the builder
 
     pgru_sweep.build(out, pgru_sweep.CELLS)
 

@@ -6,13 +6,14 @@ staging) by measurement, and record the winners in schedules/measured/persistent
   tvmseq tune persistent_mma run out/pmma_sweep                 # GPU machine: checked against float64, timed
   tvmseq tune persistent_mma merge out/pmma_sweep/results.json  # here: winners -> the database
 
-The variants per (D, B, H) are scripts/pmma_sweep.py's SWEEP (the rule's pick is added where missing). A winner
+The variants per (D, B, H) are schedules/pmma_sweep.py's SWEEP (the rule's pick is added where missing). A winner
 replaces the rule's pick only when >= 3% faster. Below the kernel's batch floors (16 in float16, 32 in float32) the
 rival is the SIMT engine instead (`build` also builds it at ENGINE_SWEEP's shapes into out/engine, `run` times it in
 the same process): an entry there, with the engine as its model_config, makes the importer route that exact shape
-to this kernel. The results file may hold several runs (artifacts/bench/pmma_sweep.json holds all sweeps, oldest
-first): a config timed again counts with its newest time, since the kernel changed between
-sweeps (session 6, sweep 12: every config re-timed after the partial-sum stores changed).
+to this kernel. The results file may hold several runs, oldest first: a config timed again counts with its newest time, since
+the kernel changed between sweeps (sweep 12, 2026-11-23: every config re-timed after the partial-sum stores
+changed). artifacts/bench/pmma_sweep.json keeps each config's newest timing (and the failed rows); a new run's
+rows are appended to it; the timings they replaced are in git history.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "schedules"))
 
 
 def _model_pick(D, B, H, cell="gru", dtype="float16"):
@@ -79,7 +80,7 @@ def merge(results: Path) -> None:
     for r in json.loads(Path(results).read_text()):
         if r.get("ok") and r.get("us_step"):
             key = dict(D=r["D"], B=r["B"], H=r["H"], cell=r.get("cell", "gru"), dtype=r.get("dtype", "float16"))
-            engine = r.get("kernel") == "persistent_gru"   # the SIMT engine's rows (scripts/pmma_sweep.py build-engine)
+            engine = r.get("kernel") == "persistent_gru"   # the SIMT engine's rows (schedules/pmma_sweep.py build-engine)
             config = ENGINE_PICK if engine else dataclasses.asdict(MmaConfig.of(r["config"]))
             newest[json.dumps([key, config], sort_keys=True)] = dict(key=key, config=config, us=r["us_step"])
     trials = list(newest.values())

@@ -155,7 +155,7 @@ def test_scripts_drive_the_benchmarks_through_the_cli(monkeypatch, script, step,
 
 
 def test_persistent_gru_build_always_times_the_model_pick(monkeypatch):
-    """tune_persistent_gru build: scripts/pgru_sweep.py's cells; each cell's variants start with the cost model's
+    """tune_persistent_gru build: schedules/pgru_sweep.py's cells; each cell's variants start with the cost model's
     pick (a winner is only a winner against it), hold the database's pick, and all fit on the H100."""
     import sys
 

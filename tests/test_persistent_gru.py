@@ -348,7 +348,7 @@ def test_path_choice_and_option_errors():
     assert pg.choose_path(1, 8, 256, "float32", "llvm")[0] == "per_step"      # CPU: per-step kernels
     assert pg.choose_path(1, 8, 512, "float32", "cuda")[0] == "persistent"
     # batch 8, hidden 256: in fp16 the staged kernel (dsmem) was measured faster than the SIMT engine (database
-    # entry); in fp32 the engine in one pass (1.5 us a step, session 11) beats it (2.9)
+    # entry); in fp32 the engine in one pass (1.5 us a step, H100, 2026-11-23) beats it (2.9)
     assert pg.choose_path(1, 8, 256, "float16", "cuda")[0] == "persistent_mma"
     assert pg.choose_path(1, 8, 256, "float32", "cuda")[0] == "persistent"
     assert pg.choose_path(1, 1, 256, "float32", "cuda")[0] == "persistent"     # there the engine won

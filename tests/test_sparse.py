@@ -73,6 +73,28 @@ def test_dtype_conversion_is_explicit():
     assert sparse.CSR.from_scipy(m, dtype="float16").dtype == "float16"
 
 
+@pytest.mark.parametrize("make", [
+    lambda m: m,                                             # scipy's default float64
+    lambda m: m.toarray(),                                   # numpy float64
+    lambda m: (m.indptr, m.indices, m.data),                 # a float64 triple
+    lambda m: (m.toarray() != 0).astype(np.int64) * 3,       # integer values
+])
+def test_as_csr_takes_float64_and_integer_values_as_float32(make):
+    """as_csr, the convenience entry, converts what the kernels lack to float32 (values kept to float32 rounding);
+    float16 stays float16 and dtype= still decides."""
+    m = sp.random(9, 7, density=0.4, format="csr", random_state=1)
+    x = make(m)
+    shape = dict(shape=m.shape) if isinstance(x, tuple) else {}
+    S = sparse.as_csr(x, **shape)
+    assert S.dtype == "float32"
+    want = x if isinstance(x, np.ndarray) and x.dtype.kind == "i" else m.toarray()
+    np.testing.assert_allclose(S.to_dense(), want.astype(np.float32), rtol=0)
+    assert sparse.as_csr(x, **shape, dtype="float16").dtype == "float16"
+    assert sparse.as_csr(m.toarray().astype(np.float16)).dtype == "float16"
+    with pytest.raises(TvmseqError, match="data must be float32 or float16, got complex128"):
+        sparse.as_csr(m.toarray() * 1j)
+
+
 GOOD = dict(indptr=np.array([0, 2, 2, 3], np.int32), indices=np.array([0, 3, 1], np.int32),
             data=np.array([1.0, 2.0, 3.0], np.float32), shape=(3, 4))
 
@@ -291,7 +313,7 @@ def test_cuda_kernels_generate():
 
 # ------------------------------------------------------------------------------------------------
 # GPU (pytest -m gpu): compiled there when TVM's compiler is present, else prebuilt kernels from
-# $TVMSEQ_SPMM_PREBUILT (python -m tvmseq.bench.spmm --build DIR --with-tests)
+# $TVMSEQ_SPMM_PREBUILT (python -m tvmseq.bench.spmm --build-only DIR, or `bash schedules/gpu_run.sh build spmm`)
 
 
 @pytest.fixture(scope="module")

@@ -307,9 +307,13 @@ class CSR:
 
 def as_csr(x, shape=None, dtype=None) -> CSR:
     """CSR from a CSR, a scipy.sparse matrix, a torch sparse/dense tensor, a numpy/DLPack dense
-    matrix, or an (indptr, indices, data) tuple with `shape`."""
+    matrix, or an (indptr, indices, data) tuple with `shape`. Without `dtype`, values the kernels have no
+    form for (float64, integers, bool: scipy's and numpy's defaults) become float32; float16 and float32
+    stay as they are."""
     if isinstance(x, CSR):
         return x if dtype is None or x.dtype == _value_dtype(dtype) else x.astype(dtype)
+    if dtype is None:
+        dtype = _float32_unless_supported(_source_value_dtype(x))
     if isinstance(x, tuple) and len(x) == 3:
         if shape is None:
             raise TvmseqError("an (indptr, indices, data) tuple needs shape=(rows, cols)")
@@ -319,6 +323,28 @@ def as_csr(x, shape=None, dtype=None) -> CSR:
     if type(x).__module__.startswith("torch"):
         return CSR.from_torch(x, dtype=dtype)
     return CSR.from_dense(x, dtype=dtype)
+
+
+def _source_value_dtype(x):
+    """The dtype of the values `as_csr` would read from x (None when it cannot tell without converting)."""
+    if isinstance(x, tuple) and len(x) == 3:
+        return getattr(x[2], "dtype", None) or np.asarray(x[2]).dtype
+    if isinstance(x, (list, np.ndarray)):
+        return np.asarray(x).dtype
+    return getattr(x, "dtype", None)
+
+
+def _float32_unless_supported(dtype) -> str | None:
+    """"float32" for real values the kernels lack (float64, integers, bool); None (keep) for float32/float16 and for
+    what the constructor should refuse with its own message (complex, bfloat16, unknown)."""
+    name = str(dtype).replace("torch.", "") if dtype is not None else None
+    if name is None or name in VALUE_DTYPES:
+        return None
+    try:
+        kind = np.dtype(name).kind
+    except TypeError:
+        return None
+    return "float32" if kind in "fiub" else None
 
 
 def _value_dtype(dtype) -> str:

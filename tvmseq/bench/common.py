@@ -72,8 +72,7 @@ def save(name: str, rows: list[dict], meta: dict | None = None, plot: Callable |
     out_dir = Path(out_dir or BENCH_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    path.write_text(json.dumps({"benchmark": name, "environment": environment(), **(meta or {}),
-                                "rows": rows}, indent=1, default=str))
+    path.write_text(dumps_rows({"benchmark": name, "environment": environment(), **(meta or {}), "rows": rows}))
     if plot is not None:
         try:
             import matplotlib
@@ -84,6 +83,24 @@ def save(name: str, rows: list[dict], meta: dict | None = None, plot: Callable |
             print("matplotlib not installed: no plot written")
     print(f"wrote {path}")
     return path
+
+
+def dumps_rows(obj) -> str:
+    """JSON with one line per row (a list of dicts, top level or under a key) and no indentation: results stay
+    diffable row by row at about 3/4 of the indented size."""
+    def row_list(rows):
+        return "[\n" + ",\n".join(json.dumps(r, separators=(",", ":"), default=str) for r in rows) + "\n]"
+
+    def is_rows(v):
+        return isinstance(v, list) and v and all(isinstance(r, dict) for r in v)
+
+    if is_rows(obj):
+        return row_list(obj) + "\n"
+    if not isinstance(obj, dict):
+        return json.dumps(obj, default=str) + "\n"
+    items = [json.dumps(k) + ":" + (row_list(v) if is_rows(v) else json.dumps(v, separators=(",", ":"), default=str))
+             for k, v in obj.items()]
+    return "{" + ",\n".join(items) + "}\n"
 
 
 def ratio_bar_plot(rows: list[dict], label_keys: Sequence[str], ratio_key: str, title: str):
@@ -101,7 +118,7 @@ def ratio_bar_plot(rows: list[dict], label_keys: Sequence[str], ratio_key: str, 
         ax.set_ylabel("speedup over peer (x)")
         ax.set_title(title)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=80)   # small enough to commit
         plt.close(fig)
 
     return plot

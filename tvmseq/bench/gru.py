@@ -382,7 +382,7 @@ def run_one(c, prebuilt=None, seq: int = SEQ, module=None) -> dict:
                max_diff_vs_peer=float((ours_y - peer_y.double()).abs().max().item()),
                peer_tf32=bool(torch.backends.cudnn.allow_tf32) and c["dtype"] == "float32")
     # tvmseq and cuDNN timed in alternating rounds, medians kept: cuDNN's time for one config moved up to 2x
-    # between runs (session 4), so a single round each could compare a fast round with a slow one
+    # between runs (H100, 2026-11-22), so a single round each could compare a fast round with a slow one
     ours, peer = [], []
     for _ in range(ROUNDS):
         ours.append(time_cuda(tvmseq_run, warmup=3, iters=20) * 1e3 / seq)

@@ -19,7 +19,7 @@ from .common import (PrebuiltModules, add_build_run_arguments, build_or_run, com
 NAME = "gru_stack"
 # (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the target (>= 2x over layer
 # by layer). KSPLIT: the k-split engine (persistent_stack's own schedule), its default and (not built by
-# default: all slower on the H100, session 2) 64 blocks per layer (two per SM) and other chunkings
+# default: all slower on the H100, 2026-11-22) 64 blocks per layer (two per SM) and other chunkings
 KSPLIT = [(4, 512, 8, 200, "float32"), (4, 512, 8, 200, "float16"), (4, 512, 1, 200, "float32"),
           (4, 512, 64, 200, "float32"), (2, 256, 8, 200, "float32"), (4, 256, 8, 200, "float32")]
 KSPLIT_VARIANTS = [

@@ -329,7 +329,7 @@ def plot_speedups(rows):
             ax.set_title(f"tvmseq {op} vs peers (>1 = tvmseq faster)")
             ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=80)   # small enough to commit
         plt.close(fig)
 
     return plot

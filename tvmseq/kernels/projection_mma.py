@@ -4,7 +4,7 @@ fp32), ldmatrix fragments, a multi-stage cp.async pipeline.
 gate_i[d, m, n] = sum_k X[m, k] W[d, n, k] + bias[d, n] over the flat m = (t, b) rows (symbolic), the
 interface of `input_projection.flat_projection_func`. Why not the wmma rule (`TensorCoreProjection`, dlight's
 MatmulTensorization with its tiles as data): its nine tiles measured 150-207 TFLOP/s on the H100, 0.25-0.32x
-cuBLAS, at the GRU input GEMM's shapes (artifacts/bench/tc_projection_sweep.json); wmma fragments go
+cuBLAS, at the GRU input GEMM's shapes (H100, 2026-11-22; notes/persistent.md); wmma fragments go
 through shared memory on the way out and the rule's pipeline is fixed.
 
 Block tile BM x BN (rows x gate rows), K walked BK at a time through STAGES shared-memory stages filled by
@@ -16,8 +16,8 @@ operand): one ldmatrix.x4 per pair of n8 tiles and k16. Shared rows are padded b
 shapes: 3H and I multiples of 128 and 32); `supports` says so, and the caller falls back to the wmma rule.
 
 The CPU variant is the plain loop nest (the numerics of the interface); the fragment layouts and the
-epilogue are checked on the GPU by `scripts/tc_projection_sweep.py` (every tile against torch, including a
-row count that is not a multiple of the tile) and by the float16 whole-model tests (`tests/test_gpu_models.py`).
+epilogue are checked on the GPU by the float16 whole-model tests (`tests/test_gpu_models.py`); the tile sweep
+against cuBLAS that chose the default tile is in notes/step_gemm.md.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def supports(N: int, K: int, tile: MmaGemmTile = MmaGemmTile()) -> str | None:
 
 def weight_misfit(N: int, K: int, bn: int, bk: int) -> str | None:
     """Why an N x K weight does not split into whole bn-row, bk-column tiles (None: it does); the tensor-core
-    projections (this one, `projection_wgmma`, `projection_tma`) take whole tiles only."""
+    projections (this one and `projection_wgmma`) take whole tiles only."""
     if N % bn or K % bk:
         return f"N={N} (gate rows) must be a multiple of {bn} and K={K} (input size) of {bk}"
     return None

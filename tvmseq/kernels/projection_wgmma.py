@@ -16,7 +16,8 @@ or with gate_dtype="float16" rounded once to half (half the bytes written here a
 
 Needs N % BN == 0 and K % 64 == 0 (`supports`); sm_90a only (the caller checks the target). The CPU variant
 is `projection_mma`'s loop nest (the interface's numerics; with float16 gate_i `projection_cpu_func`); the layouts
-are checked on the GPU by `scripts/tc_projection_sweep.py`.
+are checked on the GPU by the float16 whole-model tests (`tests/test_gpu_models.py`) and the float16-gate_i case
+of `tests/test_persistent_wgmma.py`.
 """
 from __future__ import annotations
 
@@ -58,8 +59,7 @@ def align_offset(smem):
 
 
 def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32"):
-    """(k_slice, store_rows): the TIR macros a 64 x BN warpgroup tile of the projection is made of, shared by this
-    kernel and `projection_tma` (which stores float32 only).
+    """(k_slice, store_rows): the TIR macros a 64 x BN warpgroup tile of the projection is made of.
       k_slice(smem, acc, da, db, a_off, b_off, kt): the four m64nBNk16 wgmmas of k slice kt, A (64 rows) and B (BN
         gate rows) from the 128-byte-swizzled tiles at half offsets a_off and b_off; slice 0 overwrites acc.
       store_rows(GateI, Bias, acc, d, row0, n0, rows, t): the accumulators (the m16n8 C-fragment layout per 8
