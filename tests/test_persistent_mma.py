@@ -229,46 +229,6 @@ def test_cluster_sync_codegen(dtype, cell, knobs):
     assert ("cp.async" not in src) == cfg.dsmem
 
 
-@needs_compiler
-@pytest.mark.parametrize("level", [1, 2, 3])
-def test_projection_probe_codegen(level):
-    """proj_probe (scripts/fused_projection_probe.py, measurement only): the step barrier split into an arrive and
-    a wait, the probe's product between them (level 3: after a second copy of the chunk, so two copies a step),
-    a cluster barrier before each refill of a multicast slot; the kernel without the probe keeps its grid
-    barrier a step."""
-    tgt = resolve("cuda")
-    cfg = pm.MmaConfig.of((8, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2))
-    build = lambda pp: tvm.compile(tvm.IRModule({"k": pm.persistent_mma_func(  # noqa: E731
-        1, 64, 512, "float32", "forward", None, None, False, tgt, cfg, proj_probe=pp)}),
-        target=tgt).mod.imports[0].inspect_source()
-    src, plain = build(level), build(0)
-    loop = src[src.index("for (int s = 0;"):]
-    assert "tvmseq_split_arrive" in loop and "tvmseq_split_wait" in loop and "grid_sync()" not in loop
-    assert "tvmseq_split" not in plain and "grid_sync()" in plain[plain.index("for (int s = 0;"):]
-    window = loop[loop.index("tvmseq_split_arrive("):loop.index("tvmseq_split_wait(")]
-    assert ("st_vec_shared_v4_f32" in window) == (level >= 2)           # the probe's partial sums
-    assert window.count("multicast__cluster") == (2 if level == 3 else 0)   # the probe's copy: both k halves
-    assert ("barrier_cluster_wait" in loop[:loop.index("tvmseq_split_arrive(")]) == (level >= 2)
-
-
-@needs_compiler
-def test_projection_probe_refuses_other_configs():
-    tgt = resolve("cuda")
-    for dtype, H, knobs in [("float16", 512, (16, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)),   # tensor-core product
-                            ("float32", 512, (8, 8, 16, 0, 1)),                      # four chunks a block
-                            ("float32", 512, (8, 8, 32, 1, 2)),                      # two staging slots
-                            ("float32", 512, (8, 8, 32, 0, 2, 1)),                   # flags
-                            ("float32", 512, (8, 8, 32, 0, 2, 0, 1)),                # half_stage
-                            ("float32", 512, (8, 8, 16, 0, 4, 0, 0, 1)),             # early_gate
-                            ("float32", 256, (16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1))]:   # cluster_sync
-        with pytest.raises(TvmseqError, match="proj_probe"):
-            pm.persistent_mma_func(1, 64, H, dtype, "forward", None, None, False, tgt, pm.MmaConfig.of(knobs),
-                                   proj_probe=3)
-    with pytest.raises(TvmseqError, match="proj_probe 4"):   # levels are 1-3
-        pm.persistent_mma_func(1, 64, 512, "float32", "forward", None, None, False, tgt,
-                               pm.MmaConfig.of((8, 8, 32, 0, 2, 0, 0, 0, 1, 1, 2)), proj_probe=4)
-
-
 def _dyn_shared_bytes(func, tgt) -> int:
     """Bytes of the merged dynamic shared memory allocation TVM gives the built kernel (its launch size)."""
     import re
@@ -584,4 +544,4 @@ def test_geometry_and_argument_errors():
     with pytest.raises(TvmseqError, match="batch and hidden must be >= 1"):
         pm.persistent_mma_func(1, 0, 64, "float16", "forward", None, None, False, "llvm")
     with pytest.raises(TvmseqError, match="cell must be one of"):
-        pm.persistent_mma_func(1, 16, 64, "float16", "forward", None, None, False, "llvm", cell="lstm")
+        pm.persistent_mma_func(1, 16, 64, "float16", "forward", None, None, False, "llvm", cell="lstm2")

@@ -47,6 +47,11 @@ def _num_directions(directions: str) -> int:
 
 
 GATES = {"gru": 3, "rnn": 1}
+# Weight rows per hidden unit of every cell the engine runs: GATES (`persistent_gru_func`) and the LSTM's rows
+# i, o, f, c (`persistent_lstm.persistent_lstm_func`, which brings the LSTM's update math to `engine_func`)
+CELL_GATES = {**GATES, "lstm": 4}
+# default activations of one direction, as ONNX defines them
+DEFAULT_ACTS = {"gru": ("Sigmoid", "Tanh"), "rnn": ("Tanh",), "lstm": ("Sigmoid", "Tanh", "Tanh")}
 
 
 def default_gru_config(D: int, B: int, H: int, dtype: str, target, cell: str = "gru", measured: bool = True):
@@ -56,7 +61,7 @@ def default_gru_config(D: int, B: int, H: int, dtype: str, target, cell: str = "
     from ..tune import measured as db
     from . import recurrent_gemm as rg
 
-    ng = GATES[cell]
+    ng = CELL_GATES[cell]
     if measured and is_gpu(resolve(target)):
         config = db.lookup("persistent_gru", D=D, B=B, H=H, dtype=dtype, cell=cell)
         if config:
@@ -87,7 +92,7 @@ def fitted_step_us(geo) -> float:
 def _geometry(D, B, H, cfg, gpu, cell: str = "gru"):
     from . import recurrent_gemm as rg
 
-    return rg.EngineGeometry(GATES[cell] * H, H, B, cfg, 32 if gpu else 1, rows_per_unit=GATES[cell])
+    return rg.EngineGeometry(CELL_GATES[cell] * H, H, B, cfg, 32 if gpu else 1, rows_per_unit=CELL_GATES[cell])
 
 
 def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru") -> tuple[bool, str]:
@@ -106,7 +111,7 @@ def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None, c
 
 
 def _check_acts(acts, D, cell="gru"):
-    per_dir = [Activation.make("Sigmoid"), Activation.make("Tanh")] if cell == "gru" else [Activation.make("Tanh")]
+    per_dir = [Activation.make(name) for name in DEFAULT_ACTS[cell]]
     acts = list(acts) if acts else per_dir * D
     if len(acts) != len(per_dir) * D or not all(isinstance(a, Activation) for a in acts):
         raise TvmseqError(f"persistent {cell.upper()}: needs {len(per_dir) * D} Activation objects "
@@ -114,9 +119,9 @@ def _check_acts(acts, D, cell="gru"):
     return acts
 
 
-def cell_math(acts, D: int, NG: int, clip):
-    """(f, g, clip) of a GRU (NG = 3) / RNN (NG = 1) kernel body: f(d, x) and g(d, x) the activations of
-    direction d (an if_then_else when the two directions differ; g None for an RNN), clip(x) the ONNX clip."""
+def direction_activations(acts, D: int) -> list:
+    """[fn(d, x)] for each activation slot of a direction (GRU f, g; RNN f; LSTM f, g, h): the activation of
+    direction d applied to x (an if_then_else when the two directions differ)."""
     from tvm.script import tirx as T
 
     def per_dir(which):
@@ -125,12 +130,24 @@ def cell_math(acts, D: int, NG: int, clip):
             return lambda d, x: fns[0].expr(x)
         return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
 
+    return [per_dir(which) for which in range(len(acts) // D)]
+
+
+def clip_fn(clip):
+    """clip(x): the ONNX clip of a pre-activation (identity without one)."""
+    from tvm.script import tirx as T
+
     if clip is None:
-        clipf = lambda x: x  # noqa: E731
-    else:
-        c_ = float(clip)
-        clipf = lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))  # noqa: E731
-    return per_dir(0), (per_dir(1) if NG == 3 else None), clipf
+        return lambda x: x
+    c_ = float(clip)
+    return lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))
+
+
+def cell_math(acts, D: int, NG: int, clip):
+    """(f, g, clip) of a GRU (NG = 3) / RNN (NG = 1) kernel body: f(d, x) and g(d, x) the activations of
+    direction d (an if_then_else when the two directions differ; g None for an RNN), clip(x) the ONNX clip."""
+    fns = direction_activations(acts, D)
+    return fns[0], (fns[1] if NG == 3 else None), clip_fn(clip)
 
 
 def time_index_fn(directions: str):
@@ -245,35 +262,51 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h) for all steps of a GRU node (see module doc).
     slots: LL slots per state buffer (2 suffice, see the module doc; more give producers slack);
     poll: recurrent_gemm.PollOptions of the hand-off waits (default: lane-0 reports)."""
+    if cell not in GATES:
+        raise TvmseqError(f"persistent recurrence: cell must be one of {tuple(GATES)}, got {cell!r}")
+    return engine_func(D, B, H, dtype, lbr, directions, acts, clip, has_seq_lens, target, config, slots, poll,
+                       paired_buffers, syncwarp_before_barrier, cell)
+
+
+def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, clip, has_seq_lens: bool,
+                target, config=None, slots: int = 2, poll=None, paired_buffers: bool = True,
+                syncwarp_before_barrier: bool = False, cell: str = "gru", lstm=None):
+    """The engine's kernel for a cell of CELL_GATES: `persistent_gru_func`'s for a GRU or an RNN; for an LSTM
+    (cell 'lstm', `lstm` the cell's update math: `persistent_lstm.LstmCell`) prim_func(gate_i [D, T, B, 4H],
+    R [D, 4H, H], P [D, 3H], seq_lens, h0, c0, Y, Y_h, Y_c): one pass of the 4U rows (i, o, f, c) of a block's
+    units a step, the cell state c kept in float32 in the finishing thread's registers next to h."""
     from tvm.script import tirx as T
 
     from . import recurrent_gemm as rg
 
     target = resolve(target)
     gpu = is_gpu(target)
+    label = "LSTM" if cell == "lstm" else "GRU"
     if _num_directions(directions) != D:
-        raise TvmseqError(f"persistent GRU: direction {directions} needs D={_num_directions(directions)}, got {D}")
+        raise TvmseqError(f"persistent {label}: direction {directions} needs D={_num_directions(directions)}, "
+                          f"got {D}")
     if dtype not in _DTYPES:
-        raise TvmseqError(f"persistent GRU: dtype must be one of {_DTYPES}, got {dtype}")
+        raise TvmseqError(f"persistent {label}: dtype must be one of {_DTYPES}, got {dtype}")
     if min(B, H) < 1:
-        raise TvmseqError(f"persistent GRU: batch and hidden must be >= 1, got B={B} H={H}")
-    if cell not in GATES:
-        raise TvmseqError(f"persistent recurrence: cell must be one of {tuple(GATES)}, got {cell!r}")
-    NG = GATES[cell]             # weight rows per hidden unit: z, r, h gates (GRU) or one (RNN)
+        raise TvmseqError(f"persistent {label}: batch and hidden must be >= 1, got B={B} H={H}")
+    if cell not in CELL_GATES or (cell == "lstm") != (lstm is not None):
+        raise TvmseqError(f"persistent recurrence: cell must be one of {tuple(CELL_GATES)} (an LSTM with its "
+                          f"update math), got {cell!r}")
+    NG = CELL_GATES[cell]        # weight rows per hidden unit: z, r, h gates (GRU), one (RNN), i, o, f, c (LSTM)
     acts = _check_acts(acts, D, cell)
-    lbr = bool(lbr) or cell == "rnn"  # an RNN step is the one-pass path with one gate
+    lbr = bool(lbr) or cell != "gru"  # an RNN or LSTM step is the one-pass path (its NG rows in one pass)
     config = config or default_gru_config(D, B, H, dtype, target, cell)
     geo = _geometry(D, B, H, config, gpu, cell)
     why = geo.check(rg.gpu_facts(target) if gpu else None, config.num_blocks * D)
     if why:
-        raise TvmseqError(f"persistent GRU D={D} B={B} H={H} {dtype}: {why}")
+        raise TvmseqError(f"persistent {label} D={D} B={B} H={H} {dtype}: {why}")
     G, W, NT, WS = geo.G, geo.W, geo.NT, geo.warp_size
     U, R_reg, R_smem, KT, Hp = geo.U, geo.R_reg, geo.R_smem, geo.KT, geo.Hp
     BC, NC, Bp = geo.BC, geo.NC, geo.Bp
     if G * U < H:
-        raise TvmseqError(f"persistent GRU: {G} blocks x {U} units do not cover H={H}")
+        raise TvmseqError(f"persistent {label}: {G} blocks x {U} units do not cover H={H}")
     if slots < 2:
-        raise TvmseqError(f"persistent GRU: needs at least 2 LL slots, got {slots}")
+        raise TvmseqError(f"persistent {label}: needs at least 2 LL slots, got {slots}")
     S = slots
     slot_words = Bp * Hp
     nbuf = 1 if lbr else 2       # LL buffers per direction: h (and r*h for lbr=0)
@@ -373,6 +406,10 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                 gi[i * 4 + 1] = GI[d, tt, b, H + j]
                 gi[i * 4 + 2] = GI[d, tt, b, 2 * H + j]
                 gi[i * 4 + 3] = RbH[d, j] if lbr else T.float32(0)
+            if NG == 4:   # LSTM gates o, f, c (i above)
+                gi[i * 4 + 1] = GI[d, tt, b, H + j]
+                gi[i * 4 + 2] = GI[d, tt, b, 2 * H + j]
+                gi[i * 4 + 3] = GI[d, tt, b, 3 * H + j]
 
     @T.macro
     def publish(Y, ws, hs, hrow, idx, hn, L, d, b, j, s, n):
@@ -458,9 +495,153 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
                         Yh[d, b, j] = T.Cast(dtype, T.if_then_else(seq > 0, hs[hrow, c * fin_iters + i],
                                                                    T.float32(0)))
 
+    # ---- the LSTM cell: c beside h (same items, same thread), peepholes in registers -------------------
+    lstm_fns = direction_activations(acts, D) if NG == 4 else None
+    has_peepholes = bool(lstm and lstm.has_peepholes)
+
+    def peephole(ps, i):
+        """peep(q): the peephole weight of gate q (0 i, 1 o, 2 f) of item i, None without peepholes."""
+        return (lambda q: ps[i * 3 + q]) if has_peepholes else None
+
+    def lstm_cell(red, gi, ps, d, i, v, c_prev):
+        """c' of item v from its four gate sums (rows i, o, f, c of the pass) and c."""
+        return lstm.cell(lstm_fns, clipf, d, lambda q: gi[i * 4 + q] + gate_sum(red, q, 4 * U, v),
+                         peephole(ps, i), c_prev)
+
+    def lstm_hidden(red, gi, ps, d, i, v, c_new):
+        """h' of item v from its o gate and c'."""
+        return lstm.hidden(lstm_fns, clipf, d, lambda q: gi[i * 4 + q] + gate_sum(red, q, 4 * U, v),
+                           peephole(ps, i), c_new)
+
+    @T.macro
+    def seed_cell(C0, cs, hrow, d, g, t):
+        """Cell state <- c0 (float32, the finishing thread's own copy: it never leaves the chip)."""
+        for c in range(NC):
+            for i in unroll(fin_iters):
+                v = T.meta_var(i * NT + t)
+                b = T.meta_var(c * BC + v // U)
+                j = T.meta_var(g * U + v % U)
+                cs[hrow, c * fin_iters + i] = T.if_then_else(
+                    v < UV and b < B and j < H, C0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
+
+    @T.macro
+    def load_peepholes(Pw, ps, d, g, t):
+        """P (i, o, f) of the units this thread finishes (the same units in every chunk), once."""
+        for i in unroll(fin_iters):
+            j = T.meta_var(T.min(g * U + (i * NT + t) % U, H - 1))
+            for q in unroll(3):
+                ps[i * 3 + q] = Pw[d, q * H + j]
+
+    @T.macro
+    def finish_lstm(Y, Lens, ws, hs, cs, hrow, red, gi, ps, d, g, t, s, c, seq):
+        """c and h of every item this thread finishes (kept past the row's end), h published."""
+        for i in unroll(fin_iters):
+            v = T.meta_var(i * NT + t)
+            b = T.meta_var(c * BC + v // U)
+            j = T.meta_var(g * U + v % U)
+            if v < UV and b < B and j < H:
+                L = T.meta_var(length(Lens, b, seq))
+                cp = T.meta_var(cs[hrow, c * fin_iters + i])
+                cn = T.if_then_else(active(L, s), lstm_cell(red, gi, ps, d, i, v, cp), cp)  # a variable
+                hn = T.if_then_else(active(L, s), lstm_hidden(red, gi, ps, d, i, v, cn), hs[hrow, c * fin_iters + i])
+                cs[hrow, c * fin_iters + i] = cn
+                publish(Y, ws, hs, hrow, c * fin_iters + i, hn, L, d, b, j, s, s + 1)
+
     # ---- the kernels ----------------------------------------------------------------------------
+    def lstm_kernel():
+        """The LSTM's prim_func: the paired-buffer iteration of the one-pass path with `finish_lstm`."""
+        PS = max(3 * fin_iters, 1)
+
+        @T.macro
+        def iteration_lstm(GI, Lens, Y, ws, hs, cs, ps, a_reg, a_smem, cval, acc, red, gi, d, g, t, it, seq):
+            s = T.meta_var(it // NC)
+            c = T.meta_var(it % NC)
+            prefetch(GI, GI, Lens, gi, d, g, t, s, c, seq)
+            pass_zrh(ws, word(d, 0, s % S), s, a_reg, a_smem, cval, acc, red, t % WS, t // WS, t, c)
+            T.tvm_storage_sync("shared")
+            finish_lstm(Y, Lens, ws, hs, cs, 0, red, gi, ps, d, g, t, s, c, seq)
+
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
+                 y: T.handle, y_h: T.handle, y_c: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+            Pw = T.match_buffer(p_w, (D, 3 * H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            C0 = T.match_buffer(c0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), dtype)
+            Yh = T.match_buffer(y_h, (D, B, H), dtype)
+            Yc = T.match_buffer(y_c, (D, B, H), dtype)
+            ws = T.alloc_buffer((ws_words * 2,), "int32", scope="global")
+            if gpu:
+                for gb in T.thread_binding(D * G, thread="blockIdx.x"):
+                    for t in T.thread_binding(NT, thread="threadIdx.x"):
+                        a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32", scope="local")
+                        a_smem = T.alloc_buffer(smem_shape, "float32", scope=smem_scope)
+                        cval = T.alloc_buffer((BC * KT,), "float32", scope="local")
+                        acc = T.alloc_buffer((vp_max,), "float32", scope="local")
+                        gi = T.alloc_buffer((fin_iters * 4,), "float32", scope="local")
+                        ps = T.alloc_buffer((PS,), "float32", scope="local")
+                        red0 = T.alloc_buffer((W, vp_max), "float32", scope="shared")
+                        red1 = T.alloc_buffer((W, vp_max), "float32", scope="shared")
+                        hs = T.alloc_buffer((1, NC * fin_iters), "float32", scope="local")
+                        cs = T.alloc_buffer((1, NC * fin_iters), "float32", scope="local")
+                        d = T.meta_var(gb // G)
+                        g = T.meta_var(gb % G)
+                        load_weights(Rw, a_reg, a_smem, d, g, t)
+                        if has_peepholes:
+                            load_peepholes(Pw, ps, d, g, t)
+                        seed(H0, ws, hs, 0, d, g, t)
+                        seed_cell(C0, cs, 0, d, g, t)
+                        T.cuda.grid_sync()
+                        # iterations (step, chunk) alternate partial-sum buffers, unrolled by two: one
+                        # __syncthreads per iteration
+                        for p in T.serial((seq * NC + 1) // 2):
+                            iteration_lstm(GI, Lens, Y, ws, hs, cs, ps, a_reg, a_smem, cval, acc, red0, gi,
+                                           d, g, t, 2 * p, seq)
+                            if 2 * p + 1 < seq * NC:
+                                iteration_lstm(GI, Lens, Y, ws, hs, cs, ps, a_reg, a_smem, cval, acc, red1, gi,
+                                               d, g, t, 2 * p + 1, seq)
+                        final_state(Yh, Lens, hs, 0, d, g, t, seq)
+                        final_state(Yc, Lens, cs, 0, d, g, t, seq)
+            else:
+                a_reg = T.alloc_buffer((max(R_reg * KT, 1),), "float32")
+                a_smem = T.alloc_buffer((max(R_smem, 1), Hp), "float32")
+                cval = T.alloc_buffer((BC * KT,), "float32")
+                acc = T.alloc_buffer((vp_max,), "float32")
+                gi = T.alloc_buffer((fin_iters * 4,), "float32")
+                ps = T.alloc_buffer((PS,), "float32")
+                red = T.alloc_buffer((W, vp_max), "float32")
+                hs = T.alloc_buffer((D * G * NT, NC * fin_iters), "float32")
+                cs = T.alloc_buffer((D * G * NT, NC * fin_iters), "float32")
+                for d, g, t in T.grid(D, G, NT):
+                    seed(H0, ws, hs, (d * G + g) * NT + t, d, g, t)
+                    seed_cell(C0, cs, (d * G + g) * NT + t, d, g, t)
+                for it in T.serial(seq * NC):
+                    # every block's pass before any finish of the next step: each LL word is ready when read
+                    for d, g in T.grid(D, G):
+                        for t in T.serial(NT):
+                            load_weights(Rw, a_reg, a_smem, d, g, t)
+                            pass_zrh(ws, word(d, 0, (it // NC) % S), it // NC, a_reg, a_smem, cval, acc, red,
+                                     0, t, t, it % NC)
+                        for t in T.serial(NT):
+                            if has_peepholes:
+                                load_peepholes(Pw, ps, d, g, t)
+                            prefetch(GI, GI, Lens, gi, d, g, t, it // NC, it % NC, seq)
+                            finish_lstm(Y, Lens, ws, hs, cs, (d * G + g) * NT + t, red, gi, ps, d, g, t, it // NC,
+                                        it % NC, seq)
+                for d, g, t in T.grid(D, G, NT):
+                    final_state(Yh, Lens, hs, (d * G + g) * NT + t, d, g, t, seq)
+                    final_state(Yc, Lens, cs, (d * G + g) * NT + t, d, g, t, seq)
+
+        return rg.scheduled(main, "lstm_recurrence", cooperative=gpu)
+
     smem_shape, smem_scope = ((R_smem, Hp), "shared.dyn") if R_smem else ((1, 1), "local")
     G3 = NG * H
+    if NG == 4:
+        return lstm_kernel()
 
     @T.macro
     def iteration_lbr1(GI, RbH, Lens, Y, ws, hs, a_reg, a_smem, cval, acc, red, gi, d, g, t, it, seq):

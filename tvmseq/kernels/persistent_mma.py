@@ -12,7 +12,9 @@ Interface: that of `persistent_gru.persistent_gru_func` (and of the per-step `gr
   gate_i f32 [D, T, B, NG*H] (X W^T + folded biases), R [D, NG*H, H], rb_h f32 [D, H],
   seq_lens i32 [B], h0 f32 [D, B, H]  ->  Y [T, D, B, H], Y_h [D, B, H]   (R, Y, Y_h in the model dtype).
 GRU with linear_before_reset=1 (what PyTorch exports) and RNN (NG = 1); lbr=0 needs the r gate of
-every unit before the h-gate product (a second hand-off per step) and stays on the other paths.
+every unit before the h-gate product (a second hand-off per step) and stays on the other paths. LSTM (NG = 4,
+cell 'lstm'): the interface of `persistent_lstm` (P [D, 3H] and c0 in place of rb_h, Y_c out), the cell state kept
+in float32 registers beside h by the thread that finishes the item (see `persistent_mma_func`).
 
 Work split. Direction d runs on blocks [d*G*BS, (d+1)*G*BS); block (g, q) owns UB hidden units j in
 [g*UB, (g+1)*UB) (the NG*UB rows of R of their gates, so the gate math is local) and every BS-th chunk of
@@ -44,12 +46,14 @@ barriers only exist on the GPU and are checked there (`tests/test_persistent_mma
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import TvmseqError
 from ..targets import is_gpu, resolve
 
-GATES = {"gru": 3, "rnn": 1}
+# weight rows a hidden unit: GRU z, r, h; RNN one; LSTM i, o, f, c (its cell state c kept beside h, see
+# persistent_mma_func)
+GATES = {"gru": 3, "rnn": 1, "lstm": 4}
 
 # Step hand-off by ready flags: a block publishes flag[d, q, g] = steps done (release, after its state rows are
 # written); a warp about to stage its k-slice waits for the blocks owning those units (acquire, one lane a
@@ -70,23 +74,6 @@ __forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, i
   }
   __syncwarp();
 }
-"""
-# proj_probe (measurement only, see persistent_mma_func): the step's grid barrier split into an arrive (one release
-# add a block on a counter) and a wait (one thread polls it with acquire loads), so work can sit between the two
-_SPLIT_BARRIER_SRC = r"""
-#ifndef TVMSEQ_SPLIT_BARRIER
-#define TVMSEQ_SPLIT_BARRIER
-__forceinline__ __device__ void tvmseq_split_arrive(int* counter) {
-  __threadfence();
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(counter) : "memory");
-}
-__forceinline__ __device__ void tvmseq_split_wait(int* counter, int target) {
-  int v;
-  do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-  } while (v < target);
-}
-#endif
 """
 # dsmem: the new state into a cluster peer's staging slot by st.async, whose complete_tx on the peer's mbarrier for
 # that slot tells the peer the bytes have landed (no fence, no cluster barrier: each block waits for its own slot).
@@ -129,6 +116,7 @@ ENGINE_PICK = {"engine": "persistent_gru"}
 # (engine); not at H1024 B64 (21.6 vs 20.2) or H512 B256 (19.3 vs 18.6-19.0, a tie)
 SIMT_MIN_BATCH, SIMT_MAX_BATCH, SIMT_MAX_HIDDEN = 32, 64, 512
 _REG_OVERHEAD = 40
+_LSTM_TEMPS = 8
 # one-block-an-SM blocks that launched cooperatively in clusters on the H100 (sweeps 10-11): 128 in clusters of 2,
 # 64 in clusters of 4; 128 in clusters of 4 or 8 failed (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: the GPCs' SM
 # counts do not divide into them). Other sizes were not measured, so they are refused.
@@ -275,7 +263,11 @@ class MmaGeometry:
             product = self.CPL + 4 * self.MC // 16 + 2 * self.NGU
         else:           # B fragments (R), accumulators, the A fragment
             product = self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4
-        return product + 4 * self.FI + self.NCB * self.FI + _REG_OVERHEAD
+        # LSTM: the cell state of each item beside h, the i, o, f peepholes of its unit and the gate math's
+        # temporaries (ptxas, sm_90a: 16-unit blocks at hidden 1024 estimated 215 took 254 registers without
+        # spills, estimated 219 and 227 spilled; _LSTM_TEMPS puts those two over the cap)
+        lstm = self.NCB * self.FI + 3 * self.FI + _LSTM_TEMPS if self.NG == 4 else 0
+        return product + 4 * self.FI + self.NCB * self.FI + lstm + _REG_OVERHEAD
 
     def smem_bytes(self) -> int:
         weights = 4 * self.NGU * self.WROW if self.SIMT else 0
@@ -353,6 +345,11 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
             return MmaConfig(**config)
     facts = rg.gpu_facts(target)
     fits = lambda cfg: cfg is not None and MmaGeometry(D, B, H, GATES[cell], cfg, dtype).check(facts) is None  # noqa: E731
+    if cell == "lstm":
+        derived = next((cfg for cfg in lstm_variants(default_config(D, B, H, target, "gru", measured, dtype))
+                        if fits(cfg)), None)
+        if derived:
+            return derived
     if dtype == "float16" and cell == "gru":
         wide = wide_block_config(D, B, H, facts)
         if fits(wide):
@@ -365,6 +362,19 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
         if fits(cfg):
             return cfg
     return None
+
+
+def lstm_variants(gru: MmaConfig | None):
+    """LSTM configs from the GRU's pick at the same shape (its database entry or rules), in order: the pick
+    itself, then with 16-row chunks, then with twice the warps (each a k-slice half as long), then both. An LSTM
+    block of the same units has 4/3 the GRU's gate rows: the same blocks, state ingest and hand-off a step, 4/3
+    the product, B fragments and accumulators, so the GRU's measured order of configs is taken for it where the
+    registers still fit (the halvings trade fragments for chunks or warps where they do not)."""
+    if gru is None:
+        return []
+    halved = lambda c: c if c.chunk_rows <= 16 else replace(c, chunk_rows=16)   # noqa: E731
+    wider = lambda c: replace(c, num_warps=2 * c.num_warps)   # noqa: E731
+    return [gru, halved(gru), wider(gru), wider(halved(gru))]
 
 
 # wide blocks (16 units) are used when they occupy at least this share of the SMs
@@ -433,7 +443,10 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
         return False, f"{dtype}: float16 (tensor cores) or float32 (FMA units: tensor cores would round to TF32)"
     if cell == "gru" and not lbr:
         return False, "linear_before_reset=0 needs every unit's r gate before the h-gate product"
-    measured_faster = config is None and beats_engine(D, B, H, cell, dtype, target)
+    # LSTM: no LSTM timings in the database yet; the GRU's at the same shape order the two kernels (both do 4/3
+    # of the GRU's work a step)
+    measured_faster = config is None and (beats_engine(D, B, H, cell, dtype, target)
+                                          or (cell == "lstm" and beats_engine(D, B, H, "gru", dtype, target)))
     if dtype == "float32" and not (SIMT_MIN_BATCH <= B <= SIMT_MAX_BATCH and H <= SIMT_MAX_HIDDEN) \
             and not measured_faster:
         return False, (f"float32 batch {B} hidden {H}: the staged FMA kernel was measured faster only for batch "
@@ -448,7 +461,7 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
     return (why is None), (why or f"{kind} persistent kernel (staged state), {cfg}")
 
 
-def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", "float32")):
+def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", "float32"), cells=tuple(GATES)):
     """The argument checks of the staged-state kernels (`persistent_mma`, `persistent_wgmma`: kind names it)."""
     nd = 2 if directions == "bidirectional" else 1
     if directions not in ("forward", "reverse", "bidirectional") or nd != D:
@@ -457,31 +470,39 @@ def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", 
         raise TvmseqError(f"persistent {kind} {cell.upper()}: dtype must be {' or '.join(dtypes)}, got {dtype}")
     if min(B, H) < 1:
         raise TvmseqError(f"persistent {kind} {cell.upper()}: batch and hidden must be >= 1, got B={B} H={H}")
-    if cell not in GATES:
-        raise TvmseqError(f"persistent {kind}: cell must be one of {tuple(GATES)}, got {cell!r}")
+    if cell not in cells:
+        raise TvmseqError(f"persistent {kind}: cell must be one of {tuple(cells)}, got {cell!r}")
 
 
 def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
-                        target, config: MmaConfig | None = None, cell: str = "gru", proj_probe: int = 0):
+                        target, config: MmaConfig | None = None, cell: str = "gru", lstm=None):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
     tensor cores (see the module doc).
 
-    proj_probe (measurement only, never picked by the importer; outputs unchanged): what computing the input
-    projection inside this kernel, in the step barrier's wait, would cost (`scripts/fused_projection_probe.py`).
-    1: the grid barrier split into arrive / wait (nothing between); 2: between them a second product of the
-    block's weight slice with the staged state (the FLOPs and shared-memory reads of a step's gate_i slice of
-    the block, the input size being the hidden size) and the cross-warp sum of its partials; 3: as 2, after
-    staging the slot again (the copy an input chunk would take). float32, one chunk a block, one staging slot."""
+    cell 'lstm' (`lstm`: its update math, a `persistent_lstm.LstmCell`, default no peepholes / input_forget):
+    prim_func(gate_i [D, T, B, 4H], R [D, 4H, H], P f32 [D, 3H], seq_lens, h0, c0 f32 [D, B, H], Y, Y_h, Y_c), the
+    LSTM interface of `persistent_lstm`. A block owns rows i, o, f, c of its units (4 gate rows a unit, the same
+    product); the thread that finishes an item keeps its cell state c in float32 registers beside h for all steps
+    (only h is handed over) and the i, o, f peepholes of its unit."""
     from tvm.script import tirx as T
 
     from . import persistent_gru as pg
     from . import recurrent_gemm as rg
 
     check_args(D, B, H, dtype, directions, cell)
+    if (lstm is not None) and cell != "lstm":
+        raise TvmseqError(f"persistent mma {cell.upper()}: LSTM update math given for cell {cell!r}")
     target = resolve(target)
     gpu = is_gpu(target)
     NG = GATES[cell]
     acts = pg._check_acts(acts, D, cell)
+    LSTM = cell == "lstm"
+    if LSTM:
+        from .persistent_lstm import LstmCell
+
+        lstm = lstm or LstmCell()
+    lstm_fns = pg.direction_activations(acts, D) if LSTM else None   # f, g, h of each direction
+    PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell, dtype=dtype) if gpu else MmaConfig(chunk_rows=32))
     if cfg is None:
         raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: no configuration fits")
@@ -489,10 +510,6 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     why = geo.check(rg.gpu_facts(target) if gpu else None)
     if why:
         raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: {why}")
-    if proj_probe and (not geo.SIMT or geo.NCB != 1 or geo.SLOTS != 1 or geo.HALF or cfg.flags or cfg.cluster_sync
-                       or cfg.early_gate or proj_probe not in (1, 2, 3)):
-        raise TvmseqError(f"persistent mma: proj_probe {proj_probe} needs float32, one chunk a block, one staging "
-                          f"slot, no half_stage, flags, cluster_sync or early_gate ({cfg})")
     UB, NW, NT, G, Hp, KW, KTW = geo.UB, geo.NW, geo.NT, geo.G, geo.Hp, geo.KW, geo.KTW
     NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
                                                  geo.ITEMS, geo.FI)
@@ -594,6 +611,26 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                         if v < MC * PADC:
                             hbuf[hidx(0, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.Cast(dtype, 0)
                             hbuf[hidx(1, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.Cast(dtype, 0)
+
+    @T.macro
+    def seed_cell(C0, cst, hoff, d, g, q, t):
+        """LSTM: own cell state <- c0 (float32, beside the items' h in `seed`; it never leaves the chip)."""
+        for ci in T.serial(NCB):
+            for i in unroll(FI):
+                v = T.meta_var(i * NT + t)
+                b = T.meta_var((q + ci * BS) * MC + v // UB)
+                j = T.meta_var(g * UB + v % UB)
+                if v < ITEMS:
+                    cst[hoff + ci * FI + i] = T.if_then_else(
+                        b < B and j < H, C0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
+
+    @T.macro
+    def load_peepholes(Pw, ps, d, g, t):
+        """LSTM: P (i, o, f) of the units this thread finishes (the same units in every chunk)."""
+        for i in unroll(FI):
+            j = T.meta_var(T.min(g * UB + (i * NT + t) % UB, H - 1))
+            for qq in unroll(3):
+                ps[i * 3 + qq] = Pw[d, qq * H + j]
 
     # ---- a chunk of a step ----------------------------------------------------------------------
     @T.macro
@@ -723,6 +760,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         (a warp = whole rows of UB units, rows sharing these row bits) stay conflict-free."""
         if SIMT:   # NGU is a multiple of 8 (units a multiple of 8): the chunk pairs stay inside the row
             return T.bitwise_xor(col, (row // 4 % 2) * 4)
+        if LSTM:   # NGU = 32 x units / 8: every row on the same banks; 8-column group ^ row bits 0, 1 spreads the
+            # stores' 4 rows and the gate math's 2 (16 units) or 4 (8 units) rows of a warp over distinct banks
+            return T.bitwise_xor(col, (row % 2) * 16 + (row // 2 % 2) * 8)
         if NGU % 32 == 16:
             return T.bitwise_xor(col, (row // 2 % 2) * 8)
         return col
@@ -759,7 +799,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
 
     @T.macro
-    def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase, wait=True):
+    def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase):
         """float32: lane = (rows lane % 16 + 16 i for i < MC / 16, column half lane / 16), CW gate rows; k
         walked in fours: one 16-byte state read per row and one 16-byte (broadcast) W read per gate row, each W
         read used for every row the lane holds (8 FMAs a load at 32 chunk rows); per commit group as
@@ -771,7 +811,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             if HALF and part > 0:   # the region is free once this warp's product of the first half is done
                 T.evaluate(T.call_extern("void", "__syncwarp"))
                 stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, rank, part)
-            if not DSMEM and wait:   # wait=False (proj_probe 2): the slot already holds this step's state
+            if not DSMEM:
                 wait_part(mbar, slot, w, part, phase, 0 if HALF else PARTS - 1 - part + PENDING)
             # every operand of a k4 step is loaded into its own registers before its FMAs (one W register set
             # reused per gate row serialised each load behind the previous row's FMAs), and short k loops are
@@ -820,10 +860,19 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         hh = g_act(d, clipf(gi[i * 4 + 2] + r * (gate_sum(red, row, 2 * UB + u) + gi[i * 4 + 3])))
         return (T.float32(1) - z) * hh + z * h
 
+    def gate_pre(red, gi, i, row, u):
+        """LSTM: pre(q), gate q's input projection plus its recurrent sum for item i (q: 0 i, 1 o, 2 f, 3 c)."""
+        return lambda q: gi[i * 4 + q] + gate_sum(red, row, q * UB + u)
+
+    def peep_of(ps, i):
+        """LSTM: peep(q), the peephole of gate q (0 i, 1 o, 2 f) of item i's unit; None without peepholes."""
+        return (lambda q: ps[i * 3 + q]) if PEEP else None
+
     @T.macro
-    def finish(Y, Lens, hbuf, hst, hoff, red, gi, d, g, t, s, c, ci, seq):
+    def finish(Y, Lens, hbuf, hst, cst, ps, hoff, red, gi, d, g, t, s, c, ci, seq):
         """Gate math of this thread's (row, unit) items; Y, own state and h_{s+1} (fp16) written (dsmem: not
-        h_{s+1}, which `push_state` sends to the peers)."""
+        h_{s+1}, which `push_state` sends to the peers). LSTM: c' then h' (c' a variable: the o gate's peephole
+        and h(c') read it), c' kept in cst."""
         for i in unroll(FI):
             v = T.meta_var(i * NT + t)
             row = T.meta_var(v // UB)
@@ -833,7 +882,15 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             if v < ITEMS and b < B and j < H:
                 L = T.meta_var(length(Lens, b, seq))
                 h = T.meta_var(hst[hoff + ci * FI + i])
-                hn = T.if_then_else(s < L, cell_update(red, gi, d, i, row, u, h), h)
+                if LSTM:
+                    cp = T.meta_var(cst[hoff + ci * FI + i])
+                    cn = T.if_then_else(s < L, lstm.cell(lstm_fns, clipf, d, gate_pre(red, gi, i, row, u),
+                                                         peep_of(ps, i), cp), cp)
+                    hn = T.if_then_else(s < L, lstm.hidden(lstm_fns, clipf, d, gate_pre(red, gi, i, row, u),
+                                                           peep_of(ps, i), cn), h)
+                    cst[hoff + ci * FI + i] = cn
+                else:
+                    hn = T.if_then_else(s < L, cell_update(red, gi, d, i, row, u, h), h)
                 if has_seq_lens:
                     Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
                         dtype, T.if_then_else(s < L, hn, T.float32(0)))
@@ -864,68 +921,14 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         T.evaluate(T.cuda.func_call("tvmseq_flags_wait", T.address_of(flags[(d * BS + q) * G + T.min(w * KW // UB, G - 1)]),
                                     T.max(T.min(PW, G - w * KW // UB), 0), s, source_code=_WAIT_SRC))
 
-    PP, PROBE = proj_probe, proj_probe > 0
-    PH = 2 if PP == 3 else 1   # copies a step through the staging slot (proj_probe 3 stages it twice)
-
-    def gate_total(red, row, u):
-        total = gate_sum(red, row, u)
-        for gate in range(1, NG):
-            total = total + gate_sum(red, row, gate * UB + u)
-        return total
-
+    # ---- the kernel (`gpu` picks the branch while the script is parsed: one body for both), a GRU / RNN or an
+    # LSTM signature around it (RbH: GRU / RNN only; Pw, C0, Yc: LSTM only, None otherwise)
     @T.macro
-    def probe_sink(Y, red, acc, d, t):
-        """proj_probe: each thread sums the partials of its items' gate rows (as a fused projection would for its
-        gate_i, into a register: acc is free here); compared with a value they never take, so the compiler keeps
-        the work."""
-        for i in unroll(FI):
-            v = T.meta_var(i * NT + t)
-            acc[0] = gate_total(red, T.min(v // UB, MC - 1), v % UB)
-            if acc[0] == T.float32(3.0e38):
-                Y[0, d, 0, 0] = T.Cast(dtype, acc[0])
-
-    @T.macro
-    def probe_window(hbuf, stage, mbar, wsm, hv, wv, acc, red, Y, counter, d, q, t, s, rank):
-        """proj_probe: the step barrier as arrive ... wait, with the probe's work between (see the factory's doc).
-        In a cluster, a peer's slot is refilled (the probe's copy, the next step's copy) only after the peer has
-        read it: cluster barriers after each product (arrive) and before each copy (wait)."""
-        if t == 0:
-            T.evaluate(T.cuda.func_call("tvmseq_split_arrive", T.address_of(counter[0]),
-                                        source_code=_SPLIT_BARRIER_SRC))
-        if PP >= 2:
-            if PP == 3:
-                if MCS > 1:
-                    T.ptx["barrier.cluster.wait.acquire"]()
-                stage_gpu(hbuf, stage, mbar, s % 2, d, q, 0, t // 32, t % 32, rank)
-            product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, s % 2, d, q, 0, t // 32, t % 32, rank,
-                         PH * s + 1, PP == 3)
-            T.tvm_storage_sync("shared")
-            probe_sink(Y, red, acc, d, t)
-            if MCS > 1:
-                T.ptx["barrier.cluster.arrive.release"]()
-        if t == 0:
-            T.evaluate(T.cuda.func_call("tvmseq_split_wait", T.address_of(counter[0]), (s + 1) * geo.BLOCKS,
-                                        source_code=_SPLIT_BARRIER_SRC))
-        T.tvm_storage_sync("shared")
-
-    # ---- the kernel (`gpu` picks the branch while the script is parsed: one signature for both) ------
-    @T.prim_func
-    def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-             y: T.handle, y_h: T.handle):
-        seq = T.int32()
-        GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-        Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-        RbH = T.match_buffer(rb_h, (D, H), "float32")
-        Lens = T.match_buffer(lens, (B,), "int32")
-        H0 = T.match_buffer(h0, (D, B, H), "float32")
-        Y = T.match_buffer(y, (seq, D, B, H), dtype)
-        Yh = T.match_buffer(y_h, (D, B, H), dtype)
+    def kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, seq):
         hbuf = T.alloc_buffer((2 * buf_words,), dtype, scope="global")
         if gpu:
             if FLAGS:
                 flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
-            if PROBE:
-                counter = T.alloc_buffer((1,), "int32", scope="global")
             # clusters (launch attribute) of CS consecutive blocks; extent 1 launches none
             for rank in T.thread_binding(CS, thread="clusterCtaIdx.x"):
               for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
@@ -937,6 +940,12 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
                       acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
                       gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
+                      if LSTM:
+                          cst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
+                          ps = T.alloc_buffer((3 * FI,), "float32", scope="local")
+                      else:
+                          cst = T.meta_var(None)
+                          ps = T.meta_var(None)
                       mbar = T.alloc_buffer((SLOTS * NW * PARTS,), "uint64", scope="shared")
                       if DSMEM:   # an mbarrier a staging slot
                           dmbar = T.alloc_buffer((2,), "uint64", scope="shared")
@@ -973,6 +982,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](T.address_of(dmbar[slot]),
                                                                                      T.Cast("uint32", in_bytes))
                       seed(H0, hbuf, hst, 0, d, g, q, t)
+                      if LSTM:
+                          seed_cell(C0, cst, 0, d, g, q, t)
+                      if PEEP:
+                          load_peepholes(Pw, ps, d, g, t)
                       if DSMEM:
                           push_state(stage, dmbar, hst, 0, q, g, t)
                       if BULK:
@@ -992,15 +1005,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       if EARLY:
                           if seq > 0:   # gate_i of step 0 (a 0-step call has none)
                               prefetch(GI, RbH, Lens, gi, d, g, t, 0, q, seq)
-                      if PROBE:   # zeroed before the grid barrier below, which no block arrives at the counter before
-                          if gb == 0 and t == 0:
-                              counter[0] = 0
                       step_barrier()
-                      if PP >= 2 and MCS > 1:   # pairs with the cluster wait before the first step's copy
-                          T.ptx["barrier.cluster.arrive.release"]()
                       for s in T.serial(seq):
-                          if PP >= 2 and MCS > 1:   # every peer is done reading its slot (probe_window)
-                              T.ptx["barrier.cluster.wait.acquire"]()
                           if FLAGS:
                               wait_producers(flags, d, q, t // 32, s)
                           if SLOTS == 2 and not DSMEM:
@@ -1015,7 +1021,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   stage_gpu(hbuf, stage, mbar, s % 2, d, q + (ci + SLOTS - 1) * BS,
                                             (ci + SLOTS - 1) % SLOTS, t // 32, t % 32, rank)
                               # the chunks staged through slot ci % SLOTS before this one (bulk barrier parity)
-                              phase = T.meta_var(PH * s * ((NCB + SLOTS - 1 - ci % SLOTS) // SLOTS) + ci // SLOTS)
+                              phase = T.meta_var(s * ((NCB + SLOTS - 1 - ci % SLOTS) // SLOTS) + ci // SLOTS)
                               slot = T.meta_var(s % 2 if DSMEM else ci % SLOTS)   # dsmem: by step parity
                               if DSMEM:   # this step's state has landed (all peers' bytes for slot s % 2)
                                   if in_bytes > 0:
@@ -1026,14 +1032,14 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                               else:
                                   product_gpu(stage, mbar, bfrag, afrag, acc, red, slot, t // 32, t % 32, phase)
                               if MCS > 1:
-                                  if ci < NCB - 1 or PP == 3:
+                                  if ci < NCB - 1:
                                       T.ptx["barrier.cluster.arrive.release"]()
                               T.tvm_storage_sync("shared")
                               if DSMEM:   # every thread is past this slot's wait: arm the slot's next phase (h_{s+2})
                                   if t == 0 and in_bytes > 0:
                                       T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
                                           T.address_of(dmbar[s % 2]), T.Cast("uint32", in_bytes))
-                              finish(Y, Lens, hbuf, hst, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
+                              finish(Y, Lens, hbuf, hst, cst, ps, 0, red, gi, d, g, t, s, q + ci * BS, ci, seq)
                               if DSMEM:
                                   if s + 1 < seq:
                                       push_state(stage, dmbar, hst, (s + 1) % 2, q, g, t)
@@ -1046,12 +1052,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                   T.evaluate(T.cuda.func_call("tvmseq_flag_publish",
                                                               T.address_of(flags[(d * BS + q) * G + g]), s + 1,
                                                               source_code=_PUBLISH_SRC))
-                          elif PROBE:
-                              probe_window(hbuf, stage, mbar, wsm, hv, wv, acc, red, Y, counter, d, q, t, s, rank)
                           elif not DSMEM:   # dsmem: no barrier, each block waits on its own slot's mbarrier
                               step_barrier()
-                      if PP >= 2 and MCS > 1:   # pairs with the last step's arrive
-                          T.ptx["barrier.cluster.wait.acquire"]()
                       if DSMEM:   # no block leaves while sends into it may be in flight: every send was waited for
                           # by its receiver (the last step sends nothing), except h0's when there is no step at all
                           if seq == 0 and in_bytes > 0:
@@ -1059,20 +1061,63 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                           T.ptx["barrier.cluster.arrive.release"]()
                           T.ptx["barrier.cluster.wait.acquire"]()
                       final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
+                      if LSTM:
+                          final_state(Yc, Lens, cst, 0, d, g, q, t, seq)
         else:
             red = T.alloc_buffer((NW * MC * NGU,), "float32")
             hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
             gi = T.alloc_buffer((FI * 4,), "float32")
+            if LSTM:
+                cst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
+                ps = T.alloc_buffer((3 * FI,), "float32")
+            else:
+                cst = T.meta_var(None)
+                ps = T.meta_var(None)
             for d, g, q, t in T.grid(D, G, BS, NT):
                 seed(H0, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
+                if LSTM:
+                    seed_cell(C0, cst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
             for s, ci in T.grid(seq, NCB):
                 for d, g, q in T.grid(D, G, BS):
                     product_cpu(hbuf, Rw, red, s % 2, d, g, q + ci * BS)
                     for t in T.serial(NT):
                         prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                        finish(Y, Lens, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d, g, t,
-                               s, q + ci * BS, ci, seq)
+                        if PEEP:
+                            load_peepholes(Pw, ps, d, g, t)
+                        finish(Y, Lens, hbuf, hst, cst, ps, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d,
+                               g, t, s, q + ci * BS, ci, seq)
             for d, g, q, t in T.grid(D, G, BS, NT):
                 final_state(Yh, Lens, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
+                if LSTM:
+                    final_state(Yc, Lens, cst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
+
+    if LSTM:
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
+                 y: T.handle, y_h: T.handle, y_c: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+            Pw = T.match_buffer(p_w, (D, 3 * H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            C0 = T.match_buffer(c0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), dtype)
+            Yh = T.match_buffer(y_h, (D, B, H), dtype)
+            Yc = T.match_buffer(y_c, (D, B, H), dtype)
+            kernel(GI, Rw, None, Pw, Lens, H0, C0, Y, Yh, Yc, seq)
+    else:
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+                 y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+            RbH = T.match_buffer(rb_h, (D, H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), dtype)
+            Yh = T.match_buffer(y_h, (D, B, H), dtype)
+            kernel(GI, Rw, RbH, None, Lens, H0, None, Y, Yh, None, seq)
 
     return rg.scheduled(main, f"{cell}_recurrence_mma", cooperative=gpu and not CSYNC)

@@ -20,6 +20,11 @@ Layer 0's input part comes precomputed (gate_i0), so its W rows are zero and its
 
 Flow control between layers (rings of S slots, progress counters) is persistent_stack's, unchanged.
 The CPU variant runs the same per-thread code with serial loops (a warp of one lane) for CI.
+
+The LSTM is a second cell of the same kernel (`stacked_lstm_rows_func`): a unit owns rows i, o, f, c of R
+(and of W for l >= 1), every LSTM bias is additive, so R x h and W x of a gate fuse into one sum (4 sums per
+item, as the GRU's); the finishing lane keeps the item's cell state c in a float32 register beside h for all
+steps (`persistent_lstm.LstmCell`'s update math); only h is handed off.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ _SYNCWARP_SRC = r"""
 __forceinline__ __device__ void tvmseq_syncwarp() { __syncwarp(); }
 """
 _REG_OVERHEAD = 48
+CELL_GATES = {"gru": 3, "lstm": 4}
 
 
 @dataclass(frozen=True)
@@ -65,13 +71,16 @@ class RowGeometry:
     H: int
     cfg: RowSplitConfig
     warp_size: int  # 32 on CUDA, 1 for the CPU variant
+    cell: str = "gru"   # "gru" (gates z, r, h; state h) or "lstm" (gates i, o, f, c; states h, c)
 
     G = property(lambda self: self.cfg.blocks_per_layer)
     W = property(lambda self: self.cfg.num_warps)
     NT = property(lambda self: self.W * self.warp_size)
     UW = property(lambda self: math.ceil(math.ceil(self.H / self.G) / self.W))   # units per warp
     U = property(lambda self: self.UW * self.W)                                   # units per block
-    NQ = property(lambda self: 6 if self.L > 1 else 3)     # weight rows per unit: R (z, r, h), W (z, r, h)
+    NG = property(lambda self: CELL_GATES[self.cell])     # gate rows per unit of one weight matrix
+    NS = property(lambda self: 2 if self.cell == "lstm" else 1)   # state values per item: h (and c)
+    NQ = property(lambda self: 2 * self.NG if self.L > 1 else self.NG)   # weight rows per unit: R's, W's
     NRW = property(lambda self: self.NQ * self.UW)          # weight rows per warp
     RR = property(lambda self: min(self.cfg.reg_rows, self.NRW))
     RS = property(lambda self: self.NRW - self.RR)
@@ -81,13 +90,13 @@ class RowGeometry:
     BC = property(lambda self: min(self.cfg.batch_chunk, self.B))
     NC = property(lambda self: math.ceil(self.B / self.BC))
     Bp = property(lambda self: self.NC * self.BC)
-    NA = property(lambda self: 4 * self.UW * self.BC)       # sums per lane: z, r, R_h h, W_h x
+    NA = property(lambda self: 4 * self.UW * self.BC)       # sums per lane: z, r, R_h h, W_h x / i, o, f, c
     vp = property(lambda self: 1 << (self.NA - 1).bit_length())
     XN = property(lambda self: 2 if self.L > 1 else 1)     # staged vectors: own state (and input)
     FI = property(lambda self: math.ceil(self.UW * self.BC / self.warp_size))  # items a lane finishes
 
     def regs_estimate(self) -> int:
-        return self.RR * self.KL + self.vp + 2 * self.BC * self.KT + _REG_OVERHEAD
+        return self.RR * self.KL + self.vp + 2 * self.BC * self.KT + (self.NS - 1) * self.NC * self.FI + _REG_OVERHEAD
 
     def smem_bytes(self) -> int:
         return 4 * (self.W * self.RS * self.Hp + 2 * self.XN * self.BC * self.Hp + self.W * self.vp)
@@ -112,7 +121,7 @@ class RowGeometry:
         return None
 
 
-def default_rows_config(L: int, B: int, H: int, target) -> RowSplitConfig:
+def default_rows_config(L: int, B: int, H: int, target, cell: str = "gru") -> RowSplitConfig:
     """The most blocks per layer (up to SMs // L) that the units need, then 8, 16, 4 or 2 warps (first
     that reaches that block count), the largest batch chunk <= 8 that fits, as many register rows as fit."""
     from . import recurrent_gemm as rg
@@ -124,46 +133,71 @@ def default_rows_config(L: int, B: int, H: int, target) -> RowSplitConfig:
     G = max(1, min(128, facts.num_sms) // L)
     candidates = []
     for rank, warps in enumerate((8, 16, 4, 2)):
-        geo = RowGeometry(L, B, H, RowSplitConfig(G, warps, 1, 0), 32)
+        geo = RowGeometry(L, B, H, RowSplitConfig(G, warps, 1, 0), 32, cell)
         for bc in (8, 4, 2, 1):
-            fits = [cfg for cfg in (RowSplitConfig(math.ceil(H / geo.U), warps, bc, rr) for rr in range(geo.NRW, -1, -1))
-                    if RowGeometry(L, B, H, cfg, 32).check(facts) is None]
+            fits = [cfg for cfg in (RowSplitConfig(math.ceil(H / geo.U), warps, bc, rr)
+                                    for rr in range(geo.NRW, -1, -1))
+                    if RowGeometry(L, B, H, cfg, 32, cell).check(facts) is None]
             if fits:
                 candidates.append((-fits[0].blocks_per_layer, rank, fits[0]))
                 break
     if not candidates:
-        raise TvmseqError(f"no row-split configuration keeps {L} layers of {H}x{H} GRU weights on chip")
+        raise TvmseqError(f"no row-split configuration keeps {L} layers of {H}x{H} {cell.upper()} weights on chip")
     return min(candidates, key=lambda c: c[:2])[2]
 
 
-def rows_fit(L: int, B: int, H: int, target, config: RowSplitConfig | None = None) -> tuple[bool, str]:
+def rows_fit(L: int, B: int, H: int, target, config: RowSplitConfig | None = None,
+             cell: str = "gru") -> tuple[bool, str]:
     from . import recurrent_gemm as rg
 
-    return rg.fit_report(target, config, lambda tgt: default_rows_config(L, B, H, tgt),
-                         lambda cfg, facts: RowGeometry(L, B, H, cfg, 32).check(facts), "row-split")
+    return rg.fit_report(target, config, lambda tgt: default_rows_config(L, B, H, tgt, cell),
+                         lambda cfg, facts: RowGeometry(L, B, H, cfg, 32, cell).check(facts), "row-split")
 
 
 def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
                           slots: int = 8):
     """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) named "gru_stack": persistent_stack's interface
     and numerics with the row-split work division (module doc)."""
+    return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "gru", None)
+
+
+def stacked_lstm_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
+                           slots: int = 8, lstm=None):
+    """prim_func(gate_i0, R, W, bias_i, P, h0, c0, Y, Y_h, Y_c) named "lstm_stack": a pipelined stack of L
+    forward LSTM layers (`persistent_stack.stacked_lstm_func`'s interface). acts: [f, g, h] Activations shared
+    by every layer; lstm: the cell's update math (`persistent_lstm.LstmCell`: input_forget, peepholes)."""
+    from .persistent_lstm import LstmCell
+
+    return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "lstm", lstm or LstmCell())
+
+
+def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
+    """The row-split stack kernel of a cell: the staging, compute, reduction and hand-off are shared; the
+    cell brings its weight rows (NG per matrix), the sum each row adds into, its states, the update math
+    and its prim_func signature."""
     from tvm.script import tirx as T
 
     from . import recurrent_gemm as rg
+    from .persistent_gru import direction_activations
     from .persistent_stack import _PROGRESS_STORE_SRC, _PROGRESS_WAIT_SRC
 
     target = resolve(target)
     gpu = is_gpu(target)
-    f_act, g_act = acts or (Activation.make("Sigmoid"), Activation.make("Tanh"))
-    config = config or default_rows_config(L, B, H, target)
-    geo = RowGeometry(L, B, H, config, 32 if gpu else 1)
+    label = "GRU" if cell == "gru" else "LSTM"
+    if cell == "gru":
+        f_act, g_act = acts or (Activation.make("Sigmoid"), Activation.make("Tanh"))
+    else:
+        lstm_fns = direction_activations(list(acts or [Activation.make(a) for a in ("Sigmoid", "Tanh", "Tanh")]), 1)
+    config = config or default_rows_config(L, B, H, target, cell)
+    geo = RowGeometry(L, B, H, config, 32 if gpu else 1, cell)
     why = geo.check(rg.gpu_facts(target) if gpu else None)
     if why:
-        raise TvmseqError(f"row-split GRU stack L={L} B={B} H={H} {dtype}: {why}")
+        raise TvmseqError(f"row-split {label} stack L={L} B={B} H={H} {dtype}: {why}")
     G, W_, NT, WS, UW, U = geo.G, geo.W, geo.NT, geo.warp_size, geo.UW, geo.U
     RR, RS, Hp, KT, KL = geo.RR, geo.RS, geo.Hp, geo.KT, geo.KL
     BC, NC, Bp, vp, FI, XN = geo.BC, geo.NC, geo.Bp, geo.vp, geo.FI, geo.XN
-    S, LW, G3 = slots, max(L - 1, 1), 3 * H
+    NG, NS = geo.NG, geo.NS
+    S, LW, G3 = slots, max(L - 1, 1), NG * H
     slot_words = Bp * Hp
     ll_words = L * S * slot_words
     unroll = T.unroll if gpu else T.serial
@@ -179,17 +213,20 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
         return (layer * S + slot) * slot_words
 
     def weight(Rw, Ww, l, g, w, r, k):
-        """Local row r of warp w (r = q * UW + u; q < 3: R's z/r/h row of unit u, else W's), column k."""
+        """Local row r of warp w (r = q * UW + u; q < NG: R's gate-q row of unit u, else W's), column k."""
         q, u = r // UW, r % UW
         unit = g * U + w * UW + u
-        row = (q % 3) * H + T.min(unit, H - 1)
+        row = (q % NG) * H + T.min(unit, H - 1)
         kk = T.min(k, H - 1)
         return T.if_then_else(
-            T.And(T.And(unit < H, k < H), T.Or(q < 3, l > 0)),
-            T.if_then_else(q < 3, f32(Rw[l, row, kk]), f32(Ww[T.max(l - 1, 0), row, kk])), T.float32(0))
+            T.And(T.And(unit < H, k < H), T.Or(q < NG, l > 0)),
+            T.if_then_else(q < NG, f32(Rw[l, row, kk]), f32(Ww[T.max(l - 1, 0), row, kk])), T.float32(0))
 
     def slot_of(q):
-        """Sum a row adds into: z (0) and r (1) take both R and W rows; R_h h is 2, W_h x is 3."""
+        """Sum a row adds into. GRU: z (0) and r (1) take both R and W rows; R_h h is 2, W_h x is 3 (lbr=1).
+        LSTM: every bias is additive, so gate q's R and W rows share sum q (i 0, o 1, f 2, c 3)."""
+        if cell == "lstm":
+            return q % 4
         return T.if_then_else(q == 5, 3, q % 3)
 
     def item(g, w, lane, c, i):
@@ -216,6 +253,15 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
                     ll_store(ws, word(l, 0) + b * Hp + j, H0[l, b, j], 0)
                     for sl in unroll(S - 1):
                         ll_store(ws, word(l, sl + 1) + b * Hp + j, T.float32(0), -1)
+
+    @T.macro
+    def seed_c(C0, hs, crow, l, g, w, lane):
+        """LSTM: the cell state <- c0, in the finishing lane's registers (it never leaves the chip)."""
+        for c in range(NC):
+            for i in unroll(FI):
+                v, b, j = T.meta_var(item(g, w, lane, c, i))
+                hs[crow, c * FI + i] = T.if_then_else(
+                    v < UW * BC and b < B and j < H, C0[l, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
 
     @T.macro
     def stage(ws, xs, cval, l, s, c, p, t):
@@ -245,11 +291,11 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
             for bb in unroll(BC):
                 for r in unroll(RR):
                     a = T.meta_var((bb * UW + r % UW) * 4 + slot_of(r // UW))
-                    acc[a] = acc[a] + a_reg[r * KL + j] * xs[p, (r // UW) // 3, bb, lane + WS * j]
+                    acc[a] = acc[a] + a_reg[r * KL + j] * xs[p, (r // UW) // NG, bb, lane + WS * j]
                 for r in unroll(RS):
                     rr = T.meta_var(RR + r)
                     a = T.meta_var((bb * UW + rr % UW) * 4 + slot_of(rr // UW))
-                    acc[a] = acc[a] + a_smem[w, r, lane + WS * j] * xs[p, (rr // UW) // 3, bb, lane + WS * j]
+                    acc[a] = acc[a] + a_smem[w, r, lane + WS * j] * xs[p, (rr // UW) // NG, bb, lane + WS * j]
 
     @T.macro
     def finish(GI0, BI, RbH, Y, ws, hs, hrow, red, l, g, w, lane, s, c):
@@ -270,6 +316,29 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
                 hs[hrow, c * FI + i] = hn
                 ll_store(ws, word(l, (s + 1) % S) + b * Hp + j, hn, s + 1)
 
+    def lstm_pre(GI0, BI, red, l, w, a, s, bq, jq):
+        """pre(q): gate q's input part (layer 0's projection, else the bias) plus its fused R h + W x sum."""
+        lq = T.max(l - 1, 0)
+        return lambda q: T.if_then_else(l == 0, GI0[s, bq, q * H + jq], BI[lq, q * H + jq]) + red[w, a + q]
+
+    def lstm_peep(Pw, l, jq):
+        return (lambda q: Pw[l, q * H + jq]) if lstm.has_peepholes else None
+
+    @T.macro
+    def finish_lstm(GI0, BI, Pw, Y, ws, hs, hrow, crow, red, l, g, w, lane, s, c):
+        for i in unroll(FI):
+            v, b, j = T.meta_var(item(g, w, lane, c, i))
+            if v < UW * BC and b < B and j < H:
+                bq, jq = T.meta_var((T.min(b, B - 1), T.min(j, H - 1)))
+                pre = T.meta_var(lstm_pre(GI0, BI, red, l, w, v * 4, s, bq, jq))
+                peep = T.meta_var(lstm_peep(Pw, l, jq))
+                cn = lstm.cell(lstm_fns, clipf, 0, pre, peep, hs[crow, c * FI + i])   # a variable
+                hn = lstm.hidden(lstm_fns, clipf, 0, pre, peep, cn)
+                Y[l, s, b, j] = T.Cast(dtype, hn)
+                hs[hrow, c * FI + i] = hn
+                hs[crow, c * FI + i] = cn
+                ll_store(ws, word(l, (s + 1) % S) + b * Hp + j, hn, s + 1)
+
     @T.macro
     def final_state(Yh, hs, hrow, l, g, w, lane, seq):
         for c in range(NC):
@@ -278,20 +347,32 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
                 if v < UW * BC and b < B and j < H:
                     Yh[l, b, j] = T.Cast(dtype, T.if_then_else(seq > 0, hs[hrow, c * FI + i], T.float32(0)))
 
-    smem_shape, smem_scope = ((W_, RS, Hp), "shared.dyn") if RS else ((1, 1, 1), "local")
+    # the cell's part of the kernel body; `cb` holds the cell's buffers (GRU: bias_i, rb_h, h0, Y, Y_h;
+    # LSTM: bias_i, P, h0, c0, Y, Y_h, Y_c) and `hrows` the rows of hs that hold all states of this thread
+    @T.macro
+    def seed_cell(cb, ws, hs, hrow, hrows, l, g, w, lane):
+        seed(cb[2], ws, hs, hrow, l, g, w, lane)
+        if NS == 2:
+            seed_c(cb[3], hs, hrows + hrow, l, g, w, lane)
 
-    @T.prim_func
-    def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
-             h0: T.handle, y: T.handle, y_h: T.handle):
-        seq = T.int32()
-        GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
-        Rw = T.match_buffer(r_w, (L, G3, H), dtype)
-        Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
-        BI = T.match_buffer(bias_i, (LW, G3), "float32")
-        RbH = T.match_buffer(rb_h, (L, H), "float32")
-        H0 = T.match_buffer(h0, (L, B, H), "float32")
-        Y = T.match_buffer(y, (L, seq, B, H), dtype)
-        Yh = T.match_buffer(y_h, (L, B, H), dtype)
+    @T.macro
+    def finish_cell(GI0, cb, ws, hs, hrow, hrows, red, l, g, w, lane, s, c):
+        if NS == 2:
+            finish_lstm(GI0, cb[0], cb[1], cb[4], ws, hs, hrow, hrows + hrow, red, l, g, w, lane, s, c)
+        else:
+            finish(GI0, cb[0], cb[1], cb[3], ws, hs, hrow, red, l, g, w, lane, s, c)
+
+    @T.macro
+    def final_cell(cb, hs, hrow, hrows, l, g, w, lane, seq):
+        final_state(cb[2 + NS + 1], hs, hrow, l, g, w, lane, seq)
+        if NS == 2:
+            final_state(cb[6], hs, hrows + hrow, l, g, w, lane, seq)
+
+    smem_shape, smem_scope = ((W_, RS, Hp), "shared.dyn") if RS else ((1, 1, 1), "local")
+    CPU_ROWS = L * G * W_
+
+    @T.macro
+    def body(GI0, Rw, Ww, cb, seq):
         # LL words, then (GPU) one progress counter per block: the CPU variant runs layers in order, needs none
         ws = T.alloc_buffer((ll_words * 2 + (L * G if gpu else 0),), "int32", scope="global")
         if gpu:   # a compile-time branch: the GPU and CPU variants share one signature
@@ -303,11 +384,11 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
                     cval = T.alloc_buffer((BC * KT,), "float32", scope="local")
                     acc = T.alloc_buffer((vp,), "float32", scope="local")
                     red = T.alloc_buffer((W_, vp), "float32", scope="shared")
-                    hs = T.alloc_buffer((1, NC * FI), "float32", scope="local")
+                    hs = T.alloc_buffer((NS, NC * FI), "float32", scope="local")
                     l = T.meta_var(gb // G)
                     g = T.meta_var(gb % G)
                     load_weights(Rw, Ww, a_reg, a_smem, l, g, t // WS, t % WS)
-                    seed(H0, ws, hs, 0, l, g, t // WS, t % WS)
+                    seed_cell(cb, ws, hs, 0, 1, l, g, t // WS, t % WS)
                     if t == 0:
                         ws[ll_words * 2 + gb] = 0
                     T.cuda.grid_sync()
@@ -327,8 +408,8 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
                         compute(xs, a_reg, a_smem, acc, it % 2, t // WS, t % WS)
                         reduce(acc, t % WS, red, t // WS)
                         T.evaluate(T.cuda.func_call("tvmseq_syncwarp", source_code=_SYNCWARP_SRC))
-                        finish(GI0, BI, RbH, Y, ws, hs, 0, red, l, g, t // WS, t % WS, it // NC, it % NC)
-                    final_state(Yh, hs, 0, l, g, t // WS, t % WS, seq)
+                        finish_cell(GI0, cb, ws, hs, 0, 1, red, l, g, t // WS, t % WS, it // NC, it % NC)
+                    final_cell(cb, hs, 0, 1, l, g, t // WS, t % WS, seq)
         else:
             a_reg = T.alloc_buffer((max(RR * KL, 1),), "float32")
             a_smem = T.alloc_buffer((W_, max(RS, 1), Hp), "float32")
@@ -336,9 +417,9 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
             cval = T.alloc_buffer((BC * KT,), "float32")
             acc = T.alloc_buffer((vp,), "float32")
             red = T.alloc_buffer((W_, vp), "float32")
-            hs = T.alloc_buffer((L * G * W_, NC * FI), "float32")
+            hs = T.alloc_buffer((NS * CPU_ROWS, NC * FI), "float32")
             for l, g, w in T.grid(L, G, W_):
-                seed(H0, ws, hs, (l * G + g) * W_ + w, l, g, w, 0)
+                seed_cell(cb, ws, hs, (l * G + g) * W_ + w, CPU_ROWS, l, g, w, 0)
             for it in T.serial(seq * NC):
                 # layer by layer, block by block: every LL word a block reads is ready when it reads it
                 for l, g in T.grid(L, G):
@@ -348,8 +429,42 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
                         load_weights(Rw, Ww, a_reg, a_smem, l, g, w, 0)
                         compute(xs, a_reg, a_smem, acc, it % 2, w, 0)
                         reduce(acc, 0, red, w)
-                        finish(GI0, BI, RbH, Y, ws, hs, (l * G + g) * W_ + w, red, l, g, w, 0, it // NC, it % NC)
+                        finish_cell(GI0, cb, ws, hs, (l * G + g) * W_ + w, CPU_ROWS, red, l, g, w, 0, it // NC,
+                                    it % NC)
             for l, g, w in T.grid(L, G, W_):
-                final_state(Yh, hs, (l * G + g) * W_ + w, l, g, w, 0, seq)
+                final_cell(cb, hs, (l * G + g) * W_ + w, CPU_ROWS, l, g, w, 0, seq)
 
-    return rg.scheduled(main, "gru_stack", cooperative=gpu)
+    if cell == "gru":
+        @T.prim_func
+        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
+                 h0: T.handle, y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+            BI = T.match_buffer(bias_i, (LW, G3), "float32")
+            RbH = T.match_buffer(rb_h, (L, H), "float32")
+            H0 = T.match_buffer(h0, (L, B, H), "float32")
+            Y = T.match_buffer(y, (L, seq, B, H), dtype)
+            Yh = T.match_buffer(y_h, (L, B, H), dtype)
+            body(GI0, Rw, Ww, (BI, RbH, H0, Y, Yh), seq)
+
+        return rg.scheduled(main, "gru_stack", cooperative=gpu)
+
+    @T.prim_func
+    def main_lstm(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, p_w: T.handle,
+                  h0: T.handle, c0: T.handle, y: T.handle, y_h: T.handle, y_c: T.handle):
+        seq = T.int32()
+        GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+        Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+        Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+        BI = T.match_buffer(bias_i, (LW, G3), "float32")
+        Pw = T.match_buffer(p_w, (L, 3 * H), "float32")
+        H0 = T.match_buffer(h0, (L, B, H), "float32")
+        C0 = T.match_buffer(c0, (L, B, H), "float32")
+        Y = T.match_buffer(y, (L, seq, B, H), dtype)
+        Yh = T.match_buffer(y_h, (L, B, H), dtype)
+        Yc = T.match_buffer(y_c, (L, B, H), dtype)
+        body(GI0, Rw, Ww, (BI, Pw, H0, C0, Y, Yh, Yc), seq)
+
+    return rg.scheduled(main_lstm, "lstm_stack", cooperative=gpu)

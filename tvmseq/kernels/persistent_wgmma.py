@@ -1,4 +1,4 @@
-"""Persistent float16 GRU/RNN on Hopper's warpgroup tensor cores (wgmma): all time steps in ONE kernel, each
+"""Persistent float16 GRU/RNN/LSTM on Hopper's warpgroup tensor cores (wgmma): all time steps in ONE kernel, each
 block's slice of R resident in shared memory, the state chunk staged by bulk copies and multiplied by wgmma
 with both operands in shared memory; the gate math runs on the accumulators in registers.
 
@@ -12,8 +12,8 @@ pre-activations of its own units: no partial sums, no reduction, no k-split.
 Interface: that of `persistent_mma` (gate_i f32 [D, T, B, NG*H], R [D, NG*H, H] fp16, rb_h f32 [D, H],
 seq_lens i32 [B], h0 f32 [D, B, H] -> Y [T, D, B, H], Y_h [D, B, H] fp16); GRU with linear_before_reset=1, RNN.
 gate_dtype="float16" takes gate_i in half (as `projection_wgmma` can write it: half the bytes read a step); the
-loads widen it to float32, so the gate math is unchanged. Measured on the H100 (scripts/half_gate_ab.py,
-artifacts/bench/half_gate_ab.json, seq 100, projection + recurrence us a step, float32 -> float16 gate_i): bi H1024
+loads widen it to float32, so the gate math is unchanged. Measured on the H100 (2026-11-23, an A/B probe in
+notes/persistent.md, seq 100, projection + recurrence us a step, float32 -> float16 gate_i): bi H1024
 B256 25.1 -> 26.0, bi H512 B256 10.6 -> 11.2, H1024 B256 13.8 -> 14.1, others within 4%; the relative error
 against float64 rises 2.1e-4 -> 2.6e-4. So the importer keeps float32 gate_i (the loads and the projection's
 stores stay one 2- or 4-byte element a lane: half the bytes, the same number of transactions).
@@ -35,6 +35,15 @@ Accumulator layout (wgmma m64nN, per warp w of the warpgroup): acc[4 j + 2 h + e
 column 8 j + 2 (lane % 4) + e; with the block's gate rows ordered (z units, r units, h units), a thread holds
 the three gates of units 8 j + 2 (lane % 4) + e (j < UB / 8) of its two rows: UB / 2 items.
 
+LSTM (cell 'lstm', NG = 4: rows i, o, f, c of a block's units): the interface of `persistent_lstm` (gate_i f32
+[D, T, B, 4H], R [D, 4H, H], P f32 [D, 3H] (peepholes i, o, f), seq_lens, h0, c0 f32 [D, B, H] -> Y, Y_h, Y_c fp16),
+the update math of `persistent_lstm.LstmCell`; the thread that finishes an item keeps its cell state c in float32
+registers beside h for all steps (only h goes through the image) and the i, o, f peepholes of its unit. A 16-unit
+LSTM block's R slice is 64 rows x H: at hidden 1024 that (128 KB) and a whole 64-row state chunk (128 KB) do not
+both fit, so `state_tiles` < NKB stages the chunk through a ring of that many k-tile slots: tile kb lands in slot
+kb % state_tiles, and once tile kb's wgmma group is committed, the group of tile kb - 1 is waited for (one group
+stays in flight), the block syncs and thread 0 refills that slot with tile kb - 1 + state_tiles.
+
 The CPU variant runs the same seeding, gate math and image-layout reads and writes, with the product as a
 float32 sum over the staged fp16 state (`product_cpu`), so CI checks indexing, padding and numerics; the
 descriptors, copies and barriers exist on the GPU only (`tests/test_persistent_wgmma.py -m gpu`).
@@ -47,7 +56,7 @@ from dataclasses import dataclass
 from ..errors import TvmseqError
 from ..targets import is_gpu, resolve
 
-from .persistent_mma import GATES, check_args
+from .persistent_mma import _LSTM_TEMPS, GATES, check_args
 from .projection_wgmma import ATOM, GATE_DTYPES, align_offset, encode_descriptor, mma_async
 from .projection_wgmma import BK as KB   # k of a tile: one 128-byte swizzle row of fp16
 
@@ -66,13 +75,14 @@ class WgmmaRecConfig:
 
     units_per_block: int = 16
     batch_split: int = 1
+    state_tiles: int = 0   # shared-memory slots of the state chunk's k-tiles; 0: all NKB (no ring)
 
     @classmethod
     def of(cls, knobs) -> "WgmmaRecConfig":
         return cls(*knobs)
 
     def knobs(self) -> tuple:
-        return (self.units_per_block, self.batch_split)
+        return (self.units_per_block, self.batch_split) + ((self.state_tiles,) if self.state_tiles else ())
 
 
 @dataclass(frozen=True)
@@ -93,14 +103,18 @@ class WgmmaRecGeometry:
     NCB = property(lambda self: self.NCH // self.BS)                   # chunks a block
     BLOCKS = property(lambda self: self.D * self.G * self.BS)
     ITEMS = property(lambda self: self.UB // 2)                        # (row, unit) items a thread
+    S = property(lambda self: self.cfg.state_tiles or self.NKB)        # state k-tile slots (< NKB: a ring)
+    RING = property(lambda self: self.S < self.NKB)
     R_HALFS = property(lambda self: self.NKB * self.N * KB)
-    S_HALFS = property(lambda self: self.NKB * MC * KB)
+    S_HALFS = property(lambda self: self.S * MC * KB)
 
     def smem_bytes(self) -> int:
         return 2 * (self.R_HALFS + self.S_HALFS) + ATOM     # + slack to align the first tile to 1 KB
 
     def regs_estimate(self) -> int:
-        return self.N // 2 + 4 * self.ITEMS + self.NCB * self.ITEMS + _REG_OVERHEAD
+        # LSTM: each item's cell state beside h, its unit's i, o, f peepholes and the gate math's temporaries
+        lstm = self.NCB * self.ITEMS + 3 * self.ITEMS + _LSTM_TEMPS if self.NG == 4 else 0
+        return self.N // 2 + 4 * self.ITEMS + self.NCB * self.ITEMS + lstm + _REG_OVERHEAD
 
     def check(self, facts) -> str | None:
         """Why this geometry cannot run (one resident block an SM), or None."""
@@ -109,12 +123,14 @@ class WgmmaRecGeometry:
             return f"config {c}: units_per_block a multiple of 8 with gates x units <= 256, batch_split >= 1"
         if KB % c.units_per_block:   # unit groups tile the padded k (G * UB <= Hp)
             return f"config {c}: units_per_block must divide {KB}"
+        if c.state_tiles and (c.state_tiles < 2 or self.NKB % c.state_tiles):
+            return f"config {c}: state_tiles must be 0 or >= 2 and divide the {self.NKB} k-tiles"
         if facts is None:
             return None
         if self.BLOCKS > facts.num_sms:
             return f"{self.D} x {self.G} x {self.BS} blocks > {facts.num_sms} SMs: not all resident"
         if self.smem_bytes() > facts.smem_per_block:
-            return (f"{self.smem_bytes()} B shared memory (R slice {2 * self.R_HALFS} + state chunk "
+            return (f"{self.smem_bytes()} B shared memory (R slice {2 * self.R_HALFS} + state tiles "
                     f"{2 * self.S_HALFS}) > {facts.smem_per_block}")
         if self.regs_estimate() > _MAX_REGS:
             return f"~{self.regs_estimate()} registers a thread > {_MAX_REGS}"
@@ -129,20 +145,34 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru") -> WgmmaRe
     from . import recurrent_gemm as rg
 
     facts = rg.gpu_facts(resolve(target))
-    fits = [WgmmaRecConfig(ub, bs) for ub in (16, 8) for bs in (1, 2, 4, 8)
+    fits = [WgmmaRecConfig(ub, bs, st) for ub in (16, 8) for bs in (1, 2, 4, 8) for st in state_tile_options(H, cell)
             if bs <= max(1, math.ceil(B / MC))
-            and WgmmaRecGeometry(D, B, H, GATES[cell], WgmmaRecConfig(ub, bs)).check(facts) is None]
+            and WgmmaRecGeometry(D, B, H, GATES[cell], WgmmaRecConfig(ub, bs, st)).check(facts) is None]
     if not fits:
         return None
-    blocks = lambda c: WgmmaRecGeometry(D, B, H, GATES[cell], c).BLOCKS   # noqa: E731
-    return max(fits, key=lambda c: (blocks(c), c.units_per_block))
+    geo = lambda c: WgmmaRecGeometry(D, B, H, GATES[cell], c)   # noqa: E731
+    if cell != "lstm":
+        return max(fits, key=lambda c: (geo(c).BLOCKS, c.units_per_block))
+    # LSTM (not measured yet): the GRU's order, then the largest ring (fewest refills and block syncs a chunk)
+    return max(fits, key=lambda c: (geo(c).BLOCKS, c.units_per_block, geo(c).S))
+
+
+def state_tile_options(H: int, cell: str) -> tuple:
+    """state_tiles to try: the whole chunk (0); for the LSTM also rings of half and a quarter of the k-tiles
+    (at least 2 slots), which let 16-unit blocks hold their 64-row R slice at hidden 1024. The GRU/RNN keep their
+    measured configs (no ring)."""
+    nkb = math.ceil(H / KB)
+    if cell != "lstm":
+        return (0,)
+    return (0,) + tuple(nkb // div for div in (2, 4) if nkb % div == 0 and nkb // div >= 2)
 
 
 # Where this kernel replaces `persistent_mma` (float16, sm_90a): batch >= WGMMA_MIN_BATCH, or bidirectional at
 # hidden >= 1024 and batch >= 64. Measured on the H100 (recurrence us a step, wgmma / mma.sync kernel, the
 # latter's database picks): B256 H1024 10.2 / 13.6, bi 18.5 / 24.0; B256 H512 4.7 / 6.2, bi 8.2 / 11.5; bi H1024
 # B64 6.3 / 7.2; not at B64 (H1024 4.8-5.0 / 4.3, H512 3.4 / 2.9, H256 2.9 / 2.2: one 64-row chunk feeds too few
-# blocks or repeats the whole state ingest per 8 units). GRU only: the RNN was not timed on it.
+# blocks or repeats the whole state ingest per 8 units). GRU and LSTM (the LSTM by the GRU's rule: both kernels do
+# 4/3 of the GRU's work a step there, as on `persistent_mma`); the RNN was not timed on it.
 WGMMA_MIN_BATCH = 128
 
 
@@ -153,8 +183,8 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
     target = resolve(target)
     if not is_gpu(target) or str(target.attrs.get("arch", "")) != "sm_90a":
         return False, "wgmma needs sm_90a"
-    if dtype != "float16" or cell != "gru" or not lbr:
-        return False, "float16 GRU with linear_before_reset=1 only (the RNN was not measured on it)"
+    if dtype != "float16" or cell not in ("gru", "lstm") or (cell == "gru" and not lbr):
+        return False, "float16 GRU with linear_before_reset=1 or LSTM only (the RNN was not measured on it)"
     if not (B >= WGMMA_MIN_BATCH or (D == 2 and H >= 1024 and B >= 64)):
         return False, f"batch {B}: the mma.sync kernel was measured faster there"
     cfg = config or default_config(D, B, H, target, cell)
@@ -166,21 +196,34 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
 
 def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
                           target, config: WgmmaRecConfig | None = None, cell: str = "gru",
-                          gate_dtype: str = "float32"):
+                          gate_dtype: str = "float32", lstm=None):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
-    warpgroup tensor cores (see the module doc); gate_i of gate_dtype (float32 or float16)."""
+    warpgroup tensor cores (see the module doc); gate_i of gate_dtype (float32 or float16).
+
+    cell 'lstm' (`lstm`: its update math, a `persistent_lstm.LstmCell`, default no peepholes / input_forget):
+    prim_func(gate_i [D, T, B, 4H], R [D, 4H, H], P f32 [D, 3H], seq_lens, h0, c0 f32 [D, B, H], Y, Y_h, Y_c), the
+    LSTM interface of `persistent_lstm`."""
     from tvm.script import tirx as T
 
     from . import persistent_gru as pg
     from . import recurrent_gemm as rg
 
-    check_args(D, B, H, dtype, directions, cell, kind="wgmma", dtypes=("float16",))
+    check_args(D, B, H, dtype, directions, cell, kind="wgmma", dtypes=("float16",), cells=("gru", "rnn", "lstm"))
     if gate_dtype not in GATE_DTYPES:
         raise TvmseqError(f"persistent wgmma: gate_dtype {gate_dtype!r} not one of {GATE_DTYPES}")
+    if (lstm is not None) and cell != "lstm":
+        raise TvmseqError(f"persistent wgmma {cell.upper()}: LSTM update math given for cell {cell!r}")
     target = resolve(target)
     gpu = is_gpu(target)
     NG = GATES[cell]
     acts = pg._check_acts(acts, D, cell)
+    LSTM = cell == "lstm"
+    if LSTM:
+        from .persistent_lstm import LstmCell
+
+        lstm = lstm or LstmCell()
+    lstm_fns = pg.direction_activations(acts, D) if LSTM else None   # f, g, h of each direction
+    PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell) if gpu else WgmmaRecConfig(8, 1))
     if cfg is None:
         raise TvmseqError(f"persistent wgmma {cell.upper()} D={D} B={B} H={H}: no configuration fits")
@@ -191,6 +234,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     UB, BS, N, G, NKB, Hp, NCH, NCB, ITEMS = (geo.UB, geo.BS, geo.N, geo.G, geo.NKB, geo.Hp, geo.NCH, geo.NCB,
                                               geo.ITEMS)
     R_HALFS, S_HALFS = geo.R_HALFS, geo.S_HALFS
+    SLOTS, RING = geo.S, geo.RING    # state k-tile slots in shared memory (RING: fewer than the NKB tiles)
     JN = UB // 8                  # n8 column groups a gate
     ACC = N // 2                  # float32 accumulators a thread
     G3 = NG * H
@@ -268,6 +312,26 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                             hbuf[img(1, d, (q + ci * BS) * MC + v // (Hp - G * UB), G * UB + v % (Hp - G * UB))] = \
                                 T.float16(0)
 
+    @T.macro
+    def seed_cell(C0, cst, hoff, d, g, q, t):
+        """LSTM: own cell state <- c0 (float32, beside the items' h; it never leaves the chip)."""
+        for ci in T.serial(NCB):
+            for it in unroll(ITEMS):
+                row, u = item(t, it)
+                b = T.meta_var((q + ci * BS) * MC + row)
+                j = T.meta_var(g * UB + u)
+                cst[hoff + ci * ITEMS + it] = T.if_then_else(b < B and j < H, C0[d, T.min(b, B - 1), T.min(j, H - 1)],
+                                                             T.float32(0))
+
+    @T.macro
+    def load_peepholes(Pw, ps, d, g, t):
+        """LSTM: P (i, o, f) of the units of this thread's items (the same units in every chunk)."""
+        for it in unroll(ITEMS):
+            row, u = item(t, it)
+            j = T.meta_var(T.min(g * UB + u, H - 1))
+            for qq in unroll(3):
+                ps[it * 3 + qq] = Pw[d, qq * H + j]
+
     # ---- a chunk of a step ----------------------------------------------------------------------
     @T.macro
     def prefetch(GI, RbH, Lens, gi, d, g, t, s, c, seq):
@@ -290,9 +354,18 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
         hh = g_act(d, clipf(gi[it * 4 + 2] + r * (pre(src, t, it, 2) + gi[it * 4 + 3])))
         return (T.float32(1) - z) * hh + z * h
 
+    def gate_pre(src, gi, t, it):
+        """LSTM: pre(q), gate q's input projection plus its recurrent sum for item it (q: 0 i, 1 o, 2 f, 3 c)."""
+        return lambda q: gi[it * 4 + q] + pre(src, t, it, q)
+
+    def peep_of(ps, it):
+        """LSTM: peep(q), the peephole of gate q (0 i, 1 o, 2 f) of item it's unit; None without peepholes."""
+        return (lambda q: ps[it * 3 + q]) if PEEP else None
+
     @T.macro
-    def finish(Y, Lens, hbuf, hst, hoff, src, gi, d, g, t, s, c, ci, seq):
-        """Gate math of this thread's items; Y, own state and h_{s+1} (fp16, image of the other buffer)."""
+    def finish(Y, Lens, hbuf, hst, cst, ps, hoff, src, gi, d, g, t, s, c, ci, seq):
+        """Gate math of this thread's items; Y, own state and h_{s+1} (fp16, image of the other buffer). LSTM: c'
+        then h' (c' a variable: the o gate's peephole and h(c') read it), c' kept in cst."""
         for it in unroll(ITEMS):
             row, u = item(t, it)
             b = T.meta_var(c * MC + row)
@@ -300,7 +373,15 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
             if b < B and j < H:
                 L = T.meta_var(length(Lens, b, seq))
                 h = T.meta_var(hst[hoff + ci * ITEMS + it])
-                hn = T.if_then_else(s < L, cell_update(src, gi, d, t, it, h), h)
+                if LSTM:
+                    cp = T.meta_var(cst[hoff + ci * ITEMS + it])
+                    cn = T.if_then_else(s < L, lstm.cell(lstm_fns, clipf, d, gate_pre(src, gi, t, it),
+                                                         peep_of(ps, it), cp), cp)
+                    hn = T.if_then_else(s < L, lstm.hidden(lstm_fns, clipf, d, gate_pre(src, gi, t, it),
+                                                           peep_of(ps, it), cn), h)
+                    cst[hoff + ci * ITEMS + it] = cn
+                else:
+                    hn = T.if_then_else(s < L, cell_update(src, gi, d, t, it, h), h)
                 if has_seq_lens:
                     Y[T.if_then_else(s < L, time_index(d, L, s), s), d, b, j] = T.Cast(
                         "float16", T.if_then_else(s < L, hn, T.float32(0)))
@@ -322,10 +403,10 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
 
     @T.macro
     def stage(hbuf, smem, base, mbar, buf, d, c, t):
-        """Thread kb < NKB: tile kb of chunk c's state -> its shared-memory tile by one bulk copy, completing
+        """Thread kb < SLOTS: tile kb of chunk c's state -> its shared-memory tile by one bulk copy, completing
         on mbarrier kb. The proxy fence orders the grid barrier's acquire of the state (written by the other
         blocks through the generic proxy) before this async-proxy read of it."""
-        if t < NKB:
+        if t < SLOTS:
             T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(TILE_BYTES))
             T.ptx["fence.proxy.async"]()
             T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
@@ -349,6 +430,39 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
         T.ptx["wgmma.wait_group.sync.aligned"](0)
 
     @T.macro
+    def refill(hbuf, smem, base, mbar, buf, d, c, kb):
+        """Ring: tile kb of chunk c's state -> slot kb % SLOTS (whose previous tile's wgmma group has completed in
+        every warp: the caller waited and synced), completing on that slot's mbarrier. Issued by thread 0, which
+        ran the full proxy fence after this step's grid barrier when it staged tile 0."""
+        T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](T.address_of(mbar[kb % SLOTS]), T.uint32(TILE_BYTES))
+        T.ptx["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"](
+            smem.access_ptr("w", offset=base + R_HALFS + kb % SLOTS * MC * KB, extent=MC * KB),
+            T.address_of(hbuf[buf * WORDS + ((d * NCH + c) * NKB + kb) * MC * KB]),
+            T.uint32(TILE_BYTES), T.address_of(mbar[kb % SLOTS]))
+
+    @T.macro
+    def product_ring(hbuf, smem, base, mbar, acc, da, db, phase, buf, d, c, t):
+        """product_gpu through a ring of SLOTS tile slots: slot kb % SLOTS receives NKB / SLOTS tiles a chunk
+        (its mbarrier's parity counts them); after tile kb's group is committed, tile kb - 1's group is waited
+        for (one group stays in flight), the block syncs (every warp's reads of that slot done) and thread 0
+        refills the slot with tile kb - 1 + SLOTS."""
+        T.ptx["wgmma.fence.sync.aligned"]()
+        for kb in T.serial(NKB):
+            T.evaluate(T.cuda.mbarrier_wait(T.address_of(mbar[kb % SLOTS]),
+                                            (phase * (NKB // SLOTS) + kb // SLOTS) % 2))
+            for kk in unroll(KB // 16):
+                encode_descriptor(da, T.address_of(smem[base + R_HALFS + kb % SLOTS * MC * KB + kk * 16]))
+                encode_descriptor(db, T.address_of(smem[base + kb * N * KB + kk * 16]))
+                T.evaluate(mma_async(N, acc, da, db, kb * 4 + kk > 0))
+            T.ptx["wgmma.commit_group.sync.aligned"]()
+            if kb >= 1 and kb - 1 + SLOTS < NKB:
+                T.ptx["wgmma.wait_group.sync.aligned"](1)
+                T.tvm_storage_sync("shared")
+                if t == 0:
+                    refill(hbuf, smem, base, mbar, buf, d, c, kb - 1 + SLOTS)
+        T.ptx["wgmma.wait_group.sync.aligned"](0)
+
+    @T.macro
     def product_cpu(hbuf, Rw, red, buf, d, g, c):
         for row, n in T.grid(MC, N):
             red[row * N + n] = T.float32(0)
@@ -357,28 +471,26 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     red[row * N + n] = red[row * N + n] + T.Cast("float32", hbuf[img(buf, d, c * MC + row, k)]) \
                         * T.Cast("float32", Rw[d, r_row(g, n), k])
 
-    # ---- the kernel -------------------------------------------------------------------------------
-    @T.prim_func
-    def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-             y: T.handle, y_h: T.handle):
-        seq = T.int32()
-        GI = T.match_buffer(gate_i, (D, seq, B, G3), gate_dtype)
-        Rw = T.match_buffer(r_w, (D, G3, H), "float16")
-        RbH = T.match_buffer(rb_h, (D, H), "float32")
-        Lens = T.match_buffer(lens, (B,), "int32")
-        H0 = T.match_buffer(h0, (D, B, H), "float32")
-        Y = T.match_buffer(y, (seq, D, B, H), "float16")
-        Yh = T.match_buffer(y_h, (D, B, H), "float16")
+    # ---- the kernel (`gpu` picks the branch while the script is parsed), a GRU / RNN or an LSTM signature around
+    # it (RbH: GRU / RNN only; Pw, C0, Yc: LSTM only, None otherwise)
+    @T.macro
+    def kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, seq):
         hbuf = T.alloc_buffer((2 * WORDS,), "float16", scope="global")
         if gpu:
             for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
                 for t in T.thread_binding(NT, thread="threadIdx.x"):
                   with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", 1):
                     smem = T.alloc_buffer((R_HALFS + S_HALFS + ATOM // 2,), "float16", scope="shared.dyn")
-                    mbar = T.alloc_buffer((NKB,), "uint64", scope="shared")
+                    mbar = T.alloc_buffer((SLOTS,), "uint64", scope="shared")
                     acc = T.alloc_buffer((ACC,), "float32", scope="local")
                     hst = T.alloc_buffer((NCB * ITEMS,), "float32", scope="local")
                     gi = T.alloc_buffer((ITEMS * 4,), "float32", scope="local")
+                    if LSTM:
+                        cst = T.alloc_buffer((NCB * ITEMS,), "float32", scope="local")
+                        ps = T.alloc_buffer((3 * ITEMS,), "float32", scope="local")
+                    else:
+                        cst = T.meta_var(None)
+                        ps = T.meta_var(None)
                     da = T.alloc_buffer((1,), "uint64", scope="local")
                     db = T.alloc_buffer((1,), "uint64", scope="local")
                     off = T.alloc_buffer((1,), "int32", scope="local")
@@ -390,11 +502,15 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     load_r_tiles(Rw, smem, base, d, g, t)
                     # the R tiles (generic stores) before any wgmma reads them (async proxy): proxy fence and
                     # barrier right here; with only the shared::cta fence before the first grid barrier,
-                    # compute-sanitizer racecheck reported write-write hazards on the tiles (session 6)
+                    # compute-sanitizer racecheck reported write-write hazards on the tiles (H100, 2026-11-23)
                     T.ptx["fence.proxy.async"]()
                     T.tvm_storage_sync("shared")
                     seed(H0, hbuf, hst, 0, d, g, q, t)
-                    if t < NKB:
+                    if LSTM:
+                        seed_cell(C0, cst, 0, d, g, q, t)
+                    if PEEP:
+                        load_peepholes(Pw, ps, d, g, t)
+                    if t < SLOTS:
                         T.ptx["mbarrier.init.shared::cta.b64"](T.address_of(mbar[t]), T.uint32(1))
                     T.ptx["fence.mbarrier_init.release.cluster"]()
                     T.cuda.grid_sync()
@@ -402,27 +518,75 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                         stage(hbuf, smem, base, mbar, s % 2, d, q, t)
                         for ci in unroll(NCB):   # unrolled: hst stays in registers
                             prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                            product_gpu(smem, base, mbar, acc, da, db, s * NCB + ci)
+                            if RING:
+                                product_ring(hbuf, smem, base, mbar, acc, da, db, s * NCB + ci, s % 2, d, q + ci * BS,
+                                             t)
+                            else:
+                                product_gpu(smem, base, mbar, acc, da, db, s * NCB + ci)
                             if ci + 1 < NCB:   # the next chunk's copies fly during this chunk's gate math
                                 T.tvm_storage_sync("shared")   # every warp's wgmma reads of the slot done
                                 stage(hbuf, smem, base, mbar, s % 2, d, q + (ci + 1) * BS, t)
-                            finish(Y, Lens, hbuf, hst, 0, acc, gi, d, g, t, s, q + ci * BS, ci, seq)
+                            finish(Y, Lens, hbuf, hst, cst, ps, 0, acc, gi, d, g, t, s, q + ci * BS, ci, seq)
                         T.cuda.grid_sync()
                     final_state(Yh, Lens, hst, 0, d, g, q, t, seq)
+                    if LSTM:
+                        final_state(Yc, Lens, cst, 0, d, g, q, t, seq)
         else:
             red = T.alloc_buffer((MC * N,), "float32")
             hst = T.alloc_buffer((D * G * BS * NT * NCB * ITEMS,), "float32")
             gi = T.alloc_buffer((ITEMS * 4,), "float32")
+            if LSTM:
+                cst = T.alloc_buffer((D * G * BS * NT * NCB * ITEMS,), "float32")
+                ps = T.alloc_buffer((3 * ITEMS,), "float32")
+            else:
+                cst = T.meta_var(None)
+                ps = T.meta_var(None)
             for dd, gg, qq, t in T.grid(D, G, BS, NT):
                 seed(H0, hbuf, hst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t)
+                if LSTM:
+                    seed_cell(C0, cst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t)
             for s, ci in T.grid(seq, NCB):
                 for dd, gg, qq in T.grid(D, G, BS):
                     product_cpu(hbuf, Rw, red, s % 2, dd, gg, qq + ci * BS)
                     for t in T.serial(NT):
                         prefetch(GI, RbH, Lens, gi, dd, gg, t, s, qq + ci * BS, seq)
-                        finish(Y, Lens, hbuf, hst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, red, gi, dd,
-                               gg, t, s, qq + ci * BS, ci, seq)
+                        if PEEP:
+                            load_peepholes(Pw, ps, dd, gg, t)
+                        finish(Y, Lens, hbuf, hst, cst, ps, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, red,
+                               gi, dd, gg, t, s, qq + ci * BS, ci, seq)
             for dd, gg, qq, t in T.grid(D, G, BS, NT):
                 final_state(Yh, Lens, hst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t, seq)
+                if LSTM:
+                    final_state(Yc, Lens, cst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t,
+                                seq)
+
+    if LSTM:
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
+                 y: T.handle, y_h: T.handle, y_c: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), gate_dtype)
+            Rw = T.match_buffer(r_w, (D, G3, H), "float16")
+            Pw = T.match_buffer(p_w, (D, 3 * H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            C0 = T.match_buffer(c0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), "float16")
+            Yh = T.match_buffer(y_h, (D, B, H), "float16")
+            Yc = T.match_buffer(y_c, (D, B, H), "float16")
+            kernel(GI, Rw, None, Pw, Lens, H0, C0, Y, Yh, Yc, seq)
+    else:
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+                 y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), gate_dtype)
+            Rw = T.match_buffer(r_w, (D, G3, H), "float16")
+            RbH = T.match_buffer(rb_h, (D, H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), "float16")
+            Yh = T.match_buffer(y_h, (D, B, H), "float16")
+            kernel(GI, Rw, RbH, None, Lens, H0, None, Y, Yh, None, seq)
 
     return rg.scheduled(main, f"{cell}_recurrence_wgmma", cooperative=gpu)

@@ -1,0 +1,189 @@
+"""ONNX LSTM on the per-step path, sharing the GRU's pieces (gru.py).
+
+Pipeline of one LSTM node (both directions in every launch):
+1. the input projection of all time steps as ONE GEMM (`input_projection_func` with 4 gates):
+   gate_i[d, t, b, :] = X[t, b, :] W[d]^T + Wb[d] + Rb[d]; every bias of an LSTM is additive, so all of
+   them are folded into this GEMM and the recurrence takes none;
+2. `recurrence_func`: a host loop over the (symbolic) time steps; per step ONE GEMM over all 4H gate rows,
+   gh = h R^T (`gru.step_gemm_plan`: warp per row at small batch, the tiled GEMM of `step_gemm.py` from
+   `TILED_MIN_BATCH` on, its split-K partial sums added here), then ONE fused kernel for the gate math
+   and the state update, grid (batch, directions, unit chunks) as the GRU's.
+
+Per unit j of direction d, batch row b, with a_k = gate_i[.., kH + j] + gh[.., kH + j] (k = i, o, f, c):
+    i = f(clip(a_i + P_i c)),  f_ = 1 - i if input_forget else f(clip(a_f + P_f c)),
+    c' = f_ c + i g(clip(a_c)),  o = f(clip(a_o + P_o c')),  h' = o h(c')
+(clip bounds each gate's whole pre-activation and not the cell state, as onnxruntime does). The hidden
+state and the cell state live in float32 workspaces; Y, Y_h and Y_c are written in the model's dtype.
+`sequence_lens` as for the GRU: the reverse direction starts at a row's last valid step, Y past a row's
+end is zero, Y_h / Y_c are the states at the last valid step (zero for a zero-length row, as onnxruntime
+does), lengths clamped into [0, T] inside the kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import tvm
+from tvm import tirx
+
+try:
+    from tvm.script import tirx as T
+except ImportError:  # runtime-only TVM: nothing is built here
+    T = None
+
+from ..errors import TvmseqError
+from .activations import Activation
+from .gru import (DIRECTIONS, StepSchedule, _clip_fn, batch_extent, check_batch, cpu_weights_fp32, partial_sum,
+                  reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops)
+
+GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
+PEEPHOLE_ORDER = ("i", "o", "f")       # entries of P per direction, H each
+DEFAULT_ACTIVATIONS = ("Sigmoid", "Tanh", "Tanh")   # f (gates), g (cell input), h (cell output)
+
+
+@dataclass(frozen=True)
+class LstmSpec:
+    """Everything that selects an LSTM kernel variant (the time axis stays symbolic, and the batch too when
+    `batch` is None or a name: the kernels then take any batch)."""
+
+    num_directions: int
+    batch: int | str | None
+    hidden: int
+    input_size: int
+    dtype: str = "float32"
+    direction: str = "forward"
+    activations: tuple[Activation, ...] = ()   # 3 per direction: f, g, h
+    clip: float | None = None
+    has_seq_lens: bool = False
+    input_forget: int = 0
+    has_peepholes: bool = False
+    gates: ClassVar[int] = 4   # rows of W per hidden unit: i, o, f, c
+
+    def __post_init__(self):
+        if isinstance(self.batch, str):   # a symbolic name: any batch
+            object.__setattr__(self, "batch", None)
+        check_batch(self.batch)
+        if self.direction not in DIRECTIONS:
+            raise TvmseqError(f"LSTM direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        want_d = 2 if self.direction == "bidirectional" else 1
+        if self.num_directions != want_d:
+            raise TvmseqError(f"LSTM direction {self.direction} needs num_directions {want_d}, "
+                              f"got {self.num_directions}")
+        # a relax dtype (the importer's struct info) as its name: specs key caches and schedule databases
+        object.__setattr__(self, "dtype", str(self.dtype))
+        if self.dtype not in ("float32", "float16"):
+            raise TvmseqError(f"LSTM supports float32 and float16, got {self.dtype}")
+        if self.input_forget not in (0, 1):
+            raise TvmseqError(f"LSTM input_forget must be 0 or 1, got {self.input_forget}")
+        if self.clip is not None and not self.clip > 0:
+            raise TvmseqError(f"LSTM clip must be positive, got {self.clip}")
+        if not self.activations:
+            acts = tuple(Activation.make(n) for n in DEFAULT_ACTIVATIONS) * self.num_directions
+            object.__setattr__(self, "activations", acts)
+        object.__setattr__(self, "activations", tuple(self.activations))
+        if len(self.activations) != 3 * self.num_directions:
+            raise TvmseqError(f"LSTM needs {3 * self.num_directions} activations (f, g, h per direction), "
+                              f"got {len(self.activations)}")
+
+
+def activation_fn(spec: LstmSpec, which: int):
+    """(d, x) -> activation `which` (0: f, 1: g, 2: h) of direction d applied to x, a TIR expression
+    (a select between the two directions only when they differ)."""
+    acts = [spec.activations[3 * d + which] for d in range(spec.num_directions)]
+    if len(set(acts)) == 1:
+        return lambda d, x: acts[0].expr(x)
+    return lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))
+
+
+def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedule | None = None
+                    ) -> tirx.PrimFunc:
+    """The time loop of an LSTM node. Inputs: gate_i [D, T, B, 4H] f32 (X W^T + Wb + Rb, gates i, o, f, c),
+    R [D, 4H, H] (model dtype), P [D, 3H] f32 (zeros without peepholes), seq_lens [B] i32, h0 [D, B, H] f32,
+    c0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H], Y_c [D, B, H] (model dtype). With spec.batch
+    None, B is a variable bound from gate_i's shape: one kernel for every batch."""
+    gpu = target.kind.name == "cuda"
+    D, B, H, dt = spec.num_directions, batch_extent(spec.batch), spec.hidden, spec.dtype
+    G = 4 * H
+    sched = sched or StepSchedule.for_batch(spec.batch)
+    NT = sched.gate_threads
+    f_act, g_act, h_act = (activation_fn(spec, k) for k in range(3))
+    clip = _clip_fn(spec.clip)
+    is_reverse = reverse_fn(spec.direction)
+    row_length = row_length_fn(spec.has_seq_lens)
+    gemm, S = step_gemm_plan(gpu, D, B, H, dt, sched, G, 0, G, target)
+    load_state, store_final_state = state_macros(gpu, D, B, H, NT, spec.has_seq_lens, dt)
+    convert_r = cpu_weights_fp32(gpu, dt)
+
+    def pre(gate, GateI, gh, d, t, b, j):
+        """Gate `gate`'s pre-activation of unit j before peephole and clip: input projection + the step
+        GEMM's partial sums."""
+        col = GATE_ORDER.index(gate) * H + j
+        return GateI[d, t, b, col] + partial_sum(gh, S, d, b, col)
+
+    def peep(gate, x, P, d, j, c):
+        """x + P_gate c (the peephole of gate i, o or f); x when the node has none."""
+        return x + P[d, PEEPHOLE_ORDER.index(gate) * H + j] * c if spec.has_peepholes else x
+
+    def forget(i, GateI, gh, P, d, t, b, j, c_prev):
+        if spec.input_forget:
+            return T.float32(1) - i
+        return f_act(d, clip(peep("f", pre("f", GateI, gh, d, t, b, j), P, d, j, c_prev)))
+
+    @T.macro
+    def update(GateI, P, Lens, Y, state, cell, gh, s, seq, b, d, jc, tx):
+        # the gate math and state update of unit j (f, g, h per direction; the cell state in float32)
+        if jc * NT + tx < H:
+            length = row_length(Lens, b, seq)
+            t = T.if_then_else(is_reverse(d), length - 1 - s, s)
+            j = jc * NT + tx
+            if s < length:
+                c_prev = cell[d, b, j]
+                i = f_act(d, clip(peep("i", pre("i", GateI, gh, d, t, b, j), P, d, j, c_prev)))
+                f = forget(i, GateI, gh, P, d, t, b, j, c_prev)
+                c = f * c_prev + i * g_act(d, clip(pre("c", GateI, gh, d, t, b, j)))
+                o = f_act(d, clip(peep("o", pre("o", GateI, gh, d, t, b, j), P, d, j, c)))
+                hn = o * h_act(d, c)
+                cell[d, b, j] = c
+                state[d, b, j] = hn
+                Y[t, d, b, j] = T.Cast(dt, hn)
+            else:
+                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+
+    update_launch = unit_loops(gpu, D, B, H, NT, update)   # grid (batch, directions, unit chunks) on CUDA
+
+    @T.macro
+    def steps(GateI, R, P, Lens, Y, state, cell, gh, seq):
+        for s in range(seq):
+            gemm(state, R, gh)   # all 4H gate rows in one GEMM
+            update_launch(GateI, P, Lens, Y, state, cell, gh, s, seq)
+
+    @T.prim_func
+    def lstm_recurrence(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle,
+                        c0: T.handle, y: T.handle, y_h: T.handle, y_c: T.handle):
+        T.func_attr({"global_symbol": "lstm_recurrence", "tirx.noalias": True})
+        seq = T.int32()
+        GateI = T.match_buffer(gate_i, (D, seq, B, G), "float32")
+        R = T.match_buffer(r_w, (D, G, H), dt)
+        P = T.match_buffer(p_w, (D, 3 * H), "float32")
+        Lens = T.match_buffer(lens, (B,), "int32")
+        H0 = T.match_buffer(h0, (D, B, H), "float32")
+        C0 = T.match_buffer(c0, (D, B, H), "float32")
+        Y = T.match_buffer(y, (seq, D, B, H), dt)
+        Yh = T.match_buffer(y_h, (D, B, H), dt)
+        Yc = T.match_buffer(y_c, (D, B, H), dt)
+        state = T.alloc_buffer((D, B, H), "float32")
+        cell = T.alloc_buffer((D, B, H), "float32")
+        gh = T.alloc_buffer((S, D, B, G), "float32")   # split-K partial sums, added by the gate kernel
+        load_state(state, H0)
+        load_state(cell, C0)
+        if convert_r:   # float16 on the CPU: R converted once, the step GEMM loads float32 rows
+            Rf = T.alloc_buffer((D, G, H), "float32")
+            for d, g, k in T.grid(D, G, H):
+                Rf[d, g, k] = T.Cast("float32", R[d, g, k])
+            steps(GateI, Rf, P, Lens, Y, state, cell, gh, seq)
+        else:
+            steps(GateI, R, P, Lens, Y, state, cell, gh, seq)
+        store_final_state(Yh, state, Lens, seq)
+        store_final_state(Yc, cell, Lens, seq)
+
+    return lstm_recurrence.with_attr("tirx.is_scheduled", True)

@@ -1,0 +1,146 @@
+"""ONNX LSTM (opsets 1-22) -> tvmseq kernels: the shared input-projection GEMM (4 gates, every bias folded
+in) + an LSTM recurrence chosen by `lstm_recurrence_for` (today the per-step kernels of kernels/lstm.py)."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import TvmseqError, UnsupportedOnnxError
+from ..kernels import gru as gru_kernels
+from ..kernels import lstm as lstm_kernels
+from ..kernels.activations import parse_onnx_activations
+from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, emit_input_projection, finish_outputs, prepare_common,
+                  recurrence_path_option)
+from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converter
+
+_LSTM_ATTRS = (_SUPPORTED_ATTRS - {"linear_before_reset"}) | {"input_forget"}
+# the inputs of an ONNX LSTM node, by position
+_INITIAL_C, _P = 6, 7
+
+
+def lstm_recurrence_for(spec: lstm_kernels.LstmSpec, target, path_option: str = "auto"):
+    """(prim_func, path) of the recurrence for `spec` on `target` (a Target or its JSON), built once per
+    spec/target/option. Every path takes the same arguments (`lstm_kernels.recurrence_func`'s signature),
+    so the choice changes nothing around the call. 'auto': the persistent kernel on a GPU where it fits and is
+    expected to be faster (`persistent_lstm.lstm_recurrence_auto`), else the per-step kernels."""
+    return _lstm_recurrence_cached(spec, str(target), path_option)
+
+
+@functools.lru_cache(maxsize=64)
+def _lstm_recurrence_cached(spec, target_json: str, path_option: str):
+    from ..kernels import persistent_lstm
+
+    target = tvm.target.Target(target_json)
+    if path_option not in persistent_lstm.PATHS:
+        raise TvmseqError(f"LSTM recurrence path {path_option!r} is not available "
+                          f"(use one of {persistent_lstm.PATHS})")
+    if path_option != "per_step":   # on a CPU 'auto' picks per_step; 'persistent' runs the engine's serial variant
+        func, path, _why = persistent_lstm.lstm_recurrence_auto(spec, target, path_option)
+        if func is not None:
+            return func, path
+    return lstm_kernels.recurrence_func(spec, target), "per_step"
+
+
+def _direction(attr, node):
+    direction = attr.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    if direction not in gru_kernels.DIRECTIONS:
+        raise UnsupportedOnnxError(node, "LSTM", f"attribute 'direction' = {direction!r} is not one of "
+                                                 f"{gru_kernels.DIRECTIONS}")
+    return direction
+
+
+def _optional_input(inputs, index):
+    return inputs[index] if len(inputs) > index else None
+
+
+def _initial_c(bb, inputs, c, node):
+    """initial_c as float32 [D, B, H] (layout 1 permuted, as prepare_common does initial_h); zeros if absent."""
+    c0 = _optional_input(inputs, _INITIAL_C)
+    D, B, H = c["D"], c["batch"], c["hidden"]
+    if c0 is None:
+        return relax.const(np.zeros((D, B, H), "float32"))
+    dims = [_int(d, "initial_c's shape", node, "LSTM") for d in _static_dims(c0, "initial_c", node, "LSTM")]
+    want = [D, B, H] if c["layout"] == 0 else [B, D, H]
+    if dims != want:
+        raise UnsupportedOnnxError(node, "LSTM", f"input 'initial_c' has shape {dims}, expected {want}")
+    if c["layout"] == 1:
+        c0 = bb.emit(relax.op.permute_dims(c0, [1, 0, 2]))
+    return bb.emit(relax.op.astype(c0, "float32"))
+
+
+def _peepholes(bb, inputs, c, node):
+    """(P as float32 [D, 3H], whether the kernel must apply it): absent or constant all-zero peepholes
+    give zeros and False, so the kernels skip the three products."""
+    p = _optional_input(inputs, _P)
+    D, H = c["D"], c["hidden"]
+    zeros = relax.const(np.zeros((D, 3 * H), "float32"))
+    if p is None:
+        return zeros, False
+    dims = [_int(d, "P's shape", node, "LSTM") for d in _static_dims(p, "P", node, "LSTM")]
+    if dims != [D, 3 * H]:
+        raise UnsupportedOnnxError(node, "LSTM", f"input 'P' has shape {dims}, expected {[D, 3 * H]}")
+    if isinstance(p, tvm.ir.expr.Constant) and not np.any(p.value.numpy()):
+        return zeros, False
+    return bb.emit(relax.op.astype(p, "float32")), True
+
+
+def fold_lstm_biases(bb, bias, H: int):
+    """bias_i [D, 4H] = Wb + Rb: every LSTM bias is additive, so all of them join the input GEMM."""
+    sl = relax.op.strided_slice
+    return bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[4 * H]),
+                                sl(bias, axes=[1], begin=[4 * H], end=[8 * H])))
+
+
+def emit_lstm_layer(bb, c, spec, c0, peep, target, path_option: str = "auto"):
+    """One LSTM node's kernels on the inputs `c` prepared by `prepare_common`: the (Y, Y_h, Y_c) call, layout 0."""
+    rec, path = lstm_recurrence_for(spec, target, path_option)
+    D, B, H, seq = c["D"], c["batch"], c["hidden"], c["seq"]
+    gate_i = emit_input_projection(bb, "lstm", spec, c, fold_lstm_biases(bb, c["bias"], H), target)
+    lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
+    sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
+    key = KernelKey(sizes, c["dtype"], {"spec": repr(spec), "path": path}, ("seq",))
+    state = relax.TensorType([D, B, H], c["dtype"])
+    return emit_kernel(bb, "lstm_recurrence", key, lambda: rec, [gate_i, c["r"], peep, lens, c["h0"], c0],
+                       [relax.TensorType([seq, D, B, H], c["dtype"]), state, state], name_hint="lstm_recurrence")
+
+
+def finish_lstm_outputs(bb, outs, layout):
+    """(Y, Y_h, Y_c) in the node's layout."""
+    y, y_h, y_c = (bb.emit(relax.TupleGetItem(outs, k)) for k in range(3))
+    y_yh = finish_outputs(bb, y, y_h, layout)
+    if layout == 1:
+        y_c = bb.emit(relax.op.permute_dims(y_c, [1, 0, 2]))
+    return relax.Tuple([*y_yh.fields, y_c])
+
+
+@register_converter("LSTM")
+class LSTM(OnnxOpConverter):
+    """ONNX LSTM -> lstm_input_projection (one GEMM, Wb + Rb folded in) + lstm_recurrence."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        node = cls.node_name(attr)
+        target = attr["tvm_custom"]["importer_options"]["target"]
+        _direction(attr, node)   # checked here so the message names LSTM
+        c = prepare_common(bb, inputs, attr, node, "LSTM", gates=4, supported=_LSTM_ATTRS)
+        input_forget = attr.get("input_forget", 0)
+        if input_forget not in (0, 1):
+            raise UnsupportedOnnxError(node, "LSTM", f"attribute 'input_forget' = {input_forget} must be 0 or 1")
+        acts = parse_onnx_activations(attr, 3, c["D"], list(lstm_kernels.DEFAULT_ACTIVATIONS),
+                                      f"ONNX node '{node}' (LSTM)")
+        c0 = _initial_c(bb, inputs, c, node)
+        peep, has_peepholes = _peepholes(bb, inputs, c, node)
+        spec = lstm_kernels.LstmSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"], c["direction"],
+                                     tuple(acts), attr.get("clip"), c["lens"] is not None, int(input_forget),
+                                     has_peepholes)
+        try:
+            outs = emit_lstm_layer(bb, c, spec, c0, peep, target, recurrence_path_option(attr, node, "LSTM"))
+        except UnsupportedOnnxError:
+            raise
+        except TvmseqError as err:   # a kernel factory's refusal, told against this node
+            raise UnsupportedOnnxError(node, "LSTM", str(err)) from None
+        return finish_lstm_outputs(bb, outs, c["layout"])
