@@ -7,8 +7,8 @@ The GPU machine has only TVM's runtime, so the CUDA models are compiled HERE:
     TVMSEQ_BLOCKS_DIR=OUTDIR pytest -m gpu tests/test_gpu_blocks.py -rxX     # there
 
 OUTDIR gets <name>.so (+ .so.json), <name>.onnx, <name>.npz (inputs `in_*` and onnxruntime's outputs
-`out_*` computed here) and index.json. `STOCK_CASES` are compiled with tvmseq's Conv route-around off
-(importer option stock_conv=True): they show TVM's own CUDA result (notes/tvm_depthwise_conv_cuda.md).
+`out_*` computed here) and index.json. `STOCK_CASES` are compiled with TVM's own Conv conversion and dlight
+step (tvmseq's route-arounds off): they show TVM's own CUDA result (notes/tvm_depthwise_conv_cuda.md).
 """
 from __future__ import annotations
 
@@ -105,6 +105,12 @@ def conv_transpose2d():
                  strides=[1, 2], pads=[1, 1, 1, 1], output_padding=[0, 1])
 
 
+def depthwise_conv_transpose1d():
+    """Depthwise ConvTranspose1d (group = channels), kernel 3, stride 1, pads 1, batch 1: TVM's GEMV rule
+    asserts on it (stride 2 builds)."""
+    return _conv("ConvTranspose", [1, 6, 9], [6, 1, 3], [1, 6, 9], seed=17, group=6, kernel_shape=[3], pads=[1, 1])
+
+
 # ---------------------------------------------------------------------------------------------------
 # Linear layers and norms
 # ---------------------------------------------------------------------------------------------------
@@ -115,6 +121,15 @@ def einsum_linear():
              helper.make_node("Add", ["E", "B"], ["Y"])]
     return (_model(nodes, [_f32("X", [2, "T", 11])], [_f32("Y", None)], [_w(rng, "W", 13, 11), _w(rng, "B", 13)]),
             {"X": _x(rng, 2, 9, 11)})
+
+
+def linear_one_feature():
+    """Linear on one input feature a frame (MatMul with K = 1) + bias, symbolic batch and time: TVM's CUDA
+    schedule adds the bias twice (the depthwise 1x1 bug, through the MatMul)."""
+    rng = np.random.default_rng(18)
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["H"]), helper.make_node("Add", ["H", "B"], ["Y"])]
+    return (_model(nodes, [_f32("X", ["N", "T", 1])], [_f32("Y", None)], [_w(rng, "W", 1, 6), _w(rng, "B", 6)]),
+            {"X": _x(rng, 2, 9, 1)})
 
 
 def matmul_gemm():
@@ -186,7 +201,8 @@ def _recurrent(op, gates, layers, *, seq, batch, features, hidden, seed, bidirec
         D = 2 if (bidirectional_first and layer == 0) else 1
         direction = "bidirectional" if D == 2 else "forward"
         inits += [_w(rng, f"W{layer}", D, gates * hidden, size, scale=k),
-                  _w(rng, f"R{layer}", D, gates * hidden, hidden, scale=k), _w(rng, f"B{layer}", D, 2 * gates * hidden, scale=k)]
+                  _w(rng, f"R{layer}", D, gates * hidden, hidden, scale=k),
+                  _w(rng, f"B{layer}", D, 2 * gates * hidden, scale=k)]
         nodes.append(helper.make_node(op, [x, f"W{layer}", f"R{layer}", f"B{layer}"], [f"Y{layer}", f"H{layer}"],
                                       hidden_size=hidden, direction=direction, **attrs))
         nodes.append(helper.make_node("Transpose", [f"Y{layer}"], [f"T{layer}"], perm=[0, 2, 1, 3]))
@@ -218,10 +234,13 @@ def lstm_stack():
 
 BLOCKS = {f.__name__: f for f in (
     depthwise_1x1, depthwise_1x1_symbolic, depthwise_conv1d, depthwise_conv2d_time, grouped_conv1d, dilated_conv1d,
-    strided_conv2d, conv_transpose1d, conv_transpose2d, einsum_linear, matmul_gemm, layernorm_batchnorm,
-    computed_pad, if_block, gru_stack, rnn_stack, lstm_stack)}
-# name -> (block, importer options): TVM's own conversion, to show its CUDA bug (expected to fail on the GPU)
-STOCK_CASES = {"depthwise_1x1_stock": ("depthwise_1x1", {"stock_conv": True})}
+    strided_conv2d, conv_transpose1d, conv_transpose2d, depthwise_conv_transpose1d, einsum_linear, linear_one_feature,
+    matmul_gemm, layernorm_batchnorm, computed_pad, if_block, gru_stack, rnn_stack, lstm_stack)}
+# name -> (block, options): TVM's own conversion (importer option stock_conv) and TVM's own dlight step
+# (STOCK_SCHEDULE: tvmseq.schedule_gpu.stock_pipeline), to show its CUDA bugs (expected to fail on the GPU)
+STOCK_SCHEDULE = "stock_schedule"
+STOCK_CASES = {"depthwise_1x1_stock": ("depthwise_1x1", {"stock_conv": True, STOCK_SCHEDULE: True}),
+               "linear_one_feature_stock": ("linear_one_feature", {STOCK_SCHEDULE: True})}
 TOL = {"rtol": 1e-4, "atol": 2e-5}
 
 
@@ -255,26 +274,30 @@ def assert_close(got: dict, want: dict, what: str):
 # ---------------------------------------------------------------------------------------------------
 # The stock CUDA schedule, run on the CPU (thread bindings turned into serial loops)
 # ---------------------------------------------------------------------------------------------------
-def emulate_cuda_schedule(model, feeds, **options) -> np.ndarray:
-    """Run what TVM's default CUDA pipeline schedules (legalize, fuse, dlight) on the CPU, with every
-    thread-bound loop made serial. Valid for kernels whose threads do not talk to each other (Fallback
-    rule: elementwise and per-thread reductions), which is what the depthwise bug goes through."""
+def emulate_cuda_schedule(model, feeds, stock_schedule: bool = False, **options) -> np.ndarray:
+    """Run what tvmseq's CUDA pipeline schedules (legalize, fuse, `tvmseq.schedule_gpu`; with
+    `stock_schedule`, TVM's own dlight step) on the CPU, with every thread-bound loop made serial and
+    shared buffers made local. A block's value does not depend on how its loops are bound to threads,
+    so this checks what each schedule computes (not races: the GPU tests do). Kernels of dlight's Matmul
+    rule (shared-memory tiles, virtual threads) do not lower for the CPU this way; Fallback, GEMV and the
+    Reduction rules do."""
     import tvm
     from tvm import relax, tirx
     from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
     import tvmseq
-    from tvmseq import targets
+    from tvmseq import schedule_gpu, targets
 
     cuda = targets.resolve("cuda")
     mod = tvmseq.from_onnx(model, target=cuda, **options)
+    legalize = cuda_pipeline.legalize_passes(cuda) if stock_schedule else schedule_gpu.legalize_passes(cuda)
     with cuda:
-        mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(cuda)
-                                       + cuda_pipeline.legalize_passes(cuda))(mod)
+        mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(cuda) + legalize)(mod)
     for gv, func in list(mod.functions.items()):
         if isinstance(func, tirx.PrimFunc):
             text = re.sub(r'T\.thread_binding\((.*?), thread="[^"]+"\)', r"T.serial(\1)", func.script())
+            text = re.sub(r'scope="shared(\.dyn)?"', 'scope="local"', text)
             mod[gv] = tvm.script.from_source(text)
     cpu = tvm.target.Target("llvm")
     lower = tvm.transform.Sequential(cpu_pipeline.dataflow_lower_passes(cpu) + cpu_pipeline.finalize_passes(cpu))
@@ -286,7 +309,7 @@ def emulate_cuda_schedule(model, feeds, **options) -> np.ndarray:
 # Building the CUDA models here for the GPU test
 # ---------------------------------------------------------------------------------------------------
 def all_cases() -> dict:
-    """name -> (block name, importer options)."""
+    """name -> (block name, options: the importer's, and STOCK_SCHEDULE)."""
     return {**{name: (name, {}) for name in BLOCKS}, **STOCK_CASES}
 
 
@@ -295,7 +318,7 @@ def build(out_dir, names=None, sass: bool = True) -> dict:
     GPU machine compiles on load) into out_dir with its ONNX, inputs and onnxruntime's outputs."""
     import contextlib
 
-    from tvmseq import artifacts
+    from tvmseq import artifacts, schedule_gpu
     from tvmseq.build import compile_onnx, export
 
     out = Path(out_dir)
@@ -311,9 +334,11 @@ def build(out_dir, names=None, sass: bool = True) -> dict:
         model, feeds = BLOCKS[block]()
         expected = onnxruntime_outputs(model, feeds)
         binaries = artifacts.device_binaries(("sm_90a",)) if sass else contextlib.nullcontext()
+        importer_options = {k: v for k, v in options.items() if k != STOCK_SCHEDULE}
+        schedule = schedule_gpu.stock_pipeline() if options.get(STOCK_SCHEDULE) else contextlib.nullcontext()
         try:
-            with binaries:
-                compiled = compile_onnx(model, target="cuda", **options)
+            with binaries, schedule:
+                compiled = compile_onnx(model, target="cuda", **importer_options)
             export(compiled, out / f"{name}.so")
         except Exception as err:  # noqa: BLE001 - recorded: the GPU test reports it as the failure
             index[name] = {"block": block, "options": options, "error": f"{type(err).__name__}: {err}"[:500]}

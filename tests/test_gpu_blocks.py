@@ -4,8 +4,9 @@ runtime only, against onnxruntime (CPU provider; run there when installed, else 
     python -m tests.blocks build out/blocks                                   # here (no GPU needed)
     TVMSEQ_BLOCKS_DIR=out/blocks pytest -m gpu tests/test_gpu_blocks.py -rxX  # on the GPU machine
 
-`depthwise_1x1_stock` is TVM's own conversion (tvmseq's Conv route-around off): expected to fail while
-TVM's CUDA pipeline adds the bias twice; its failure message carries the error (for the upstream report).
+`depthwise_1x1_stock` and `linear_one_feature_stock` are built as TVM's own pipeline builds them (tvmseq's Conv
+route-around and checked dlight step off): expected to fail while TVM's CUDA pipeline adds the bias twice;
+their failure messages carry the errors (for the upstream report).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import pytest
 import blocks
 
 ROOT = Path(os.environ.get("TVMSEQ_BLOCKS_DIR", Path(__file__).resolve().parents[1] / "out" / "blocks"))
-XFAIL = {"depthwise_1x1_stock": "TVM 0.27's CUDA pipeline adds the bias of a depthwise 1x1 Conv twice"}
+XFAIL = {"depthwise_1x1_stock": "TVM 0.27's CUDA pipeline adds the bias of a depthwise 1x1 Conv twice",
+         "linear_one_feature_stock": "TVM 0.27's CUDA pipeline adds the bias of a MatMul with K = 1 twice"}
 
 
 def _cases():

@@ -1,5 +1,6 @@
-"""Sparse weights in ONNX models (sparse_initializer, Constant(sparse_value), mostly-zero dense
-initializers) routed to tvmseq's spmm / spmm_t kernels; outputs checked against onnxruntime."""
+"""Sparse weights in ONNX models (sparse_initializer, Constant(sparse_value), and mostly-zero dense
+initializers when sparse_threshold is given) routed to tvmseq's spmm / spmm_t kernels; outputs checked
+against onnxruntime."""
 import numpy as np
 import onnx
 import pytest
@@ -138,15 +139,38 @@ def test_gemm_without_c_opset_11():
     assert kernels_in(model) == ["spmm_17x29_n3_float32_int32"]
 
 
-def test_dense_initializer_over_the_threshold_goes_sparse():
+def test_mostly_zero_dense_initializer_goes_sparse_only_when_asked():
     w = sparse_weight(41, 20, 0.05)  # ~95% zeros
     model = make_model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [("X", TensorProto.FLOAT, [7, 41])],
                        initializers=[numpy_helper.from_array(w, "W")])
+    assert kernels_in(model) == []  # the automatic route is opt-in: dense semantics by default
     check_against_ort(model, {"X": rand((7, 41))})
-    assert kernels_in(model) == ["spmm_t_41x20_n7_float32_int32_int32"]
+    assert kernels_in(model, sparse_threshold=0.9) == ["spmm_t_41x20_n7_float32_int32_int32"]
+    check_against_ort(model, {"X": rand((7, 41))}, sparse_threshold=0.9)
     assert kernels_in(model, sparse_threshold=0.99) == []  # not enough zeros for 99%
     assert kernels_in(model, sparse_threshold=None) == []  # off
-    check_against_ort(model, {"X": rand((7, 41))}, sparse_threshold=None)
+
+
+def test_nan_in_the_input_spreads_as_dense_math_spreads_it_by_default():
+    """A NaN in X meets every column of W: dense math (and onnxruntime) gives NaN in every output of
+    its row. The sparse kernels (asked for with sparse_threshold) multiply only the stored non-zeros:
+    the NaN reaches only the outputs whose column of W holds a non-zero in its row (README)."""
+    w = sparse_weight(41, 20, 0.05)
+    w[3, :] = 0.0
+    w[3, 7] = 0.5     # row 3 of W: one non-zero, in column 7
+    model = make_model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [("X", TensorProto.FLOAT, [2, 41])],
+                       initializers=[numpy_helper.from_array(w, "W")])
+    x = rand((2, 41))
+    x[0, 3] = np.nan
+    if ort is None:
+        pytest.skip("onnxruntime is not installed")
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    assert np.isnan(want[0]).all() and not np.isnan(want[1]).any()
+    dense = compile_model(model)(X=x)
+    np.testing.assert_array_equal(np.isnan(dense), np.isnan(want))
+    np.testing.assert_allclose(dense[1], want[1], **TOL["float32"])
+    sparse = compile_model(model, sparse_threshold=0.9)(X=x)
+    assert np.flatnonzero(np.isnan(sparse[0])).tolist() == [7] and not np.isnan(sparse[1]).any()
 
 
 def test_dense_constant_node_below_the_threshold_stays_dense():

@@ -57,18 +57,23 @@ def sparse_weight(rows, cols, density, seed):
 
 
 def sparse_model():
-    """Y = Gemm(MatMul(X, W1), W2, transB=1): a sparse_initializer W1 (-> spmm_t) and a mostly-zero
-    dense W2 (-> spmm), the batch symbolic (kernels built for any number of columns)."""
+    """Y = Gemm(MatMul(X, W1), W2, transB=1): a sparse_initializer W1 (-> spmm_t) and a Constant with
+    sparse_value W2 (-> spmm), the batch symbolic (kernels built for any number of columns)."""
     w1, w2 = sparse_weight(96, 40, 0.05, 1), sparse_weight(24, 40, 0.08, 2)
-    flat = np.flatnonzero(w1)
-    sp = helper.make_sparse_tensor(numpy_helper.from_array(w1.reshape(-1)[flat], "W1"),
-                                   numpy_helper.from_array(flat.astype(np.int64), "W1_indices"), list(w1.shape))
+
+    def sparse_tensor(w, name):
+        flat = np.flatnonzero(w)
+        return helper.make_sparse_tensor(numpy_helper.from_array(w.reshape(-1)[flat], name),
+                                         numpy_helper.from_array(flat.astype(np.int64), f"{name}_indices"),
+                                         list(w.shape))
+
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W1"], ["H"], name="mm"),
+        [helper.make_node("Constant", [], ["W2"], sparse_value=sparse_tensor(w2, "W2")),
+         helper.make_node("MatMul", ["X", "W1"], ["H"], name="mm"),
          helper.make_node("Gemm", ["H", "W2"], ["Y"], name="gemm", transB=1)], "sparse",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 96])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-        initializer=[numpy_helper.from_array(w2, "W2")], sparse_initializer=[sp])
+        sparse_initializer=[sparse_tensor(w1, "W1")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model, w1, w2

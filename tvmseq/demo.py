@@ -11,6 +11,22 @@ from . import models, reference, targets
 from .build import compile_onnx
 
 
+def _median_ms(run, count: int = 20) -> float:
+    run()      # warm-up (first call allocates)
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def _ort_threads() -> str:
+    import os
+
+    return os.environ.get("OMP_NUM_THREADS") or "default"
+
+
 def run_demo(target=None, seq: int = 50, batch: int = 4, input_size: int = 64, hidden: int = 128) -> float:
     target = targets.resolve(target)
     model, feeds = models.demo_model(seq, batch, input_size, hidden)
@@ -25,6 +41,7 @@ def run_demo(target=None, seq: int = 50, batch: int = 4, input_size: int = 64, h
                                    direction="bidirectional", linear_before_reset=1)
     err = max(np.abs(y - ref_y).max(), np.abs(y_h - ref_y_h).max())
     print(f"max abs error vs tvmseq.reference (float64): {err:.2e}")
+    sess = None
     try:
         import onnxruntime as ort
 
@@ -34,16 +51,17 @@ def run_demo(target=None, seq: int = 50, batch: int = 4, input_size: int = 64, h
     except ImportError:
         print("onnxruntime not installed: skipped that comparison")
     inputs = compiled._bind((), feeds)
-    compiled._vm["main"](*inputs)
-    times = []
-    for _ in range(20):
-        compiled.device.sync()
-        t0 = time.perf_counter()
+
+    def run_tvmseq():
         compiled._vm["main"](*inputs)
         compiled.device.sync()
-        times.append(time.perf_counter() - t0)
-    median_ms = sorted(times)[len(times) // 2] * 1e3
+
+    median_ms = _median_ms(run_tvmseq)
     print(f"time: {median_ms:.3f} ms per run (median of 20, wall clock) = {median_ms * 1e3 / seq:.1f} us per step")
+    if sess is not None and target.kind.name == "llvm":
+        ort_ms = _median_ms(lambda: sess.run(None, feeds))
+        print(f"onnxruntime (CPU, {_ort_threads()} threads): {ort_ms:.3f} ms per run (median of 20, same process); "
+              f"tvmseq / onnxruntime = {median_ms / ort_ms:.2f}x")
     if err > 1e-3:
         raise SystemExit(f"demo FAILED: error {err:.2e} exceeds 1e-3")
     print("demo OK")

@@ -1,3 +1,6 @@
 """tvmseq's ONNX importer: TVM's Relax ONNX frontend plus converters for GRU, RNN, TopK, sparse MatMul."""
 from .importer import CONVERTERS, from_onnx, load_model, register_converter  # noqa: F401
-from . import gru, rnn, sparse, stack, topk  # noqa: F401,E402  (registers converters)
+from . import gru, lstm, rnn, sparse, stack, topk  # noqa: F401,E402  (registers converters)
+from . import conv  # noqa: F401,E402  (Conv: group convolutions routed around TVM's CUDA schedules)
+from . import shape_ops  # noqa: F401,E402  (Pad with computed pads, Squeeze of symbolic axes)
+from . import quantized  # noqa: F401,E402  (int8 dynamic quantization: DynamicQuantizeLSTM, ConvInteger, ...)

@@ -15,6 +15,10 @@ So tvmseq converts on every target (the CPU tests then check the graph the GPU r
   - a grouped Conv into one dense Conv per group (TVM's converter) and a Concat.
 Anything else (dense convs, auto_pad SAME_* on symbolic sizes) goes to TVM's converter unchanged,
 and so does everything when the importer option `stock_conv=True` is given (to show the bug).
+
+tvmseq/schedule_gpu.py (the CUDA build's scheduling step) now also builds TVM's own conversion of these
+convs and computes it right; this conversion stays as a second guard against the bias bug, and gives one
+elementwise kernel a depthwise conv.
 """
 from __future__ import annotations
 

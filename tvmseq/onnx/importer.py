@@ -31,6 +31,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
 from ..errors import TvmseqError, UnsupportedOnnxError
+from . import graph_prep
 
 # op_type -> converter class (an OnnxOpConverter subclass); filled by `register_converter`.
 CONVERTERS: dict[str, type] = {}
@@ -209,21 +210,217 @@ class OnnxOpConverter(_tvm_onnx.OnnxOpConverter):
         return attr["tvm_custom"]["name"]
 
 
-class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
-    """TVM's graph importer with tvmseq's converters taking precedence."""
+# ops whose TVM converters take a relax.ShapeExpr input as it is (the stock importer's list); every other
+# op gets such an input as an int64 tensor
+_SHAPE_COMPATIBLE_OPS = {"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand",
+                         "Concat", "Equal", "Where", "Cast", "CastLike", "Squeeze"}
+_TUPLE_RESULT_OPS = {"Optional", "OptionalGetElement", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
+                     "SequenceInsert", "ConcatFromSequence", "SplitToSequence"}
 
-    def __init__(self, *args, options: dict | None = None, **kwargs):
+
+def one_line(err: BaseException) -> str:
+    """The gist of an exception from TVM or a converter, on one line (no IR, no C++ backtrace)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("Traceback", "File ", "at ", "0:", "1:", "2:", "3:"))]
+    text = lines[0] if lines else type(err).__name__
+    if "Check failed:" in text and " is false: " in text:      # TVM's ICHECK: keep the explanation
+        text = text.split(" is false: ", 1)[1] or text
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _walk_nodes(graph):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from _walk_nodes(sub)
+
+
+def check_onnx_ops(model: onnx.ModelProto) -> None:
+    """Refuse default-domain ops that ONNX does not define (onnxruntime refuses them too), before
+    folding could drop them as dead code."""
+    unknown = sorted({n.op_type for n in _walk_nodes(model.graph)
+                      if n.domain in ("", "ai.onnx") and n.op_type not in CONVERTERS
+                      and not onnx.defs.has(n.op_type)})
+    if unknown:
+        raise TvmseqError(f"the model uses operators that ONNX does not define: {', '.join(unknown)}")
+
+
+class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
+    """TVM's graph importer with tvmseq's converters taking precedence, `If` branches in scopes of
+    their own (or inlined where the condition is a constant), and one UnsupportedOnnxError naming the
+    node for anything a converter cannot take."""
+
+    def __init__(self, *args, options: dict | None = None, value_shapes: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.options = dict(options or {})
+        self.value_shapes = value_shapes or {}     # ONNX shape inference: name -> dims
+        self._size_vars: dict[str, tvm.tirx.Var] = {}
 
     def _check_for_unsupported_ops(self, graph):
         stock = _tvm_onnx._get_convert_map()
-        missing = sorted({n.op_type for n in graph.node
+        missing = sorted({(f"{n.domain}::" if n.domain not in ("", "ai.onnx") else "") + n.op_type
+                          for n in _walk_nodes(graph)
                           if n.op_type not in CONVERTERS and n.op_type not in stock
                           and n.op_type not in ("If", "Constant")})
         if missing:
             raise TvmseqError("the model uses ONNX operators that neither tvmseq nor TVM's Relax "
                               f"frontend supports: {', '.join(missing)}")
+
+    def _parse_graph_input(self, graph):
+        super()._parse_graph_input(graph)
+        for var in self._inputs.values():       # symbolic input dims by name, for If results
+            shape = getattr(var.ty, "shape", None)
+            for dim in (shape.values if isinstance(shape, relax.ShapeExpr) else []):
+                if isinstance(dim, tvm.tirx.Var):
+                    self._size_vars.setdefault(dim.name, dim)
+
+    def _construct_nodes(self, graph):
+        for node in graph.node:
+            self._convert_node(node)
+
+    def _convert_node(self, node):
+        name = node.name or (node.output[0] if node.output else node.op_type)
+        try:
+            if node.op_type == "If":
+                self._convert_if(node, name)
+            else:
+                self._convert_plain(node, name)
+        except TvmseqError:
+            raise
+        except Exception as err:  # noqa: BLE001 - TVM and its converters raise many types
+            raise UnsupportedOnnxError(name, node.op_type, one_line(err)) from err
+
+    def _node_inputs(self, node, op_name: str):
+        inputs = _tvm_onnx.onnx_input()
+        takes_shapes = op_name in _SHAPE_COMPATIBLE_OPS or getattr(CONVERTERS.get(op_name), "takes_shape_expr", False)
+        for i in node.input:
+            value = self._nodes[i] if i else None
+            if value is not None and not takes_shapes and isinstance(value, relax.Expr) \
+                    and isinstance(value.ty, relax.ShapeType):
+                value = self.bb.normalize(relax.op.shape_to_tensor(value))
+            inputs.append(value)
+        return inputs
+
+    def _convert_plain(self, node, name: str):
+        attr = self._parse_attr(node.attribute)
+        inputs = self._node_inputs(node, node.op_type)
+        attr["tvm_custom"] = {"name": node.name, "num_outputs": len(node.output)}
+        op = self._convert_operator(node.op_type, inputs, attr, self.opset)
+        if node.op_type in _TUPLE_RESULT_OPS:
+            results = [op]
+        elif isinstance(op, relax.Tuple):
+            results = list(op.fields)
+        elif isinstance(op.ty, relax.TupleType):
+            results = [self.bb.emit(relax.TupleGetItem(op, i)) for i in range(len(op.ty.fields))]
+        else:
+            results = [op]
+        if len(node.output) > len(results):
+            raise ValueError(f"the converter returned {len(results)} outputs, the node has {len(node.output)}")
+        for out, value in zip(node.output, results):
+            self._nodes[out] = self._with_inferred_shape(out, value)
+
+    # -- If ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _constant_condition(cond):
+        if isinstance(cond, tvm.ir.GenericConst):
+            values = cond.value.numpy().reshape(-1)
+            return bool(values[0]) if values.size == 1 else None
+        if isinstance(cond, tvm.tirx.IntImm):          # a relax.prim_value
+            return bool(cond.value)
+        return None
+
+    def _convert_if(self, node, name: str):
+        attr = self._parse_attr(node.attribute)
+        cond = self._nodes[node.input[0]]
+        known = self._constant_condition(cond)
+        if known is not None:          # decided at import: the taken branch's nodes join the graph
+            results = self._inline_branch(attr["then_branch" if known else "else_branch"])
+        else:
+            cond = self._scalar_condition(cond)
+            hint = "".join(c if c.isalnum() else "_" for c in name)
+            result = self.bb.emit(relax.If(cond, self._branch(attr["then_branch"], f"{hint}_then"),
+                                           self._branch(attr["else_branch"], f"{hint}_else")))
+            results = [result] if len(node.output) == 1 else \
+                [self.bb.emit(relax.TupleGetItem(result, i)) for i in range(len(node.output))]
+        for out, value in zip(node.output, results):
+            self._nodes[out] = self._with_inferred_shape(out, value)
+
+    def _scalar_condition(self, cond):
+        if isinstance(cond, relax.Expr) and isinstance(cond.ty, relax.TensorType) and cond.ty.ndim != 0:
+            cond = self.bb.emit(relax.op.reshape(cond, []))       # ONNX allows a one-element tensor
+        return cond
+
+    def _branch_outputs(self, graph):
+        for init in graph.initializer:
+            self._nodes[init.name] = relax.const(self._parse_array(init))
+        for node in graph.node:
+            self._convert_node(node)
+        outputs = []
+        for out in graph.output:
+            value = self._nodes[out.name]
+            if isinstance(value, relax.Expr) and isinstance(value.ty, (relax.ShapeType, tvm.ir.PrimType)):
+                value = self.bb.emit(relax.op.shape_to_tensor(value) if isinstance(value.ty, relax.ShapeType)
+                                     else relax.op.full((), value, str(value.ty.dtype)))
+            outputs.append(value)
+        return outputs
+
+    def _inline_branch(self, graph):
+        outer = dict(self._nodes)
+        try:
+            return self._branch_outputs(graph)
+        finally:
+            self._nodes = outer
+
+    def _branch(self, graph, hint: str):
+        """A branch as a call of a function of its own, so only the branch taken runs. (Inlined into
+        the If, TVM's static memory planner lets the else branch reuse storage the then branch
+        allocates: a crash when the else branch runs.)"""
+        outer = dict(self._nodes)
+        self.bb._begin_binding_block()
+        try:
+            outputs = self._branch_outputs(graph)
+            body = self.bb.emit(outputs[0] if len(outputs) == 1 else relax.Tuple(outputs))
+        finally:
+            block = self.bb._end_block()
+            self._nodes = outer
+        return self._as_call(relax.SeqExpr([block], body), hint)
+
+    def _as_call(self, seq: relax.SeqExpr, hint: str):
+        params = list(relax.analysis.free_vars(seq))
+        args = list(params)
+        # symbolic sizes the branch uses that its parameters' shapes do not define travel as a shape
+        scratch = relax.Function(params, seq, seq.body.ty, is_pure=False)
+        defined = {v for p in params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
+        sizes = [v for v in relax.analysis.free_symbolic_vars(scratch) if v not in defined]
+        if sizes:
+            params.append(relax.Var("sizes", relax.ShapeType(sizes)))
+            args.append(relax.ShapeExpr(sizes))
+        func = relax.utils.copy_with_new_vars(relax.Function(params, seq, seq.body.ty, is_pure=True))
+        return relax.Call(self.bb.add_func(func, hint), args)
+
+    # -- shapes Relax cannot derive ---------------------------------------------------------------
+    def _size_var(self, dim_name: str | None) -> tvm.tirx.Var:
+        if dim_name is None:
+            return tvm.tirx.Var(f"dim{len(self._size_vars)}", "int64")
+        if dim_name not in self._size_vars:
+            safe = "".join(c if c.isalnum() else "_" for c in dim_name)
+            self._size_vars[dim_name] = tvm.tirx.Var(safe, "int64")
+        return self._size_vars[dim_name]
+
+    def _with_inferred_shape(self, name: str, value):
+        """A tensor whose shape Relax lost (an If whose branches differ, a data-dependent op) gets the
+        rank and dims ONNX shape inference found, checked at run time by a match_cast."""
+        if not isinstance(value, relax.Expr) or not isinstance(value.ty, relax.TensorType) \
+                or isinstance(value.ty.shape, relax.ShapeExpr) or name not in self.value_shapes:
+            return value
+        dims = self.value_shapes[name]
+        if value.ty.ndim not in (-1, len(dims)):
+            return value
+        shape = [tvm.tirx.IntImm("int64", d) if isinstance(d, int) else self._size_var(d) for d in dims]
+        return self.bb.match_cast(value, relax.TensorType(shape, value.ty.dtype))
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
         if op_name not in CONVERTERS:
@@ -235,6 +432,16 @@ class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
         finally:
             _OPTIONS.reset(token)
         return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+
+
+def _close_blocks(bb) -> None:
+    """End the binding block TVM's function scope leaves open when a conversion fails (else TVM warns
+    "BlockBuilder destroyed with remaining blocks" on stderr)."""
+    for _ in range(8):
+        try:
+            bb._end_block()
+        except Exception:  # noqa: BLE001 - no block left
+            return
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -269,8 +476,10 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict=None, target=Non
     `record_kernels=[]` (what `tvmseq build` passes) collects a KernelRequest per kernel instead."""
     from .. import targets
 
+    from .checks import check_options
     from .sparse import preprocess_sparse
 
+    check_options(options)     # a misspelled option is an error, not silently ignored
     artifacts = options.pop("artifacts", _DEFAULT)
     model = load_model(model)
     # sparse_initializer / Constant(sparse_value): TVM's importer reads neither; tvmseq records them as CSR
@@ -280,15 +489,23 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict=None, target=Non
     options["target"] = targets.resolve(target)
     from .stack import fuse_gru_stacks
 
+    check_onnx_ops(model)
+    # shape arithmetic and If on static sizes folded, symbolic dims kept (graph_prep's doc)
+    model = graph_prep.prepare(model, options, shape_dict)
     model = fuse_gru_stacks(model, options)   # GRU -> Squeeze -> GRU chains -> one pipelinable node
     options[ARTIFACTS_OPTION] = resolve_artifacts_root(options["target"], artifacts)
-    importer = TvmseqGraphImporter(shape_dict, dtype_dict if dtype_dict is not None else {}, options=options)
+    importer = TvmseqGraphImporter(shape_dict, dtype_dict if dtype_dict is not None else {}, options=options,
+                                   value_shapes=graph_prep.value_shapes(model))
     try:
-        mod = importer.from_onnx(model.graph, _opset_of(model))
+        with warnings.catch_warnings():      # the frontend warns about every renamed or unknown input
+            warnings.filterwarnings("ignore", message=r"(Renaming name|Input .* has unknown)")
+            mod = importer.from_onnx(model.graph, _opset_of(model))
     except TvmseqError:
+        _close_blocks(importer.bb)
         raise
-    except tvm.error.OpNotImplemented as err:
-        raise TvmseqError(str(err)) from err
+    except Exception as err:  # noqa: BLE001 - graph-level failures (inputs, outputs) from TVM
+        _close_blocks(importer.bb)
+        raise TvmseqError(f"could not import the ONNX graph: {one_line(err)}") from err
     checks = importer.options.get("input_checks")
     if checks:  # value checks on graph inputs, run by tvmseq.runtime before the model
         mod["main"] = mod["main"].with_attr("tvmseq_input_checks", json.dumps(checks))

@@ -8,7 +8,11 @@ Three ways a MatMul/Gemm operand is sparse:
    leaves an empty placeholder in the graph (a dense copy instead, where some other node also reads
    the tensor or the kernels cannot take it: other ranks/dtypes).
 3. a dense constant (initializer or Constant) whose share of zeros is at least
-   options["sparse_threshold"] (default 0.9; None turns this off): detected by the converters.
+   options["sparse_threshold"] (e.g. 0.9): detected by the converters. Opt-in (default None): the
+   kernels multiply only the stored non-zeros, so a NaN or Inf in X that meets an implicit zero of W
+   gives 0 where dense math (and onnxruntime) gives NaN; a model whose weight is dense keeps dense
+   semantics unless the caller asks. Cases 1 and 2 take the kernels always (the model says the
+   weight is sparse), with the same difference: onnxruntime densifies sparse initializers.
 
 The converters (registered for "MatMul" and "Gemm", so they see every such node) emit, for a sparse
 weight W and a dense X:
@@ -37,7 +41,7 @@ from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converte
 
 OPERANDS_OPTION = "sparse_operands"  # node name -> {input index: CSR}
 THRESHOLD_OPTION = "sparse_threshold"
-DEFAULT_THRESHOLD = 0.9
+DEFAULT_THRESHOLD = None   # mostly-zero dense weights stay dense unless sparse_threshold is given (module doc)
 KERNEL_DTYPES = ("float32", "float16")
 _SPARSE_OPS = ("MatMul", "Gemm")  # consumers that read a sparse operand directly (inputs 0 and 1)
 

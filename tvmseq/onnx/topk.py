@@ -6,8 +6,9 @@ axis itself must be static. K:
     hierarchical kernel (LightSeq) when K is small, a full bitonic sort otherwise;
   - anything else (a graph input, a computed tensor): the outputs get a symbolic last dimension
     read from K at run time (`tensor_to_shape`), and the sort kernel fills it; K outside
-    [0, axis size] is refused before the model runs when K is a graph input (tvmseq.runtime's
-    input checks) and by the kernel's own run-time assert otherwise.
+    [0, axis size] is refused (TvmseqError naming the node) before the model runs when K is a graph
+    input (tvmseq.runtime's input checks), and before the kernel runs when K is computed in the graph
+    (`checks.checked_topk_k`).
 Outputs: values (input dtype) and int64 indices, sorted best first (also for sorted=0, which lets
 any order through), equal values by the lower index.
 """
@@ -19,6 +20,7 @@ from tvm.relax.frontend.onnx.onnx_frontend import get_constant
 
 from ..errors import UnsupportedOnnxError
 from ..kernels import topk as topk_kernels
+from .checks import checked_topk_k, emit_shape_values
 from .importer import KernelKey, OnnxOpConverter, add_input_check, emit_kernel, register_converter
 
 _ATTRS = {1: {"k", "axis"}, 10: {"axis"}, 11: {"axis", "largest", "sorted"}}
@@ -115,15 +117,14 @@ def _symbolic_k(bb, k_expr, attr, node: str, n: int):
             raise UnsupportedOnnxError(node, "TopK", f"input 'K' must have shape [1], got {kdims}")
     if str(kty.dtype) not in ("int64", "int32"):
         raise UnsupportedOnnxError(node, "TopK", f"input 'K' must be int64, got {kty.dtype}")
-    if isinstance(k_expr, relax.Var):  # a graph input: the runtime checks its value before running
-        add_input_check(attr, k_expr.name, {"kind": "range", "min": 0, "max": n,
-                                             "what": f"K of TopK node '{node}'"})
     k1 = bb.emit(relax.op.reshape(k_expr, relax.ShapeExpr([1])))
     if str(kty.dtype) != "int64":
         k1 = bb.emit(relax.op.astype(k1, "int64"))
-    k_dim = tirx.Var(f"topk_k_{len(bb.get().functions)}", "int64")
-    bb.match_cast(bb.emit(relax.op.tensor_to_shape(k1)), relax.ShapeType([k_dim]))
-    return k_dim
+    if not isinstance(k_expr, relax.Var):    # computed in the graph: checked in the model, before the kernel
+        return checked_topk_k(bb, attr, k1, n, node)
+    # a graph input: the runtime checks its value before running
+    add_input_check(attr, k_expr.name, {"kind": "range", "min": 0, "max": n, "what": f"K of TopK node '{node}'"})
+    return emit_shape_values(bb, k1, "topk_k")[0]
 
 
 def _restore(bb, values, indices, axis: int, ndim: int):

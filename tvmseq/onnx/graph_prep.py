@@ -1,0 +1,285 @@
+"""Graph preparation before TVM's Relax frontend sees an ONNX model.
+
+Exports carry shape arithmetic (`Shape -> Gather -> Unsqueeze -> Concat -> Reshape/Pad/ConstantOfShape`)
+and `If` nodes whose condition only depends on static sizes. onnxscript's optimizer
+(`onnxscript.optimizer.optimize`) folds what the static dims decide, inlines an `If` whose condition
+folds to a constant and drops dead nodes; it leaves every symbolic dim symbolic (it folds `Shape` only
+where the dims are static), so time and batch stay dynamic. onnx's shape inference (with data
+propagation) then records the rank and dims of every intermediate value, which the importer uses where
+Relax cannot derive a shape by itself (an `If` whose branches produce different shapes).
+
+onnxscript folds `Gather(Shape(x), [k])` only with a 1-D index; PyTorch exports write
+`Gather(Shape(x), k)` with a scalar k, on tensors whose other dims are symbolic. `fold_static_shapes`
+evaluates such shape arithmetic one element at a time (a symbolic dim stays unknown) and replaces every
+value the static dims decide by a constant before the optimizer runs (so `If (Shape(x)[2] == 4)` on a
+static dim 2 folds and its branch is inlined).
+
+Input dims that are unknown (no value, no name) or negative (some exporters write -1) get a name of
+their own, `<input>_dim<axis>`, so each becomes its own symbolic size instead of sharing one unnamed
+variable with every other unknown dim.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+FOLD_OPTION = "fold"     # importer option: False skips the folding (shape arithmetic and the optimizer)
+
+
+def name_unknown_input_dims(graph: onnx.GraphProto) -> None:
+    initializers = {t.name for t in graph.initializer}
+    for value in graph.input:
+        if value.name in initializers or not value.type.tensor_type.HasField("shape"):
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_param") and dim.dim_param:
+                continue
+            if not dim.HasField("dim_value") or dim.dim_value <= 0:
+                dim.Clear()
+                dim.dim_param = f"{value.name}_dim{axis}"
+
+
+def forget_declared_shapes(graph: onnx.GraphProto) -> None:
+    """Drop the shapes an exporter declared for outputs and intermediates: some are wrong (a model that
+    declares its output [1, seqlen] returns [T, 1, C] in onnxruntime), and the optimizer would trust
+    them (it folded that output's Reshape to [1, -1]). Shapes are inferred again afterwards."""
+    del graph.value_info[:]
+    for value in graph.output:
+        value.type.tensor_type.ClearField("shape")
+
+
+def _has_sparse(model: onnx.ModelProto) -> bool:
+    # tvmseq.onnx.sparse keys its operands by node and initializer name; folding would rename them
+    return bool(model.graph.sparse_initializer) or any(
+        a.name == "sparse_value" for n in model.graph.node if n.op_type == "Constant" for a in n.attribute)
+
+
+def fold(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxscript's optimizer (constant folding, If with a constant condition inlined, dead code
+    removed); the model unchanged when the optimizer cannot take it."""
+    try:
+        import onnxscript.optimizer
+    except ImportError:        # a dependency, but importing without it still works on simple graphs
+        warnings.warn("onnxscript is not installed: ONNX graphs are imported without constant folding")
+        return model
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return onnxscript.optimizer.optimize(model)
+    except Exception as err:  # noqa: BLE001 - the optimizer is an optional improvement
+        warnings.warn(f"onnxscript's optimizer could not fold the model ({type(err).__name__}: {err}); "
+                      "importing it unfolded")
+        return model
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - shapes are a hint; the importer works without them
+        return model
+
+
+# shape arithmetic: ops evaluated on partially known int vectors (None = a symbolic dim)
+_ELEMENTWISE = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal, "Less": np.less,
+                "Greater": np.greater, "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
+                "And": np.logical_and, "Or": np.logical_or, "Max": np.maximum, "Min": np.minimum,
+                "Div": lambda a, b: np.trunc(a / b).astype(np.result_type(a, b))
+                if np.issubdtype(np.result_type(a, b), np.integer) else a / b}
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+class _ShapeValues:
+    """Values of the small int tensors of shape arithmetic: `known` (numpy, fully decided) and `partial`
+    (1-D lists of int or None, from `Shape` of a tensor with symbolic dims)."""
+
+    def __init__(self, shapes):
+        self.shapes = shapes
+        self.known: dict[str, np.ndarray] = {}      # small initializers, filled per graph
+        self.partial: dict[str, list] = {}
+
+    def vector(self, name):
+        """The value as a list of int/None and its rank (0 or 1), or (None, None)."""
+        if name in self.known:
+            value = self.known[name]
+            if value.ndim <= 1 and value.dtype.kind in "iub":
+                return [v.item() for v in value.reshape(-1)], value.ndim
+            return None, None
+        if name in self.partial:
+            return self.partial[name]
+        return None, None
+
+    def evaluate(self, node):
+        """The node's single output as a numpy constant when decided; records partial vectors."""
+        op, ins = node.op_type, list(node.input)
+        if op != "Constant" and ins and all(i in self.known for i in ins if i) and node.domain in ("", "ai.onnx") \
+                and not any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
+            # every input a small constant (also from the scope around a branch): onnx's reference
+            # implementation of the op gives the exact ONNX result
+            from onnx.reference import ReferenceEvaluator
+
+            result = ReferenceEvaluator(node).run(None, {i: self.known[i] for i in ins if i})[0]
+            return np.asarray(result) if np.asarray(result).size <= 64 else None
+        if op == "Constant":
+            value = _attr(node, "value")
+            return numpy_helper.to_array(value) if value is not None else None
+        if op == "Shape":
+            dims = self.shapes.get(ins[0])
+            if dims is None:
+                return None
+            dims = dims[_attr(node, "start", 0):_attr(node, "end", len(dims))]
+            return self._vector(node, dims, 1)
+        if op == "Size":
+            dims = self.shapes.get(ins[0])
+            return np.array(int(np.prod(dims)), np.int64) if dims and all(isinstance(d, int) for d in dims) else None
+        if op == "Gather" and _attr(node, "axis", 0) == 0:
+            values, _ = self.vector(ins[0])
+            index = self.known.get(ins[1])
+            if values is None or index is None or index.ndim > 1:
+                return None
+            picked = [values[int(i)] for i in index.reshape(-1)]
+            return self._vector(node, picked, index.ndim)
+        if op == "Reshape" and (ins[1] not in self.known or self.known[ins[1]].size != 1):
+            return None                   # only a reshape to 1-D keeps a vector a vector
+        if op in ("Unsqueeze", "Squeeze", "Identity", "Cast", "Reshape"):
+            values, rank = self.vector(ins[0])
+            if values is None or (op == "Cast" and _attr(node, "to") not in (onnx.TensorProto.INT64,
+                                                                             onnx.TensorProto.INT32)):
+                return None
+            out_rank = 1 if op == "Unsqueeze" else 0 if op == "Squeeze" and len(values) == 1 else rank
+            return self._vector(node, values, out_rank)
+        if op == "Concat":
+            parts = [self.vector(i)[0] for i in ins]
+            if any(p is None for p in parts):
+                return None
+            return self._vector(node, [v for p in parts for v in p], 1)
+        if op == "Slice":
+            values, _ = self.vector(ins[0])
+            bounds = [self.known.get(i) if i else None for i in ins[1:]] + [None] * (5 - len(ins))
+            if values is None or bounds[0] is None or bounds[1] is None:
+                return None
+            step = int(bounds[3][0]) if bounds[3] is not None else 1
+            return self._vector(node, values[slice(int(bounds[0][0]), int(max(min(bounds[1][0], 2**62), -2**62)),
+                                                   step)], 1)
+        if op in _ELEMENTWISE or op == "Not":
+            args = [self.known.get(i) for i in ins]
+            if any(a is None for a in args):
+                return None
+            return np.asarray(np.logical_not(args[0]) if op == "Not" else _ELEMENTWISE[op](*args))
+        return None
+
+    def _vector(self, node, values, rank):
+        if all(isinstance(v, (int, bool)) for v in values):
+            return np.array(values if rank else values[0], dtype=np.int64)
+        self.partial[node.output[0]] = (values, rank)
+        return None
+
+
+def fold_static_shapes(model: onnx.ModelProto) -> bool:
+    """Replace every node (in the graph and its If branches) whose output the static dims decide by a
+    Constant; True if any."""
+    shapes = value_shapes(model)
+    for value in model.graph.input:
+        dims = _dims_of(value)
+        if dims is not None:
+            shapes[value.name] = dims
+    return _fold_graph(model.graph, _ShapeValues(shapes))
+
+
+def _fold_graph(graph: onnx.GraphProto, values: _ShapeValues) -> bool:
+    changed = False
+    for init in graph.initializer:
+        if int(np.prod(init.dims)) <= 64:
+            values.known.setdefault(init.name, numpy_helper.to_array(init))
+    for index, node in enumerate(graph.node):
+        for attr in node.attribute:       # branches see the values of the scope around them
+            if attr.type == onnx.AttributeProto.GRAPH:
+                changed |= _fold_graph(attr.g, values)
+        if len(node.output) != 1 or node.op_type == "Constant":
+            if node.op_type == "Constant":
+                value = values.evaluate(node)
+                if value is not None and value.size <= 64:
+                    values.known[node.output[0]] = value
+            continue
+        try:
+            value = values.evaluate(node)
+        except Exception:  # noqa: BLE001 - an op it cannot evaluate stays in the graph
+            value = None
+        if value is None:
+            continue
+        values.known[node.output[0]] = value
+        graph.node[index].CopyFrom(onnx.helper.make_node(
+            "Constant", [], [node.output[0]], name=node.name, value=numpy_helper.from_array(value)))
+        changed = True
+    return changed
+
+
+def pin_input_dims(graph: onnx.GraphProto, shape_dict: dict | None) -> None:
+    """The static sizes a caller gives (`--shape`) written into the graph inputs, so shape inference and
+    folding see them as the importer will."""
+    for value in graph.input:
+        dims = (shape_dict or {}).get(value.name)
+        if dims is None or not value.type.tensor_type.HasField("shape") \
+                or len(dims) != len(value.type.tensor_type.shape.dim):
+            continue
+        for dim, size in zip(value.type.tensor_type.shape.dim, dims):
+            if isinstance(size, (int, np.integer)) and size > 0:
+                dim.Clear()
+                dim.dim_value = int(size)
+
+
+def prepare(model: onnx.ModelProto, options: dict | None = None, shape_dict: dict | None = None) -> onnx.ModelProto:
+    """A prepared copy of `model` (the caller's is left as it is)."""
+    options = options or {}
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(model)
+    pin_input_dims(prepared.graph, shape_dict)
+    name_unknown_input_dims(prepared.graph)
+    forget_declared_shapes(prepared.graph)
+    if not options.get(FOLD_OPTION, True) or _has_sparse(prepared):
+        return infer_shapes(prepared)
+    for _ in range(2):       # a folded If can expose more shape arithmetic: a second round takes it
+        prepared = infer_shapes(prepared)
+        static = fold_static_shapes(prepared)
+        prepared = fold(prepared)
+        if not static:
+            break
+    return infer_shapes(prepared)
+
+
+def _dims_of(value):
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
+            for d in tensor.shape.dim]
+
+
+def value_shapes(model: onnx.ModelProto) -> dict[str, list]:
+    """Name -> dims (int, symbolic name, or None when unknown) of every value with a known rank,
+    in the graph and its subgraphs."""
+    shapes: dict[str, list] = {}
+
+    def walk(graph):
+        for value in list(graph.value_info) + list(graph.output):
+            dims = _dims_of(value)
+            if dims is not None:
+                shapes.setdefault(value.name, dims)
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+                for sub in attr.graphs:
+                    walk(sub)
+
+    walk(model.graph)
+    return shapes
+
