@@ -23,8 +23,8 @@ def test_compile_run_round_trip(tmp_path, capsys):
     w = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     want_y, want_h = reference.gru(feeds["X"], w["W"], w["R"], w["B"], None, feeds["initial_h"],
                                    direction="bidirectional")
-    np.testing.assert_allclose(np.load(tmp_path / "out" / "output_0.npy"), want_y, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(np.load(tmp_path / "out" / "output_1.npy"), want_h, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "Y.npy"), want_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "Y_h.npy"), want_h, rtol=1e-4, atol=1e-5)
     # the loader from Python too
     import tvmseq
 

@@ -21,11 +21,28 @@ def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, **options
     return _compile(model, target=target, shape_dict=shape_dict, dtype_dict=dtype_dict, **options)
 
 
-def load(path, device=None):
-    """Load a model `.so` exported by `tvmseq compile` (no compiler needed)."""
+def load(path, device=None, weights=None):
+    """Load a model `.so` exported by `tvmseq compile` (no compiler needed; its size and sha256 are
+    checked against its `.so.json` first). `weights`: for a model compiled with weights="inputs"."""
     from .runtime import load_model
 
-    return load_model(path, device=device)
+    return load_model(path, device=device, weights=weights)
+
+
+_SUBMODULES = ("reference", "sparse", "artifacts", "build", "runtime", "targets", "beam", "models")
+
+
+def __getattr__(name):
+    # tvmseq.Stream without importing TVM's runtime at `import tvmseq`
+    if name == "Stream":
+        from .stream import Stream
+
+        return Stream
+    if name in _SUBMODULES:   # tvmseq.reference.gru(...) etc. after a plain `import tvmseq`, imported on first use
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'tvmseq' has no attribute {name!r}")
 
 
 def beam_search_step(logits, beam_scores, beam, k=None, target=None):

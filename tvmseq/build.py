@@ -1,60 +1,276 @@
-"""Compile: Relax IRModule (from the importer) -> executable for cuda or llvm; export to one .so."""
+"""Compile: Relax IRModule (from the importer) -> executable for cuda or llvm; export to one .so.
+
+`compile_onnx` options of the whole model (the importer's options pass through):
+- `cuda_graph=True` (CUDA targets): TVM's Relax CUDA-graph rewrite (`relax.backend.use_cuda_graph`) with
+  every parameter treated as fixed (`num_input` 0), so the captured region reaches from the inputs to the
+  last kernel before the outputs; `tvmseq.runtime.Model` copies the inputs into per-shape device buffers
+  and the VM captures the model once per input shape and replays it. Symbolic dims given an upper bound
+  in `cuda_graph_bounds` ({"seq": 1000}) are planned at that size so their buffers are static too (a dim
+  without one leaves the kernels that touch its tensors outside the graph).
+- `expose_state=True`: every GRU/RNN/LSTM state becomes a graph input/output (`tvmseq.onnx.expose_state`),
+  for `tvmseq.Stream`.
+- `weights="inputs"`: float initializers of `weights_min_elements` (1024) elements or more become parameters of
+  `main` instead of constants in the executable, so the exported `.so` stays small (benchmarks ship
+  models to the GPU machine this way); `Model.set_weights` uploads them once.
+"""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import tvm
 from tvm import relax
 
 from . import targets
 from .errors import TvmseqError
 
+WEIGHTS_MODES = ("embedded", "inputs")
+WEIGHT_MIN_ELEMENTS = 1024
+_FLOAT_TYPES = (1, 10, 11, 16)    # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
-def build_relax(mod: tvm.IRModule, target) -> tvm.runtime.Executable:
+
+def build_relax(mod: tvm.IRModule, target, cuda_graph: bool = False, cuda_graph_bounds: dict | None = None,
+                tuned=None) -> tvm.runtime.Executable:
     """TVM's default Relax pipeline for the target (dlight schedules every stock op on CUDA; tvmseq's
-    kernels are marked scheduled and left as they are)."""
+    kernels are marked scheduled and left as they are); with `cuda_graph`, TVM's CUDA-graph rewrite
+    (module doc). llvm: tvmseq.schedule_cpu's rules schedule the stock ops; `tuned`: a MetaSchedule database
+    directory (`tvmseq tune`) applied first (tvmseq.tune.model)."""
     target = targets.resolve(target)
-    with target:
-        return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    config = {}
+    if cuda_graph:
+        if not targets.is_gpu(target):
+            raise TvmseqError(f"cuda_graph=True needs a CUDA target, got {target.kind.name}")
+        mod = with_cuda_graph_attrs(mod, cuda_graph_bounds)
+        config["relax.backend.use_cuda_graph"] = True
+    from .tune.model import relax_pipeline  # schedule_gpu's pipeline on GPUs; CPU rules on llvm; the database
+
+    with target, tvm.transform.PassContext(opt_level=3, config=config):
+        return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, tuned))
 
 
-def signature_of(mod: tvm.IRModule) -> dict:
-    """Names, shapes (symbolic dims as strings) and dtypes of main's parameters and outputs."""
+def _dim_name(dim) -> str:
+    # a symbolic dim's own name: printing renames a var called "T" to "T_1" (T is the TIR script prefix)
+    return dim.name if isinstance(dim, tvm.tirx.Var) else str(dim)
+
+
+def symbolic_dims(mod: tvm.IRModule) -> list[str]:
+    """Names of the symbolic dims of main's parameters."""
+    names = []
+    for p in mod["main"].params:
+        shape = getattr(p.ty, "shape", None)
+        for d in (shape.values if shape is not None else []):
+            if not isinstance(d, tvm.tirx.IntImm) and _dim_name(d) not in names:
+                names.append(_dim_name(d))
+    return names
+
+
+def with_cuda_graph_attrs(mod: tvm.IRModule, bounds: dict | None) -> tvm.IRModule:
+    """main marked for whole-model capture: no parameter is a per-call input to the rewrite (the runtime
+    keeps each input's address fixed per shape), and the given dims planned at their upper bound."""
+    bounds = dict(bounds or {})
+    dims = symbolic_dims(mod)
+    unknown = sorted(set(bounds) - set(dims))
+    if unknown:
+        raise TvmseqError(f"cuda_graph_bounds names {', '.join(unknown)}, which are not symbolic dims of the "
+                          f"model's inputs ({', '.join(dims) or 'none'})")
+    for name, value in bounds.items():
+        if not isinstance(value, int) or value < 1:
+            raise TvmseqError(f"cuda_graph_bounds[{name!r}] = {value!r}: must be a positive int")
+    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)      # the caller's module stays as it is
+    main = _copy_outputs(mod["main"]).with_attr("num_input", 0)
+    if bounds:
+        main = main.with_attr("tir_var_upper_bound", {k: int(v) for k, v in bounds.items()})
+    mod["main"] = main
+    return mod
+
+
+def _copy_outputs(main: relax.Function) -> relax.Function:
+    """main returning a copy of each output tensor. TVM's rewrite leaves out of the graph every kernel
+    that writes a returned tensor (its storage is allocated per call); with a copy at the end only the
+    copies run outside it, and the kernels before them (a recurrence that writes Y_h) are captured."""
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(main.params), attrs=dict(main.attrs) if main.attrs else None, pure=main.is_pure):
+        for block in main.body.blocks:
+            if isinstance(block, relax.DataflowBlock):
+                with bb.dataflow():
+                    for binding in block.bindings:
+                        bb.emit_normalized(binding)
+            else:
+                for binding in block.bindings:
+                    bb.emit_normalized(binding)
+
+        def copy(expr):
+            ty = expr.ty
+            if isinstance(ty, relax.TupleType):
+                return relax.Tuple([copy(bb.emit(relax.TupleGetItem(expr, i))) for i in range(len(ty.fields))])
+            if isinstance(ty, relax.TensorType):
+                return bb.emit(relax.op.astype(expr, ty.dtype))   # outside the dataflow block: not fused away
+            return expr
+
+        bb.emit_func_output(copy(main.body.body))
+    return bb.get()["main"]
+
+
+def _describe(ty):
+    if isinstance(ty, relax.TupleType):
+        return [_describe(f) for f in ty.fields]
+    shape = None if ty.shape is None else [int(d) if isinstance(d, tvm.tirx.IntImm) else _dim_name(d)
+                                              for d in ty.shape.values]
+    return {"shape": shape, "dtype": str(ty.dtype)}
+
+
+def signature_of(mod: tvm.IRModule, onnx_model=None, weight_names=(), state_pairs=(), original_names=None) -> dict:
+    """Names, shapes (symbolic dims as strings) and dtypes of main's parameters and outputs. With the
+    ONNX model: each parameter's ONNX input name (TVM's importer renames names that are not identifiers,
+    e.g. "31" -> "input_31", and "a.b" -> "a_b"), which are weights, the graph's output names, and the
+    recurrent state pairs (input -> output) for streaming."""
     main = mod["main"]
-
-    def describe(ty):
-        if isinstance(ty, relax.TupleType):
-            return [describe(f) for f in ty.fields]
-        shape = None if ty.shape is None else [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d)
-                                                  for d in ty.shape.values]
-        return {"shape": shape, "dtype": str(ty.dtype)}
-
     checks = json.loads(str(main.attrs["tvmseq_input_checks"])) if main.attrs and \
         "tvmseq_input_checks" in main.attrs else {}
-    return {"inputs": [{"name": p.name, **describe(p.ty), "checks": checks.get(p.name, [])}
-                       for p in main.params],
-            "outputs": describe(main.ret_ty)}
+    inputs = [{"name": p.name, **_describe(p.ty), "checks": checks.get(p.name, [])} for p in main.params]
+    sig = {"inputs": inputs, "outputs": _describe(main.ret_ty)}
+    if onnx_model is not None:
+        graph = onnx_model.graph
+        inits = {t.name for t in graph.initializer}
+        original_names = original_names or {}
+        onnx_inputs = [original_names.get(i.name, i.name) for i in graph.input if i.name not in inits]
+        if len(onnx_inputs) == len(inputs):
+            weights = set(weight_names)
+            for spec, onnx_name in zip(inputs, onnx_inputs):
+                spec["onnx_name"] = onnx_name
+                if onnx_name in weights:
+                    spec["weight"] = True
+        sig["output_names"] = [o.name for o in graph.output]
+        if state_pairs:
+            sig["state"] = [{"node": p.node, "input": p.input, "output": p.output} for p in state_pairs]
+    return sig
 
 
-def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, **options):
-    """ONNX model -> `tvmseq.runtime.Model` ready to run on the target's device."""
+def lift_weights(model, min_elements: int = WEIGHT_MIN_ELEMENTS):
+    """(copy of the ONNX model with its large float initializers turned into graph inputs, {name: array})."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    kept, values = [], {}
+    for init in graph.initializer:
+        size = int(np.prod(init.dims)) if init.dims else 1
+        if init.data_type in _FLOAT_TYPES and size >= min_elements:
+            values[init.name] = numpy_helper.to_array(init)
+        else:
+            kept.append(init)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    for inp in [i for i in graph.input if i.name in values]:
+        graph.input.remove(inp)          # old exporters list initializers as inputs too
+    for name, arr in values.items():
+        graph.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype),
+                                                         list(arr.shape)))
+    return model, values
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def safe_input_names(model):
+    """(copy of the ONNX model whose graph inputs all have names that stay C identifiers through TVM's
+    importer, {new name: original name}). TVM only turns '.' into '_' and prefixes a leading digit, so an
+    input named like torch's '/layer/GRU.initial_h' or 'onnx::GRU_202' reaches the generated CUDA source as
+    a parameter name that does not compile."""
+    import onnx
+
+    renames = {}
+    taken = {v.name for v in model.graph.input} | {t.name for t in model.graph.initializer} | \
+        {o for n in model.graph.node for o in n.output}
+    for inp in model.graph.input:
+        if _IDENTIFIER.fullmatch(inp.name.replace(".", "_")):
+            continue
+        base = "input_" + re.sub(r"[^A-Za-z0-9_]", "_", inp.name).strip("_")
+        new, k = base, 1
+        while new in taken:
+            new, k = f"{base}_{k}", k + 1
+        taken.add(new)
+        renames[inp.name] = new
+    if not renames:
+        return model, {}
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+
+    def rename(graph):
+        for value in list(graph.input) + list(graph.output):
+            if value.name in renames:
+                value.name = renames[value.name]
+        for init in graph.initializer:
+            if init.name in renames:
+                init.name = renames[init.name]
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                if name in renames:
+                    node.input[i] = renames[name]
+            for attr in node.attribute:          # If/Loop bodies read outer names
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    rename(sub)
+
+    rename(model.graph)
+    return model, {new: old for old, new in renames.items()}
+
+
+def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, *, cuda_graph: bool = False,
+                 cuda_graph_bounds: dict | None = None, expose_state: bool = False, weights: str = "embedded",
+                 weights_min_elements: int = WEIGHT_MIN_ELEMENTS, max_graph_shapes: int = 8, tuned=None, **options):
+    """ONNX model -> `tvmseq.runtime.Model` ready to run on the target's device (module doc for the options)."""
     from .onnx import from_onnx
+    from .onnx.expose_state import existing_state_pairs
+    from .onnx.expose_state import expose_state as _expose
+    from .onnx.importer import load_model
     from .runtime import Model
 
+    if weights not in WEIGHTS_MODES:
+        raise TvmseqError(f"weights={weights!r}: must be one of {WEIGHTS_MODES}")
     target = targets.resolve(target)
-    mod = from_onnx(model, shape_dict, dtype_dict, target=target, **options)
-    return Model(build_relax(mod, target), target, signature_of(mod))
+    proto = load_model(model)
+    if expose_state:
+        proto, pairs = _expose(proto)
+    else:
+        pairs = existing_state_pairs(proto)
+    weight_values = {}
+    if weights == "inputs":
+        from .onnx.stack import fuse_gru_stacks
+
+        # stacks are found through their initializers: fuse first, then lift the weights
+        proto = fuse_gru_stacks(proto, {**options, "target": target})
+        proto, weight_values = lift_weights(proto, weights_min_elements)
+    proto, original_names = safe_input_names(proto)
+    if shape_dict or isinstance(dtype_dict, dict):
+        renamed = {v: k for k, v in original_names.items()}
+        shape_dict = {renamed.get(k, k): v for k, v in (shape_dict or {}).items()} or shape_dict
+        if isinstance(dtype_dict, dict):
+            dtype_dict = {renamed.get(k, k): v for k, v in dtype_dict.items()}
+    mod = from_onnx(proto, shape_dict, dtype_dict, target=target, **options)
+    signature = signature_of(mod, proto, weight_values, pairs, original_names)
+    if cuda_graph:
+        signature["cuda_graph"] = {"bounds": dict(cuda_graph_bounds or {})}
+    executable = build_relax(mod, target, cuda_graph, cuda_graph_bounds, tuned=tuned)
+    return Model(executable, target, signature, weights=weight_values or None, max_graph_shapes=max_graph_shapes)
 
 
 def export(model, path) -> Path:
-    """Write the compiled model to `path` (.so) and its signature beside it (`path`.json)."""
+    """Write the compiled model to `path` (.so) and its signature beside it (`path`.json), with the .so's
+    size and sha256 (checked before it is loaded: a damaged library can crash the loading process)."""
+    from .runtime import file_digest
+
     path = Path(path)
     if path.suffix != ".so":
         raise TvmseqError(f"output file must end in .so, got {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model.executable.export_library(str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        model.executable.export_library(str(path))
+    except OSError as err:
+        raise TvmseqError(f"cannot write {path}: {err.strerror or err}") from None
+    size, sha = file_digest(path)
     meta = {"target": str(model.target.kind.name), "target_json": str(model.target),
-            "tvm": tvm.__version__, "signature": model.signature}
+            "tvm": tvm.__version__, "size": size, "sha256": sha, "signature": model.signature}
     Path(str(path) + ".json").write_text(json.dumps(meta, indent=1))
     return path

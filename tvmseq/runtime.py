@@ -15,13 +15,19 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm.runtime.vm import VirtualMachine
 
 from .errors import TvmseqError
+
+# run-time checks compiled into models (tvmseq.onnx.checks) raise errors of this kind: the VM raises them
+# as TvmseqError (one line, naming the ONNX node)
+tvm_ffi.error.register_error("TvmseqError", TvmseqError)
 
 
 def _device(target_kind: str, device=None):
@@ -121,21 +127,52 @@ def resolve_artifacts(executable, recorded: list[dict] | None = None) -> list[di
     return out
 
 
-class Model:
-    """A compiled model: `model(x, ...)` or `model(X=x, ...)` -> numpy array or tuple of arrays."""
+OUTPUT_KINDS = ("numpy", "device")
+_ALIGNMENT = 64          # TVM's compiled code assumes 64-byte aligned, compact inputs
+_KDL_CPU = 1
 
-    def __init__(self, executable, target, signature: dict, device=None):
+
+class Model:
+    """A compiled model: `model(x, ...)`, `model(X=x, ...)` or `model({"X": x, ...})` -> numpy array or tuple.
+
+    Inputs are fed by their ONNX names (also names that are not identifiers, e.g. "31") or by the Relax
+    parameter names TVM's importer gave them; numpy arrays, Python scalars (rank-0 inputs) and DLPack tensors
+    (torch, CuPy, JAX, TVM) are accepted. A DLPack tensor on the model's device is used in place when it is
+    64-byte aligned and compact, else copied once into an aligned buffer. `output="device"` returns TVM
+    tensors on the model's device (DLPack-capable: `torch.from_dlpack(y)`), `output="numpy"` (default)
+    host arrays; `output_names` gives the ONNX names of the outputs, `named(outputs)` a dict by name.
+
+    Weights kept out of the executable (`compile_onnx(..., weights="inputs")`) are uploaded once
+    (`set_weights`) and passed to every call. A model built with `cuda_graph=True` copies each input into
+    a device buffer kept per input shape (the captured graph reads fixed addresses) and TVM's VM captures
+    the model once per shape and replays it; `max_graph_shapes` shapes are kept, then the captures are
+    dropped and start anew. In that mode device outputs are valid until the next call."""
+
+    def __init__(self, executable, target, signature: dict, device=None, weights=None, max_graph_shapes: int = 8):
         self.executable = executable
         self.target = target
         self.signature = signature
         self.target_kind = target if isinstance(target, str) else target.kind.name
         self.device = _device(self.target_kind, device)
         self._vm_instance = None
+        self.max_graph_shapes = max_graph_shapes
+        self._staging: list[dict] = []
+        specs = signature["inputs"]
+        self._feed_specs = [s for s in specs if not s.get("weight")]
+        self._weight_specs = [s for s in specs if s.get("weight")]
+        self._weights: list | None = None        # on the device, uploaded once
+        self._weight_values: list | None = None  # as given
+        self._by_name = {}
+        for spec in self._feed_specs:
+            self._by_name[spec["name"]] = spec
+            self._by_name.setdefault(spec.get("onnx_name", spec["name"]), spec)
         called = artifacts_called(executable)
         if called and "artifacts" not in signature:
             # prebuilt kernels registered by the importer in this process: recorded so that `export`
             # writes where they live into the model's .so.json
             signature["artifacts"] = [dict(_REGISTERED[n]) for n in called if n in _REGISTERED]
+        if weights is not None:
+            self.set_weights(weights)
 
     @property
     def _vm(self) -> VirtualMachine:
@@ -153,81 +190,284 @@ class Model:
         return self._vm_instance
 
     @property
-    def input_names(self) -> list[str]:
-        return [i["name"] for i in self.signature["inputs"]]
+    def cuda_graph(self) -> bool:
+        return bool(self.signature.get("cuda_graph"))
 
+    @property
+    def input_names(self) -> list[str]:
+        """The inputs a caller feeds (ONNX names where known), in positional order."""
+        return [s.get("onnx_name", s["name"]) for s in self._feed_specs]
+
+    @property
+    def output_names(self) -> list[str]:
+        names = self.signature.get("output_names")
+        if names:
+            return list(names)
+        outs = self.signature.get("outputs")
+        count = len(outs) if isinstance(outs, list) else 1
+        return [f"output_{i}" for i in range(count)]
+
+    @property
+    def weight_names(self) -> list[str]:
+        return [s.get("onnx_name", s["name"]) for s in self._weight_specs]
+
+    # ---- weights --------------------------------------------------------------------------------
+    def set_weights(self, weights) -> None:
+        """Upload the weights kept out of the executable (a dict by ONNX initializer name, or a path
+        to an .npz of them) once; every later call passes these device tensors."""
+        if isinstance(weights, (str, Path)):
+            with np.load(weights) as data:
+                weights = {k: data[k] for k in data.files}
+        missing = [n for n in self.weight_names if n not in weights]
+        if missing:
+            raise TvmseqError(f"weights missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        values = [weights[spec.get("onnx_name", spec["name"])] for spec in self._weight_specs]
+        for spec, value in zip(self._weight_specs, values):   # checked now, uploaded on the first run
+            host, tensor = _as_host_or_tensor(value, spec, spec.get("onnx_name", spec["name"]))
+            data = host if host is not None else tensor
+            _check_shape_dtype(spec.get("onnx_name", spec["name"]), spec, tuple(data.shape), str(data.dtype), {})
+        self._weight_values, self._weights = values, None
+        self._reset_graphs()   # captured graphs read the old weights' addresses
+
+    def _device_weights(self) -> list:
+        if self._weights is None and self._weight_values is not None:
+            self._weights = [self._prepare(spec, value, {}) for spec, value in
+                             zip(self._weight_specs, self._weight_values)]
+        return self._weights or []
+
+    # ---- binding and checking inputs ------------------------------------------------------------
     def _bind(self, args, kwargs) -> list:
-        specs = self.signature["inputs"]
+        if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
+            args, kwargs = (), dict(args[0])
+        specs = self._feed_specs
         if len(args) > len(specs):
             raise TvmseqError(f"the model takes {len(specs)} inputs ({', '.join(self.input_names)}), "
                               f"got {len(args)}")
-        values = dict(zip(self.input_names, args))
+        values = {spec["name"]: val for spec, val in zip(specs, args)}
         for name, val in kwargs.items():
-            if name not in self.input_names:
+            spec = self._by_name.get(name)
+            if spec is None:
                 raise TvmseqError(f"the model has no input named {name!r}; its inputs: "
                                   f"{', '.join(self.input_names)}")
-            if name in values:
+            if spec["name"] in values:
                 raise TvmseqError(f"input {name!r} given twice")
-            values[name] = val
-        missing = [n for n in self.input_names if n not in values]
+            values[spec["name"]] = val
+        missing = [s.get("onnx_name", s["name"]) for s in specs if s["name"] not in values]
         if missing:
             raise TvmseqError(f"missing model input(s): {', '.join(missing)}")
         symbols: dict[str, int] = {}
-        return [self._check(spec, values[spec["name"]], symbols) for spec in specs]
+        tensors = [self._prepare(spec, values[spec["name"]], symbols) for spec in specs]
+        self._check_bounds(symbols)
+        return tensors
 
-    def _check(self, spec, value, symbols):
-        name, want_dtype, want_shape = spec["name"], spec["dtype"], spec["shape"]
-        if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-            tensor = tvm.runtime.from_dlpack(value)
-            shape, dtype = tuple(tensor.shape), str(tensor.dtype)
-        else:
-            arr = np.asarray(value)
-            shape, dtype, tensor = arr.shape, str(arr.dtype), arr
-        if dtype != want_dtype:
-            raise TvmseqError(f"input {name!r} has dtype {dtype}, the model expects {want_dtype}")
-        if want_shape is not None:
-            if len(shape) != len(want_shape):
-                raise TvmseqError(f"input {name!r} has shape {list(shape)} (rank {len(shape)}), the model "
-                                  f"expects rank {len(want_shape)}: {want_shape}")
-            for axis, (got, want) in enumerate(zip(shape, want_shape)):
-                if isinstance(want, int) and got != want:
-                    raise TvmseqError(f"input {name!r} has shape {list(shape)}, the model expects {want_shape}"
-                                      f" (axis {axis} must be {want})")
-                if isinstance(want, str):
-                    if symbols.setdefault(want, got) != got:
-                        raise TvmseqError(f"input {name!r} axis {axis} is {got} but dimension {want!r} is "
-                                          f"{symbols[want]} in another input")
+    def _check_bounds(self, symbols: dict) -> None:
+        bounds = (self.signature.get("cuda_graph") or {}).get("bounds") or {}
+        for dim, bound in bounds.items():
+            if dim in symbols and symbols[dim] > bound:
+                raise TvmseqError(f"dimension {dim!r} is {symbols[dim]}, above {bound}, the largest this "
+                                  "CUDA-graph model was compiled for (cuda_graph_bounds)")
+
+    def _prepare(self, spec, value, symbols):
+        """Check one input against its spec and return it as a tensor on the model's device (or a
+        host array the caller uploads)."""
+        name = spec.get("onnx_name", spec["name"])
+        host, tensor = _as_host_or_tensor(value, spec, name)
+        data = host if host is not None else tensor
+        shape, dtype = tuple(data.shape), str(data.dtype)
+        _check_shape_dtype(name, spec, shape, dtype, symbols)
+        if host is not None:
+            for check in spec.get("checks", []):
+                _run_check(check, name, host, symbols)
+            return tvm.runtime.tensor(_compact(host), self.device)
+        tensor = self._on_device(tensor, value, name)
         for check in spec.get("checks", []):
             _run_check(check, name, tensor, symbols)
-        if isinstance(tensor, np.ndarray):
-            return tvm.runtime.tensor(np.ascontiguousarray(tensor), self.device)
         return tensor
 
+    def _on_device(self, tensor, original, name):
+        """`tensor` (a zero-copy view of a DLPack input) as a compact, aligned tensor on the model's
+        device: itself when it already is one, else one copy."""
+        if not tensor.is_contiguous():
+            tensor = _contiguous_copy(tensor, original, name)
+        same_device = (tensor.device.dlpack_device_type(), tensor.device.index) == \
+            (self.device.dlpack_device_type(), self.device.index)
+        if same_device and tensor.data_ptr() % _ALIGNMENT == 0:
+            return tensor
+        out = tvm.runtime.empty(tuple(tensor.shape), str(tensor.dtype), self.device)
+        tensor.copyto(out)
+        return out
+
+    # ---- running --------------------------------------------------------------------------------
+    def _reset_graphs(self) -> None:
+        if self.cuda_graph:
+            self._vm_instance = None     # a new VM starts with no captured graphs
+            self._staging = []
+
+    def _stage(self, tensors: list) -> list:
+        """Copy each input into its device buffer for this shape (CUDA-graph mode: the captured graph
+        reads fixed addresses; a graph captured for a shape reads that shape's buffers)."""
+        if len(self._staging) != len(tensors):
+            self._staging = [{} for _ in tensors]
+        keys = [(tuple(t.shape), str(t.dtype)) for t in tensors]
+        if any(k not in slots for k, slots in zip(keys, self._staging)) and \
+                max(len(slots) for slots in self._staging) >= self.max_graph_shapes:
+            self._reset_graphs()
+            self._staging = [{} for _ in tensors]
+        staged = []
+        for tensor, key, slots in zip(tensors, keys, self._staging):
+            if key not in slots:
+                slots[key] = tvm.runtime.empty(key[0], key[1], self.device)
+            tensor.copyto(slots[key])
+            staged.append(slots[key])
+        return staged
+
     def run(self, *args, **kwargs):
-        """Run and return TVM tensors (DLPack-capable, on the model's device)."""
-        out = self._vm["main"](*self._bind(args, kwargs))
+        """Run and return TVM tensors (DLPack-capable, on the model's device): one, or a tuple."""
+        tensors = self._bind(args, kwargs)
+        if self._weight_specs and self._weight_values is None:
+            raise TvmseqError("this model keeps its weights out of the executable: call set_weights(...) "
+                              "(or tvmseq.load(path, weights=...)) first")
+        vm = self._vm
+        if self.cuda_graph:
+            tensors = self._stage(tensors)
+        out = vm["main"](*tensors, *self._device_weights())
         return out if isinstance(out, tvm.runtime.Tensor) else tuple(out)
 
     def __call__(self, *args, **kwargs):
+        output = "numpy"
+        if "output" in kwargs and "output" not in self._by_name:
+            output = kwargs.pop("output")
+        if output not in OUTPUT_KINDS:
+            raise TvmseqError(f"output={output!r}: must be one of {OUTPUT_KINDS}")
         out = self.run(*args, **kwargs)
+        if output == "device":
+            return out
         if isinstance(out, tuple):
-            return tuple(o.numpy() for o in out)
-        return out.numpy()
+            return tuple(_to_numpy(o) for o in out)
+        return _to_numpy(out)
+
+    def named(self, outputs) -> dict:
+        """{ONNX output name: output} for what `model(...)` or `run(...)` returned."""
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        names = self.output_names
+        if len(names) != len(outputs):
+            names = [f"output_{i}" for i in range(len(outputs))]
+        return dict(zip(names, outputs))
+
+    def stream(self, **kwargs):
+        """A `tvmseq.Stream` over this model (state kept on the device between calls)."""
+        from .stream import Stream
+
+        return Stream(self, **kwargs)
+
+
+def _to_numpy(out):
+    return out.numpy() if isinstance(out, tvm.runtime.Tensor) else tuple(_to_numpy(o) for o in out)
+
+
+def _compact(arr: np.ndarray) -> np.ndarray:
+    # np.ascontiguousarray would turn a rank-0 array into shape (1,)
+    return arr if arr.flags.c_contiguous else np.array(arr, order="C")
+
+
+def _as_host_or_tensor(value, spec, name):
+    """(host numpy array, None) or (None, zero-copy TVM tensor view of a DLPack input)."""
+    import tvm_ffi
+
+    if isinstance(value, tvm.runtime.Tensor):
+        return None, value
+    if isinstance(value, (bool, int, float, np.generic)) and not isinstance(value, np.ndarray):
+        want = np.dtype(spec["dtype"])
+        if isinstance(value, (float, np.floating)) and want.kind in "iub" and float(value) != int(value):
+            raise TvmseqError(f"input {name!r} is {value!r}, the model expects an integer ({spec['dtype']})")
+        return np.asarray(value, dtype=want), None
+    if isinstance(value, np.ndarray):
+        return value, None
+    if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
+        try:
+            return None, tvm_ffi.from_dlpack(value)
+        except Exception as err:  # noqa: BLE001 - producers raise many error types
+            raise TvmseqError(f"input {name!r}: cannot read it through DLPack: {str(err).splitlines()[0]}") from None
+    try:
+        return np.asarray(value), None
+    except Exception as err:  # noqa: BLE001
+        raise TvmseqError(f"input {name!r}: not an array, scalar or DLPack tensor ({type(value).__name__})") from err
+
+
+def _contiguous_copy(tensor, original, name):
+    """A compact copy of a strided device tensor, made by the library that owns it (TVM copies only
+    compact tensors)."""
+    if tensor.device.dlpack_device_type() == _KDL_CPU:
+        import tvm_ffi
+
+        return tvm_ffi.from_dlpack(np.array(np.from_dlpack(original), order="C"))
+    maker = getattr(original, "contiguous", None)            # torch
+    if maker is None and hasattr(original, "__array_namespace__"):   # CuPy, JAX, array-API libraries
+        xp = original.__array_namespace__()
+        maker = lambda: xp.asarray(original, copy=True)    # noqa: E731
+    if maker is None:
+        raise TvmseqError(f"input {name!r} is a strided device tensor and its library offers no compact copy: "
+                          "pass a contiguous tensor")
+    import tvm_ffi
+
+    copy = tvm_ffi.from_dlpack(maker())
+    if not copy.is_contiguous():
+        raise TvmseqError(f"input {name!r} is a strided device tensor that could not be made contiguous")
+    return copy
+
+
+def _check_shape_dtype(name, spec, shape, dtype, symbols) -> None:
+    want_dtype, want_shape = spec["dtype"], spec["shape"]
+    if dtype != want_dtype:
+        raise TvmseqError(f"input {name!r} has dtype {dtype}, the model expects {want_dtype}")
+    if want_shape is None:
+        return
+    if len(shape) != len(want_shape):
+        raise TvmseqError(f"input {name!r} has shape {list(shape)} (rank {len(shape)}), the model "
+                          f"expects rank {len(want_shape)}: {want_shape}")
+    for axis, (got, want) in enumerate(zip(shape, want_shape)):
+        if isinstance(want, int) and got != want:
+            raise TvmseqError(f"input {name!r} has shape {list(shape)}, the model expects {want_shape}"
+                              f" (axis {axis} must be {want})")
+        if isinstance(want, str) and symbols.setdefault(want, got) != got:
+            raise TvmseqError(f"input {name!r} axis {axis} is {got} but dimension {want!r} is "
+                              f"{symbols[want]} in another input")
+
+def _symbol(symbols: dict, name: str):
+    """A dim's value by name; converters that print a var called "T" record it as "T_1" (TIR's printer
+    renames it away from its own prefix), the signature by its own name "T"."""
+    if name in symbols:
+        return symbols[name]
+    match = re.fullmatch(r"(.+)_\d+", name)
+    return symbols.get(match.group(1)) if match else None
 
 
 def _run_check(check: dict, name: str, tensor, symbols: dict):
     """Value checks recorded by converters for graph inputs (run on the host before the model)."""
     values = tensor if isinstance(tensor, np.ndarray) else tensor.numpy()
     if check["kind"] == "range":
-        hi = check["max"] if isinstance(check["max"], int) else symbols.get(check["max"])
+        hi = check["max"] if isinstance(check["max"], int) else _symbol(symbols, check["max"])
         if values.size and (values.min() < check["min"] or (hi is not None and values.max() > hi)):
             raise TvmseqError(f"input {name!r} ({check['what']}) must lie in [{check['min']}, "
                               f"{hi if hi is not None else check['max']}], got values in "
                               f"[{values.min()}, {values.max()}]")
 
 
-def load_model(path, device=None) -> Model:
-    """Load a `.so` written by `tvmseq compile` (reads the signature from the `.so.json` beside it)."""
+def file_digest(path) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of a file, recorded at export and checked before loading: a truncated
+    or damaged shared library can kill the process inside dlopen (SIGBUS, segfault) with no message."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return Path(path).stat().st_size, digest.hexdigest()
+
+
+def read_model_meta(path) -> dict:
+    """The `.so.json` beside a model `.so`, checked: it parses, it names a target and a signature, and the
+    `.so` has the size and sha256 it records. TvmseqError (one line) otherwise."""
     path = Path(path)
     if not path.exists():
         raise TvmseqError(f"model file not found: {path}")
@@ -236,7 +476,36 @@ def load_model(path, device=None) -> Model:
         raise TvmseqError(f"{meta_path} is missing: it holds the model's signature, written by tvmseq compile")
     try:
         meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise TvmseqError(f"{meta_path} is not valid JSON ({str(err).splitlines()[0]}): re-export the model "
+                          "with tvmseq compile") from None
+    sig = meta.get("signature") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("target"), str) or not isinstance(sig, dict) \
+            or not isinstance(sig.get("inputs"), list) \
+            or not all(isinstance(i, dict) and isinstance(i.get("name"), str) and "dtype" in i for i in sig["inputs"]):
+        raise TvmseqError(f"{meta_path} is damaged: it lacks the model's target or input signature; re-export "
+                          "the model with tvmseq compile")
+    size, sha = meta.get("size"), meta.get("sha256")
+    if size is not None or sha is not None:
+        got_size, got_sha = file_digest(path)
+        if size is not None and got_size != size:
+            raise TvmseqError(f"model file {path} is {got_size} bytes, {meta_path.name} records {size}: "
+                              "the file is truncated or was replaced; copy or export it again")
+        if sha is not None and got_sha != sha:
+            raise TvmseqError(f"model file {path} does not match the sha256 recorded in {meta_path.name}: "
+                              "the file is damaged or was replaced; copy or export it again")
+    return meta
+
+
+def load_model(path, device=None, weights=None) -> Model:
+    """Load a `.so` written by `tvmseq compile` (reads the signature from the `.so.json` beside it, and
+    checks the `.so` against the size and sha256 recorded there before loading it). `weights`: for a
+    model exported with its weights kept out (a dict by ONNX name, or an .npz path)."""
+    path = Path(path)
+    meta = read_model_meta(path)
+    try:
         module = tvm.runtime.load_module(str(path))
     except Exception as err:  # noqa: BLE001 - corrupt files surface as many error types
-        raise TvmseqError(f"could not load model {path}: {err}") from err
-    return Model(module, meta["target"], meta["signature"], device)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TvmseqError(f"could not load model {path}: {first}") from None
+    return Model(module, meta["target"], meta["signature"], device, weights=weights)

@@ -1,0 +1,199 @@
+"""Whole models on the GPU through the CUDA-graph build, device-resident I/O and streaming: built HERE for
+the H100 (sm_90a SASS embedded, TVM's compiler), run THERE with TVM's runtime only.
+
+    python tests/test_gpu_latency.py out/gpu_latency            # here: .so files, feeds, onnxruntime outputs
+    TVMSEQ_GPU_LATENCY=out/gpu_latency pytest -m gpu tests/test_gpu_latency.py -s   # on the GPU machine
+
+Each case is compiled twice, plainly and with `cuda_graph=True` (time axis bounded), and checked against
+onnxruntime at several lengths, each twice (capture, then replay), and again after other lengths (the graph
+captured for a shape must read that shape's input buffers). The cases cover the three recurrence paths a
+graph must hold: the persistent SIMT engine (a cooperative launch), the per-step path (a host time loop of
+launches inside one PrimFunc) and a two-layer stack with state exposed for streaming.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(os.environ.get("TVMSEQ_GPU_LATENCY", Path(__file__).resolve().parents[1] / "out" / "gpu_latency"))
+LENGTHS = (1, 7, 32)
+BOUND = 32
+# name -> (rnn_node_model kwargs or "denoiser", importer path expected on an H100)
+CASES = {
+    "gru_persistent_b8_h256": dict(op="GRU", seq="T", batch=8, input_size=64, hidden=256, linear_before_reset=1),
+    "gru_per_step_b96_h512": dict(op="GRU", seq="T", batch=96, input_size=48, hidden=512, linear_before_reset=1),
+    "denoiser_b1": "denoiser",
+}
+
+
+def _model(name):
+    from tvmseq import models
+
+    spec = CASES[name]
+    if spec == "denoiser":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from test_stream import _denoiser_like
+
+        return _denoiser_like(), "seq"
+    kwargs = dict(spec, weight_scale=spec["hidden"] ** -0.5)
+    return models.rnn_node_model(**kwargs)[0], "T"
+
+
+def _feeds(sess, length, seed):
+    rng = np.random.default_rng(seed)
+    return {i.name: rng.standard_normal([length if isinstance(d, str) else d for d in i.shape]).astype(np.float32)
+            for i in sess.get_inputs()}
+
+
+def build(out_dir, names=None) -> None:
+    import onnxruntime as ort
+
+    from tvmseq import artifacts
+    from tvmseq.build import compile_onnx, export
+    from tvmseq.onnx.expose_state import expose_state
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for name in names or CASES:
+        model, dim = _model(name)
+        expose = CASES[name] == "denoiser"
+        ref = expose_state(model, warn=False)[0] if expose else model
+        sess = ort.InferenceSession(ref.SerializeToString(), providers=["CPUExecutionProvider"])
+        data = {}
+        for length in LENGTHS:
+            feeds = _feeds(sess, length, seed=length)
+            outs = sess.run(None, feeds)
+            data.update({f"in{length}_{k}": v for k, v in feeds.items()})
+            data.update({f"out{length}_{i}": v for i, v in enumerate(outs)})
+        np.savez(out / f"{name}.npz", **data)
+        files = {}
+        for graph in (False, True):
+            with warnings.catch_warnings(), artifacts.device_binaries(("sm_90a",)):
+                warnings.simplefilter("ignore")
+                compiled = compile_onnx(model, target="cuda", cuda_graph=graph,
+                                        cuda_graph_bounds={dim: BOUND} if graph else None, expose_state=expose)
+            files["graph" if graph else "plain"] = export(compiled, out / f"{name}{'_graph' if graph else ''}.so").name
+        index[name] = {**files, "inputs": [i.name for i in sess.get_inputs()], "outputs": len(sess.get_outputs()),
+                       "stream": expose}
+        print(name, "built", flush=True)
+    (out / "index.json").write_text(json.dumps(index, indent=1))
+
+
+def _load(name):
+    from tvmseq.runtime import load_model
+
+    index_path = ROOT / "index.json"
+    if not index_path.exists() or name not in json.loads(index_path.read_text()):
+        pytest.skip(f"no prebuilt models in {ROOT} (python tests/test_gpu_latency.py {ROOT})")
+    entry = json.loads(index_path.read_text())[name]
+    return entry, load_model(ROOT / entry["plain"]), load_model(ROOT / entry["graph"]), np.load(ROOT / f"{name}.npz")
+
+
+def _check(model, entry, data, length, tol=dict(rtol=1e-3, atol=1e-4)):
+    feeds = {k: data[f"in{length}_{k}"] for k in entry["inputs"]}
+    got = model(feeds)
+    got = got if isinstance(got, tuple) else (got,)
+    for i in range(entry["outputs"]):
+        np.testing.assert_allclose(got[i], data[f"out{length}_{i}"], **tol, err_msg=f"output {i}, length {length}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_cuda_graph_model_matches_onnxruntime_per_shape(name):
+    entry, plain, graph, data = _load(name)
+    assert graph.cuda_graph and not plain.cuda_graph
+    for length in LENGTHS + LENGTHS[::-1]:      # capture, then replay after other shapes were captured
+        _check(plain, entry, data, length)
+        _check(graph, entry, data, length)
+        _check(graph, entry, data, length)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_cache_drops_old_captures_and_stays_right():
+    entry, _, graph, data = _load("gru_persistent_b8_h256")
+    graph.max_graph_shapes = 2
+    for length in LENGTHS + LENGTHS:
+        _check(graph, entry, data, length)
+    assert max(len(slots) for slots in graph._staging) <= 2
+
+
+@pytest.mark.gpu
+def test_torch_inputs_through_dlpack_misaligned_strided_and_device_outputs():
+    torch = pytest.importorskip("torch")
+    entry, plain, graph, data = _load("gru_persistent_b8_h256")
+    x = data["in7_X"]
+    base = torch.zeros(x.size + 1, device="cuda")
+    base[1:] = torch.from_numpy(x.ravel()).cuda()
+    misaligned = base[1:].view(x.shape)                               # TVM refuses it as it is
+    strided = torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2))).cuda().transpose(0, 1)
+    for model in (plain, graph):
+        for xin in (misaligned, strided, torch.from_numpy(x).cuda()):
+            y, y_h = model(X=xin, output="device")
+            np.testing.assert_allclose(torch.from_dlpack(y).cpu().numpy(), data["out7_0"], rtol=1e-3, atol=1e-4)
+            np.testing.assert_allclose(torch.from_dlpack(y_h).cpu().numpy(), data["out7_1"], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_stream_on_gpu_equals_whole_sequence_and_reports_latency():
+    import time
+
+    import tvm
+
+    from tvmseq.stream import Stream
+
+    entry, plain, graph, data = _load("denoiser_b1")
+    x = data["in32_X"]
+    zeros = {k: np.zeros_like(data[f"in32_{k}"]) for k in entry["inputs"] if k != "X"}
+    want = plain(X=x, **zeros)[0]
+    times = {}
+    for label, model in (("plain", plain), ("graph", graph)):
+        stream = Stream(model, output="device")
+        frames = [stream(X=x[t:t + 1]).numpy() for t in range(x.shape[0])]
+        np.testing.assert_allclose(np.concatenate(frames), want, rtol=1e-4, atol=1e-5)
+        assert all(isinstance(v, tvm.runtime.Tensor) for v in stream.state.values())
+        frame = tvm.runtime.tensor(x[:1], model.device)
+        for _ in range(20):
+            stream(X=frame)
+        tvm.cuda(0).sync()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            stream(X=frame)
+        tvm.cuda(0).sync()
+        times[label] = (time.perf_counter() - t0) / 200 * 1e6
+    print(f"\nstreaming denoiser_b1, one frame a call, state on the GPU: plain {times['plain']:.1f} us, "
+          f"CUDA graph {times['graph']:.1f} us")
+    assert times["graph"] <= 1.25 * times["plain"]
+
+
+def test_cases_build_for_cuda_here():
+    """The CUDA-graph rewrite lifts the recurrence into the captured function (compiler only, no GPU)."""
+    pytest.importorskip("tvm.script")
+    import tvm
+    from tvm import relax
+
+    from tvmseq import from_onnx, targets
+    from tvmseq.build import with_cuda_graph_attrs
+
+    target = targets.resolve("cuda")
+    model, dim = _model("denoiser_b1")
+    from tvmseq.onnx.expose_state import expose_state
+
+    mod = with_cuda_graph_attrs(from_onnx(expose_state(model, warn=False)[0], target=target), {dim: BOUND})
+    with target, tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": True}):
+        lowered = relax.get_default_pipeline(target)(mod)
+    names = [gv.name_hint for gv in lowered.functions]
+    assert "main_cuda_graph_capture" in names and "cuda_graph_alloc" in names
+    captured = lowered["main_cuda_graph_capture"].script()
+    assert "gru_recurrence" in captured and "gru_input_projection" in captured
+    assert "gru_recurrence" not in lowered["main"].script()
+
+
+if __name__ == "__main__":
+    build(sys.argv[1] if len(sys.argv) > 1 else ROOT, sys.argv[2:] or None)
