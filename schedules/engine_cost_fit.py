@@ -1,4 +1,4 @@
-"""How well the SIMT engine's step cost model ranks the configs the sweep timed (artifacts/bench/pgru_sweep.json),
+"""How well the SIMT engine's step cost model ranks the configs the sweep timed (artifacts/bench/pgru_sweep.json.gz),
 against a linear model fitted to those timings:
 
   t_step = c0 + c1 NC + c2 NC issue / 1000 + c3 NC KT + c4 NC G / 64       (us)
@@ -8,7 +8,7 @@ thread, G blocks a direction. Per cell (D, B, H, dtype, GRU/RNN) it prints the c
 `default_gru_config(measured=False)` returns) and the fitted model's pick, fitted without that cell (leave one cell
 out), each as its time over the cell's best measured time ("unmeasured" when the sweep did not time that config).
 
-  python3 schedules/engine_cost_fit.py [artifacts/bench/pgru_sweep.json]
+  python3 schedules/engine_cost_fit.py [artifacts/bench/pgru_sweep.json.gz]
 
 H100, 2026-11-23: the fit put ~0.8 us on every pass, i.e. the hand-off is paid per pass where the cycle model
 (`recurrent_gemm.estimate_step_cycles`) overlaps passes with one hand-off a step. Re-run with 387 configs (32 cells,
@@ -29,9 +29,10 @@ import numpy as np
 def load(path: Path) -> list[dict]:
     from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.tune import measured
 
     rows = []
-    for r in json.loads(path.read_text()):
+    for r in measured.read_results(path):
         if r.get("ok"):
             cfg = rg.PersistentConfig(**{k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", r["config"])})
             cell = r.get("cell", "gru")
@@ -80,4 +81,4 @@ def main(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "artifacts/bench/pgru_sweep.json"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "artifacts/bench/pgru_sweep.json.gz"))

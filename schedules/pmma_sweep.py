@@ -18,7 +18,7 @@ from pathlib import Path
 SWEEP = {
     # sweep 15 (H100, 2026-11-23): dsmem (the new state pushed straight into every cluster peer's staging slot, no global
     # round trip) against sweep 14's best cluster_sync configs (first of each list where there is one; sweep 14's
-    # lists are in artifacts/bench/pmma_sweep.json; run sweep15b added the rules' picks of the two bidirectional
+    # lists are in artifacts/bench/pmma_sweep.json.gz; run sweep15b added the rules' picks of the two bidirectional
     # batch-64 shapes, which no sweep had timed)
     (1, 64, 256, "float32", "rnn"): [(16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1), (16, 8, 16, 0, 4, 0, 0, 1, 0, 0, 16, 1, 1),
                                      (16, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1), (32, 8, 16, 0, 4, 0, 0, 1, 0, 0, 8, 1, 1),

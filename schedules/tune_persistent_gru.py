@@ -48,7 +48,7 @@ def merge(results: Path) -> None:
     from tvmseq.tune import measured
 
     trials = []
-    for r in json.loads(Path(results).read_text()):
+    for r in measured.read_results(results):
         if r.get("ok") and r.get("us_step_wall"):
             key = dict(D=r["D"], B=r["B"], H=r["H"], dtype=r["dtype"], cell=r.get("cell", "gru"))
             trials.append(dict(key=key, config=_config(r["config"]), us=r["us_step_wall"][-1]))

@@ -12,7 +12,7 @@ rival is the SIMT engine instead (`build` also builds it at ENGINE_SWEEP's shape
 the same process): an entry there, with the engine as its model_config, makes the importer route that exact shape
 to this kernel. The results file may hold several runs, oldest first: a config timed again counts with its newest time, since
 the kernel changed between sweeps (sweep 12, 2026-11-23: every config re-timed after the partial-sum stores
-changed). artifacts/bench/pmma_sweep.json keeps each config's newest timing (and the failed rows); a new run's
+changed). artifacts/bench/pmma_sweep.json.gz keeps each config's newest timing (and the failed rows); a new run's
 rows are appended to it; the timings they replaced are in git history.
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ def merge(results: Path) -> None:
     from tvmseq.tune import measured
 
     newest = {}   # the kernel changes between sweeps: a config's newest timing (rows are in run order) counts
-    for r in json.loads(Path(results).read_text()):
+    for r in measured.read_results(results):
         if r.get("ok") and r.get("us_step"):
             key = dict(D=r["D"], B=r["B"], H=r["H"], cell=r.get("cell", "gru"), dtype=r.get("dtype", "float16"))
             engine = r.get("kernel") == "persistent_gru"   # the SIMT engine's rows (schedules/pmma_sweep.py build-engine)

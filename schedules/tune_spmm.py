@@ -59,7 +59,7 @@ def merge(results: Path) -> None:
     from tvmseq.tune import measured
 
     cuda = resolve("cuda")
-    measured.merge("spmm", trials_of(json.loads(Path(results).read_text())),
+    measured.merge("spmm", trials_of(measured.read_results(results)),
                    lambda k: dataclasses.asdict(spmm.default_schedule(spmm.SpmmShape(**k), cuda, measured=False)),
                    source=f"{results}: geometric mean over densities of us per call")
 

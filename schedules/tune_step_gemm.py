@@ -3,7 +3,7 @@ schedules/measured/step_gemm.json, which `step_gemm.choose_tile` reads on GPU ta
 
   tvmseq tune step_gemm build out/gru                  # here: per config the cost model's 5 best tiles
   tvmseq tune step_gemm run out/gru                    # GPU machine: each tile's whole GRU step timed
-  tvmseq tune step_gemm merge out/gru/gru_sweep.json   # here: winners -> the database
+  tvmseq tune step_gemm merge out/gru/gru_sweep.json.gz   # here: winners -> the database
 
 (`build` and `run` are `tvmseq bench gru --build DIR` and `--prebuilt DIR --sweep-only --out DIR`; rank 0 of
 each config is the model's pick; a winner replaces it only when >= 3% faster in the same run.)
@@ -46,7 +46,7 @@ def merge(results: Path) -> None:
         return dataclasses.asdict(step_gemm.normalized(tile, k["K"]))
 
     trials = []
-    for r in json.loads(Path(results).read_text())["rows"]:
+    for r in measured.read_results(results)["rows"]:
         if r.get("agree"):
             H = r["hidden"]
             key = dict(M=r["batch"], N=3 * H, K=H, D=2 if r.get("bidirectional") else 1, dtype=r["dtype"])

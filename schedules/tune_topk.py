@@ -84,7 +84,7 @@ def merge(results: Path) -> None:
     from tvmseq.tune import measured
 
     trials = [dict(key=dict(rows=r["rows"], n=r["n"], k=r["k"], dtype=r["dtype"]), config=r["config"], us=r["us"])
-              for r in json.loads(Path(results).read_text()) if r["ok"]]
+              for r in measured.read_results(results) if r["ok"]]
     measured.merge("topk", trials,
                    lambda k: dataclasses.asdict(tk.choose_config(k["rows"], k["n"], k["k"], True, measured=False)),
                    source=f"{results}: us per call (CUDA events, median)")

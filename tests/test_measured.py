@@ -116,12 +116,12 @@ def _pick_rg():
 
 
 # (op, tuning script, committed measurements it was merged from)
-SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep.json"),
+SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep.json.gz"),
            ("recurrent_gemm", "tune_recurrent_gemm", "artifacts/bench/recurrent_gemm.json"),
-           ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json"),
-           ("spmm", "tune_spmm", "artifacts/bench/spmm_tune.json"),
-           ("topk", "tune_topk", "artifacts/bench/topk_tune.json"),
-           ("persistent_mma", "tune_persistent_mma", "artifacts/bench/pmma_sweep.json")]
+           ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json.gz"),
+           ("spmm", "tune_spmm", "artifacts/bench/spmm_tune.json.gz"),
+           ("topk", "tune_topk", "artifacts/bench/topk_tune.json.gz"),
+           ("persistent_mma", "tune_persistent_mma", "artifacts/bench/pmma_sweep.json.gz")]
 
 
 @pytest.mark.parametrize("op,script,source", SOURCES, ids=[s[0] for s in SOURCES])

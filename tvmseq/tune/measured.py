@@ -47,6 +47,16 @@ def entry(op: str, **key) -> dict | None:
     return _table(op, str(DIR)).get(_key(key))
 
 
+def read_results(path) -> object:
+    """A committed measurement file: JSON, gzip-compressed when it ends in .gz (the sweeps are kept compressed:
+    they are large and read only when a database is merged again)."""
+    import gzip
+
+    path = Path(path)
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return json.loads(raw)
+
+
 def merge(op: str, trials: list[dict], default_of: Callable[[dict], dict], source: str,
           root: Path | None = None) -> list[dict]:
     """Fold timed trials into `<root>/<op>.json`. trials: [{"key": {...}, "config": {...}, "us": float}] (only
