@@ -140,6 +140,22 @@ def test_call_with_dlpack_tensors(root):
     np.testing.assert_allclose(torch.from_dlpack(out).numpy(), gemm_ref(a, b, bias), rtol=1e-5, atol=1e-5)
 
 
+def test_call_with_misaligned_and_strided_dlpack_views(root):
+    """A DLPack view at an offset that is not 64-byte aligned (what torch.from_numpy of a slice gives) and a
+    strided one are copied once into a compact, aligned buffer, never refused."""
+    import tvm_ffi
+
+    kernel = find(root)
+    a, b, bias = inputs(1)
+    shifted = np.empty(a.size + 1, a.dtype)[1:].reshape(a.shape)      # 4 bytes past an aligned buffer
+    shifted[...] = a
+    strided = np.empty((b.shape[0], 2 * b.shape[1]), b.dtype)[:, ::2]
+    strided[...] = b
+    views = [tvm_ffi.from_dlpack(x) for x in (shifted, strided, bias)]
+    assert views[0].data_ptr() % 64 != 0 and not views[1].is_contiguous()
+    np.testing.assert_allclose(np.from_dlpack(kernel(*views)), gemm_ref(a, b, bias), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("bad,match", [
     (lambda a, b, c: (a, b), "takes 3 inputs"),
     (lambda a, b, c: (a[:32], b, c), "axis 0 must be 64"),

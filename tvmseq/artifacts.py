@@ -451,7 +451,9 @@ class Kernel:
             x = np.ascontiguousarray(x)
             shape, dtype = x.shape, str(x.dtype)
         else:
-            x = x if isinstance(x, tvm.runtime.Tensor) else tvm.runtime.from_dlpack(x)
+            from .runtime import dlpack_view
+
+            original, x = x, dlpack_view(x)
             shape, dtype = tuple(x.shape), str(x.dtype)
         name = spec["name"]
         if dtype != spec["dtype"]:
@@ -469,7 +471,9 @@ class Kernel:
             return tvm.runtime.tensor(x, self.device)
         if (x.device.dlpack_device_type(), x.device.index) != (self.device.dlpack_device_type(), self.device.index):
             raise TvmseqError(f"{self.entry.name}: input {name!r} is on {x.device}, the kernel runs on {self.device}")
-        return x
+        from .runtime import on_device
+
+        return on_device(x, original, self.device, name)   # a misaligned or strided view: copied once
 
 
 def _dim(dim, sizes: dict, name: str) -> int:

@@ -279,23 +279,10 @@ class Model:
             for check in spec.get("checks", []):
                 _run_check(check, name, host, symbols)
             return tvm.runtime.tensor(_compact(host), self.device)
-        tensor = self._on_device(tensor, value, name)
+        tensor = on_device(tensor, value, self.device, name)
         for check in spec.get("checks", []):
             _run_check(check, name, tensor, symbols)
         return tensor
-
-    def _on_device(self, tensor, original, name):
-        """`tensor` (a zero-copy view of a DLPack input) as a compact, aligned tensor on the model's
-        device: itself when it already is one, else one copy."""
-        if not tensor.is_contiguous():
-            tensor = _contiguous_copy(tensor, original, name)
-        same_device = (tensor.device.dlpack_device_type(), tensor.device.index) == \
-            (self.device.dlpack_device_type(), self.device.index)
-        if same_device and tensor.data_ptr() % _ALIGNMENT == 0:
-            return tensor
-        out = tvm.runtime.empty(tuple(tensor.shape), str(tensor.dtype), self.device)
-        tensor.copyto(out)
-        return out
 
     # ---- running --------------------------------------------------------------------------------
     def _reset_graphs(self) -> None:
@@ -392,6 +379,27 @@ def _as_host_or_tensor(value, spec, name):
         return np.asarray(value), None
     except Exception as err:  # noqa: BLE001
         raise TvmseqError(f"input {name!r}: not an array, scalar or DLPack tensor ({type(value).__name__})") from err
+
+
+def dlpack_view(value):
+    """A zero-copy TVM tensor view of a DLPack tensor (any alignment, any strides: `on_device` fixes both)."""
+    import tvm_ffi
+
+    return value if isinstance(value, tvm.runtime.Tensor) else tvm_ffi.from_dlpack(value)
+
+
+def on_device(tensor, original, device, name):
+    """`tensor` (a zero-copy view of the DLPack input `original`) as a compact, 64-byte aligned tensor on
+    `device`, as TVM's compiled code assumes: itself when it already is one, else one copy (never refused)."""
+    if not tensor.is_contiguous():
+        tensor = _contiguous_copy(tensor, original, name)
+    same_device = (tensor.device.dlpack_device_type(), tensor.device.index) == \
+        (device.dlpack_device_type(), device.index)
+    if same_device and tensor.data_ptr() % _ALIGNMENT == 0:
+        return tensor
+    out = tvm.runtime.empty(tuple(tensor.shape), str(tensor.dtype), device)
+    tensor.copyto(out)
+    return out
 
 
 def _contiguous_copy(tensor, original, name):

@@ -1,0 +1,92 @@
+"""The real-model corpus (tests/corpus.py) on the GPU: each model compiled for CUDA on a machine with TVM's
+compiler, run where only TVM's runtime is installed, against onnxruntime (CPU provider) on the same inputs as
+the CPU test (tests/test_corpus.py: every listed size of every dynamic axis, every sample rate).
+
+    python -m tests.test_gpu_corpus build DIR [ID ...]     # here: DIR/<id>.so + <id>.onnx + <id>.npz (inputs)
+    TVMSEQ_CORPUS_DIR=DIR pytest -m gpu tests/test_gpu_corpus.py   # on the GPU machine
+
+A model whose .so + .onnx do not fit one GPU call (64 MiB with TVM's runtime and the checkout) is built alone:
+pass its id.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(os.environ.get("TVMSEQ_CORPUS_DIR", "out/corpus_gpu"))
+
+
+def _ids() -> list[str]:
+    return sorted(p.stem for p in ROOT.glob("*.so")) if ROOT.exists() else []
+
+
+def _save_inputs(path: Path, input_sets: list[dict]) -> None:
+    np.savez(path, **{f"{run}/{name}": value for run, feeds in enumerate(input_sets) for name, value in feeds.items()})
+
+
+def load_inputs(path: Path) -> list[dict]:
+    data = np.load(path)
+    runs: dict[int, dict] = {}
+    for key in data.files:
+        run, name = key.split("/", 1)
+        runs.setdefault(int(run), {})[name] = data[key]
+    return [runs[r] for r in sorted(runs)]
+
+
+def build(out: Path, ids: list[str]) -> None:
+    import shutil
+
+    import onnx
+
+    import tvmseq
+    from tests.corpus import CORPUS, fetch
+    from tests.test_corpus import input_sets
+
+    out.mkdir(parents=True, exist_ok=True)
+    for entry in CORPUS:
+        if (ids and entry.id not in ids) or (not ids and entry.expect != "pass"):
+            continue
+        path = fetch(entry)
+        model = tvmseq.compile_onnx(str(path), target="cuda")
+        tvmseq.build.export(model, out / f"{entry.id}.so")
+        shutil.copy(path, out / f"{entry.id}.onnx")
+        _save_inputs(out / f"{entry.id}.npz", input_sets(entry, onnx.load(str(path), load_external_data=False)))
+        print(f"{entry.id}: built", flush=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_id", _ids() or ["none"])
+def test_corpus_model_on_gpu_matches_onnxruntime(model_id):
+    import onnx
+    import onnxruntime as ort
+
+    from tests.test_corpus import TOLERANCE
+    from tvmseq.runtime import load_model
+
+    if model_id == "none":
+        pytest.skip(f"no prebuilt corpus models in {ROOT} (python -m tests.test_gpu_corpus build {ROOT})")
+    proto = onnx.load(str(ROOT / f"{model_id}.onnx"))
+    proto.ir_version = min(proto.ir_version, 10)      # the GPU machine's onnxruntime reads IR <= 13
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    compiled = load_model(ROOT / f"{model_id}.so")
+    for feeds in load_inputs(ROOT / f"{model_id}.npz"):
+        got = compiled(**feeds)
+        got = got if isinstance(got, tuple) else (got,)
+        want = session.run(None, feeds)
+        shapes = {k: v.shape for k, v in feeds.items()}
+        for out, g, w in zip(session.get_outputs(), got, want):
+            rtol, atol = TOLERANCE.get(w.dtype.type, (0, 0))
+            err = float(np.max(np.abs(g.astype(np.float64) - w))) if w.size else 0.0
+            print(f"{model_id} {out.name} {shapes}: max abs error {err:.3g}")
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{model_id} {out.name} at {shapes}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "build":
+        sys.exit(__doc__)
+    build(Path(sys.argv[2]), sys.argv[3:])
