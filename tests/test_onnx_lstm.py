@@ -323,3 +323,30 @@ def test_persistent_path_through_the_importer_matches_onnxruntime():
     out = tvmseq.compile_onnx(model, target="llvm", recurrence="persistent")(**feeds)
     for name, got, want in zip(("Y", "Y_h", "Y_c"), out, ort_run(model, feeds)):
         np.testing.assert_allclose(got, want, **FP32, err_msg=name)
+
+
+def test_symbolic_batch_and_time_one_compile():
+    """X [T, N, I] with both axes symbolic, initial_h/initial_c [D, N, H] as graph inputs: one compile, run at
+    two (T, N), against onnxruntime."""
+    from onnxruntime import InferenceSession
+
+    rng = np.random.default_rng(4)
+    H, I, D = 13, 7, 2
+    weights = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+               for n, s in (("W", (D, 4 * H, I)), ("R", (D, 4 * H, H)), ("B", (D, 8 * H)))]
+    node = helper.make_node("LSTM", ["X", "W", "R", "B", "", "h0", "c0"], ["Y", "Y_h", "Y_c"], hidden_size=H,
+                            direction="bidirectional", name="lstm0")
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "N", I]),
+              helper.make_tensor_value_info("h0", TensorProto.FLOAT, [D, "N", H]),
+              helper.make_tensor_value_info("c0", TensorProto.FLOAT, [D, "N", H])]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h", "Y_c")]
+    model = helper.make_model(helper.make_graph([node], "g", inputs, outputs, weights),
+                              opset_imports=[helper.make_opsetid("", 14)], ir_version=10)
+    compiled = _compile(model)
+    session = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for T, N in ((5, 1), (3, 4)):
+        feeds = {"X": rng.standard_normal((T, N, I)).astype(np.float32),
+                 "h0": rng.standard_normal((D, N, H)).astype(np.float32),
+                 "c0": rng.standard_normal((D, N, H)).astype(np.float32)}
+        for name, got, want in zip(("Y", "Y_h", "Y_c"), compiled(**feeds), session.run(None, feeds)):
+            np.testing.assert_allclose(got, want, **FP32, err_msg=f"{name} at T={T} N={N}")

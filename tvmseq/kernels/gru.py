@@ -33,17 +33,19 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 from ..errors import TvmseqError
 from .activations import Activation
 from .input_projection import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
-from .step_gemm import TILED_MIN_BATCH, GemmTile, choose_tile, normalized, tiled_gemm_macro
+from .step_gemm import (TILED_MIN_BATCH, GemmTile, choose_tile, cpu_gemm_macro, cpu_lanes, normalized,
+                        tiled_gemm_macro)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 
 
 @dataclass(frozen=True)
 class GruSpec:
-    """Everything that selects a GRU kernel variant (static shapes; the time axis stays symbolic)."""
+    """Everything that selects a GRU kernel variant (static shapes; the time axis stays symbolic, and the
+    batch too when `batch` is None: the per-step kernels then take any batch)."""
 
     num_directions: int
-    batch: int
+    batch: int | None
     hidden: int
     input_size: int
     dtype: str = "float32"
@@ -55,6 +57,7 @@ class GruSpec:
     gates: ClassVar[int] = 3  # rows of W per hidden unit: z, r, h
 
     def __post_init__(self):
+        check_batch(self.batch)
         if self.direction not in DIRECTIONS:
             raise TvmseqError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.num_directions != (2 if self.direction == "bidirectional" else 1):
@@ -69,6 +72,18 @@ class GruSpec:
             object.__setattr__(self, "activations", acts)
         if len(self.activations) != 2 * self.num_directions:
             raise TvmseqError(f"GRU needs {2 * self.num_directions} activations, got {len(self.activations)}")
+
+
+def check_batch(batch) -> None:
+    """A spec's batch: a positive int, or None for any batch (symbolic)."""
+    if batch is not None and (not isinstance(batch, int) or batch < 1):
+        raise TvmseqError(f"batch must be a positive int or None (any batch), got {batch!r}")
+
+
+def batch_extent(batch):
+    """The batch of a kernel as its TIR extent: the int, or for None (any batch) a fresh int32 variable,
+    to be bound by the first match_buffer that names it (the recurrences: gate_i's shape)."""
+    return tirx.Var("batch", "int32") if batch is None else batch
 
 
 @dataclass(frozen=True)
@@ -86,12 +101,20 @@ class StepSchedule:
     tile: GemmTile | None = None   # None: step_gemm.choose_tile per GEMM shape
 
     @classmethod
-    def for_batch(cls, batch: int) -> "StepSchedule":
+    def for_batch(cls, batch: int | None) -> "StepSchedule":
         # R is read once per batch tile each step: larger tiles for larger batches (16 accumulators per
-        # lane still fit in registers); measured on the H100, tile 4 made batch 256 read R 64 times a step
+        # lane still fit in registers); measured on the H100, tile 4 made batch 256 read R 64 times a step.
+        # Any batch (None): tile 8, correct for every batch (rows past it are predicated off)
+        if batch is None:
+            return cls(gemm_batch_tile=8)
         return cls(gemm_batch_tile=4 if batch <= 4 else 8 if batch <= 8 else 16)
 
-    def use_tiled(self, gpu: bool, batch: int) -> bool:
+    def use_tiled(self, gpu: bool, batch: int | None) -> bool:
+        """Whether the step GEMM is the tiled one of step_gemm.py (which needs a static batch)."""
+        if batch is None or not isinstance(batch, int):
+            if self.tiled:
+                raise TvmseqError("the tiled step GEMM needs a static batch")
+            return False
         return (gpu and batch >= TILED_MIN_BATCH) if self.tiled is None else self.tiled
 
 
@@ -119,12 +142,63 @@ def _loop_kinds(gpu: bool):
             ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y")}
 
 
-def _per_direction(spec: GruSpec, which: int):
-    """x -> activation `which` (0: f, 1: g) of direction d, as a TIR expression of (d, x)."""
+def _per_direction(spec: GruSpec, which: int, cpu: bool = False):
+    """x -> activation `which` (0: f, 1: g) of direction d, as a TIR expression of (d, x); cpu: Sigmoid and
+    Tanh as `cpu_activation` computes them (vectorizable)."""
     acts = [spec.activations[2 * d + which] for d in range(spec.num_directions)]
+    fns = [cpu_activation(a) if cpu else a.expr for a in acts]
     if len(set(acts)) == 1:
-        return lambda d, x: acts[0].expr(x)
-    return lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))
+        return lambda d, x: fns[0](x)
+    return lambda d, x: T.if_then_else(d == 0, fns[0](x), fns[1](x))
+
+
+# ---------------------------------------------------------------------------------------------------
+# CPU activations: exp as a polynomial, so a vectorized gate loop stays in SIMD registers (LLVM turns a
+# vector exp into one libm call per lane); Cephes' expf (range reduction by ln 2, degree-7 polynomial,
+# 2^n built in the exponent bits), about 2 ulp
+# ---------------------------------------------------------------------------------------------------
+_LN2_HI, _LN2_LO, _LOG2E = 0.693359375, -2.12194440e-4, 1.44269504088896341
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+             5.0000001201e-1)
+_EXP_MIN, _EXP_MAX = -87.33654, 88.37626   # 2^n stays a normal float32
+
+
+def _let(value, body):
+    """body(v) with v bound to `value` once (an expression used several times is computed once)."""
+    var = tirx.Var("v", "float32")
+    return tirx.Let(var, value, body(var))
+
+
+def fast_exp(x):
+    """exp(x) for float32 TIR expressions, from arithmetic only (vectorizes); inputs clamped into the range
+    where the result is a normal float32."""
+    f = T.float32
+
+    def reduced(xc):
+        def poly(n):
+            def on_r(r):
+                p = f(_EXP_POLY[0])
+                for c in _EXP_POLY[1:]:
+                    p = p * r + f(c)
+                scale = T.reinterpret("float32", T.shift_left(T.Cast("int32", n) + 127, 23))
+                return (p * r * r + r + f(1)) * scale
+
+            return _let(xc - n * f(_LN2_HI) - n * f(_LN2_LO), on_r)
+
+        return _let(T.floor(xc * f(_LOG2E) + f(0.5)), poly)
+
+    return _let(T.max(T.min(x, f(_EXP_MAX)), f(_EXP_MIN)), reduced)
+
+
+def cpu_activation(act: Activation):
+    """x -> act(x) for the CPU kernels: Sigmoid as 1 / (1 + e^-x) and Tanh as 1 - 2 / (1 + e^2x) on
+    `fast_exp` (absolute error ~1e-7); every other activation as `Activation.expr`."""
+    one, two = T.float32(1), T.float32(2)
+    if act.name == "Sigmoid":
+        return lambda x: one / (one + fast_exp(T.float32(0) - x))
+    if act.name == "Tanh":
+        return lambda x: one - two / (one + fast_exp(two * x))
+    return act.expr
 
 
 def _clip_fn(clip: float | None):
@@ -193,7 +267,10 @@ def step_gemm_plan(gpu: bool, D: int, B: int, H: int, dt: str, sched: StepSchedu
                    out_cols: int, target=None):
     """One per-step GEMM, gh[s, d, b, row_offset + r] for r < rows (gh: [S, D, B, out_cols]): (macro
     gemm(src, R, gh), S) where S is the number of partial-sum slices its consumers must add (1 unless the
-    tiled GEMM splits K)."""
+    tiled GEMM splits K). B is an int or a TIR variable (any batch). On the CPU (unless `sched.tiled` forces
+    the tiled GEMM's serial variant) the SIMD GEMM of `step_gemm.cpu_gemm_macro`."""
+    if not gpu and not sched.tiled:
+        return cpu_gemm_macro(D, B, H, dt, rows, row_offset, cpu_lanes(target)), 1
     if sched.use_tiled(gpu, B):
         tile = normalized(sched.tile or choose_tile(B, rows, H, D, dt, target if gpu else None), H)
         return tiled_gemm_macro(gpu, D, B, H, dt, tile, rows, row_offset, out_cols), tile.split_k
@@ -251,18 +328,67 @@ def state_macros(gpu: bool, D: int, B: int, H: int, NT: int, has_lens: bool, dt:
     return load_state, store_final_state
 
 
+def cpu_gate_parallel(D: int, B, H: int) -> bool:
+    """Whether a CPU gate kernel splits its (batch row, direction, unit chunk) blocks over threads."""
+    return D * (B if isinstance(B, int) else 8) * H >= CPU_GATE_PARALLEL_MIN_UNITS   # any batch: as 8 rows
+
+
+# units of one CPU gate kernel below which its loop stays on one thread (vectorized, a unit costs a few ns)
+CPU_GATE_PARALLEL_MIN_UNITS = 1 << 16
+
+
+def unit_loops(gpu: bool, D: int, B, H: int, NT: int, unit):
+    """The launch of a per-unit kernel: unit(b, d, jc, tx) for every batch row, direction and unit
+    j = jc * NT + tx (unit checks j < H). CUDA: grid (batch, directions, unit chunks of NT), NT threads a
+    block. CPU: the blocks as one loop, split over TVM's thread pool when `cpu_gate_parallel`."""
+    L = _loop_kinds(gpu)
+    NJ = _ceildiv(H, NT)
+    outer = T.parallel if cpu_gate_parallel(D, B, H) else T.serial
+    # whole vectors of units when NT divides H (unit's j < H check then folds away before vectorizing)
+    inner = T.vectorized if H % NT == 0 and NT in (4, 8, 16) else T.serial
+
+    if gpu:
+        @T.macro
+        def launch(*args):
+            for b in L["blockIdx.x"](B):
+                for d in L["blockIdx.y"](D):
+                    for jc in L["blockIdx.z"](NJ):
+                        for tx in L["threadIdx.x"](NT):
+                            unit(*args, b, d, jc, tx)
+    else:
+        @T.macro
+        def launch(*args):
+            for w in outer(B * D * NJ):
+                for tx in inner(NT):
+                    unit(*args, w // (D * NJ), w // NJ % D, w % NJ, tx)
+
+    return launch
+
+
+def cpu_unit_chunk(H: int, sched: "StepSchedule") -> int:
+    """Units of one block of a CPU gate loop: a SIMD vector (16, 8 or 4 lanes, the widest dividing H), else the
+    schedule's gate_threads (a scalar loop)."""
+    return next((v for v in (16, 8, 4) if H % v == 0), sched.gate_threads)
+
+
+def cpu_weights_fp32(gpu: bool, dt: str) -> bool:
+    """Whether a recurrence converts R to float32 once before its time loop: float16 models on the CPU
+    (computed in float32; the step GEMM's SIMD loop then loads float32 rows)."""
+    return not gpu and dt == "float16"
+
+
 def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule | None = None
                     ) -> tirx.PrimFunc:
     """The time loop of a GRU node. Inputs: gate_i [D, T, B, 3H] f32, R [D, 3H, H], rb_h [D, H] f32,
-    seq_lens [B] i32, h0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H] (model dtype)."""
+    seq_lens [B] i32, h0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H] (model dtype). With
+    spec.batch None, B is a variable bound from gate_i's shape: one kernel for every batch."""
     gpu = target.kind.name == "cuda"
-    L = _loop_kinds(gpu)
-    D, B, H, dt = spec.num_directions, spec.batch, spec.hidden, spec.dtype
+    D, B, H, dt = spec.num_directions, batch_extent(spec.batch), spec.hidden, spec.dtype
     G = 3 * H
     lbr = bool(spec.linear_before_reset)
     sched = sched or StepSchedule.for_batch(spec.batch)
-    NT = sched.gate_threads
-    f_act, g_act, clip = _per_direction(spec, 0), _per_direction(spec, 1), _clip_fn(spec.clip)
+    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched)
+    f_act, g_act, clip = _per_direction(spec, 0, not gpu), _per_direction(spec, 1, not gpu), _clip_fn(spec.clip)
     has_lens = spec.has_seq_lens
     is_reverse = reverse_fn(spec.direction)
 
@@ -271,6 +397,77 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
     gemm_h, S2 = (gemm_zr, S1) if lbr else step_gemm_plan(gpu, D, B, H, dt, sched, H, 2 * H, G, target)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
     row_length = row_length_fn(has_lens)
+    convert_r = cpu_weights_fp32(gpu, dt)
+
+    @T.macro
+    def reset_gate(GateI, Lens, state, gh, rh, s, seq, b, d, jc, tx):
+        # r, then r*h for the h-gate GEMM (lbr=0)
+        if jc * NT + tx < H:
+            length = row_length(Lens, b, seq)
+            t = T.if_then_else(is_reverse(d), length - 1 - s, s)
+            j = jc * NT + tx
+            if s < length:
+                rh[d, b, j] = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j))) * state[d, b, j]
+
+    @T.macro
+    def update(GateI, RbH, Lens, Y, state, gh, s, seq, b, d, jc, tx):
+        # fused gate math and state update of unit j
+        if jc * NT + tx < H:
+            length = row_length(Lens, b, seq)
+            t = T.if_then_else(is_reverse(d), length - 1 - s, s)
+            j = jc * NT + tx
+            if s < length:
+                z = f_act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S1, d, b, j)))
+                # lbr=1: r scales (h R_h^T + Rb_h); lbr=0: the GEMM already saw r*h
+                r = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j)))
+                h_lin = r * (partial_sum(gh, S2, d, b, 2 * H + j) + RbH[d, j]) if lbr else partial_sum(gh, S2, d, b, 2 * H + j)
+                hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + h_lin))
+                hn = (T.float32(1) - z) * hh + z * state[d, b, j]
+                state[d, b, j] = hn
+                Y[t, d, b, j] = T.Cast(dt, hn)
+            else:
+                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+
+    # The CPU variants compute the same math as one expression per unit (intermediates as Let expressions,
+    # indices substituted with meta_var): a TIRx assignment declares a one-element local buffer, which
+    # cannot hold the vector a vectorized unit loop gives it
+    @T.macro
+    def reset_gate_cpu(GateI, Lens, state, gh, rh, s, seq, b, d, jc, tx):
+        j = T.meta_var(jc * NT + tx)
+        if j < H:
+            if s < row_length(Lens, b, seq):
+                t = T.meta_var(T.if_then_else(is_reverse(d), row_length(Lens, b, seq) - 1 - s, s))
+                rh[d, b, j] = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j))) * state[d, b, j]
+
+    def new_state(GateI, RbH, state, gh, d, t, b, j):
+        r = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j)))
+        h_lin = r * (partial_sum(gh, S2, d, b, 2 * H + j) + RbH[d, j]) if lbr else partial_sum(gh, S2, d, b, 2 * H + j)
+        hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + h_lin))
+        return _let(f_act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S1, d, b, j))),
+                    lambda z: (T.float32(1) - z) * hh + z * state[d, b, j])
+
+    @T.macro
+    def update_cpu(GateI, RbH, Lens, Y, state, gh, s, seq, b, d, jc, tx):
+        j = T.meta_var(jc * NT + tx)
+        if j < H:
+            if s < row_length(Lens, b, seq):
+                t = T.meta_var(T.if_then_else(is_reverse(d), row_length(Lens, b, seq) - 1 - s, s))
+                state[d, b, j] = new_state(GateI, RbH, state, gh, d, t, b, j)
+                Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
+            else:
+                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+
+    reset_launch = unit_loops(gpu, D, B, H, NT, reset_gate if gpu else reset_gate_cpu)
+    update_launch = unit_loops(gpu, D, B, H, NT, update if gpu else update_cpu)
+
+    @T.macro
+    def steps(GateI, R, RbH, Lens, Y, state, gh, rh, seq):
+        for s in range(seq):
+            gemm_zr(state, R, gh)
+            if not lbr:
+                reset_launch(GateI, Lens, state, gh, rh, s, seq)
+                gemm_h(rh, R, gh)
+            update_launch(GateI, RbH, Lens, Y, state, gh, s, seq)
 
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
@@ -288,41 +485,13 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
         gh = T.alloc_buffer((max(S1, S2), D, B, G), "float32")   # split-K partial sums, added below
         rh = T.alloc_buffer((D, B, H), "float32")
         load_state(state, H0)
-        for s in range(seq):
-            gemm_zr(state, R, gh)
-            if not lbr:
-                # r, then r*h for the h-gate GEMM
-                for b in L["blockIdx.x"](B):
-                    for d in L["blockIdx.y"](D):
-                        for jc in L["blockIdx.z"](_ceildiv(H, NT)):
-                            for tx in L["threadIdx.x"](NT):
-                                if jc * NT + tx < H:
-                                    length = row_length(Lens, b, seq)
-                                    t = T.if_then_else(is_reverse(d), length - 1 - s, s)
-                                    j = jc * NT + tx
-                                    if s < length:
-                                        rh[d, b, j] = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j))) * state[d, b, j]
-                gemm_h(rh, R, gh)
-            # fused gate math and state update, grid (batch, directions, unit chunks of NT)
-            for b in L["blockIdx.x"](B):
-                for d in L["blockIdx.y"](D):
-                    for jc in L["blockIdx.z"](_ceildiv(H, NT)):
-                        for tx in L["threadIdx.x"](NT):
-                            if jc * NT + tx < H:
-                                length = row_length(Lens, b, seq)
-                                t = T.if_then_else(is_reverse(d), length - 1 - s, s)
-                                j = jc * NT + tx
-                                if s < length:
-                                    z = f_act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S1, d, b, j)))
-                                    # lbr=1: r scales (h R_h^T + Rb_h); lbr=0: the GEMM already saw r*h
-                                    r = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j)))
-                                    h_lin = r * (partial_sum(gh, S2, d, b, 2 * H + j) + RbH[d, j]) if lbr else partial_sum(gh, S2, d, b, 2 * H + j)
-                                    hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + h_lin))
-                                    hn = (T.float32(1) - z) * hh + z * state[d, b, j]
-                                    state[d, b, j] = hn
-                                    Y[t, d, b, j] = T.Cast(dt, hn)
-                                else:
-                                    Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+        if convert_r:
+            Rf = T.alloc_buffer((D, G, H), "float32")
+            for d, g, k in T.grid(D, G, H):
+                Rf[d, g, k] = T.Cast("float32", R[d, g, k])
+            steps(GateI, Rf, RbH, Lens, Y, state, gh, rh, seq)
+        else:
+            steps(GateI, R, RbH, Lens, Y, state, gh, rh, seq)
         store_final_state(Yh, state, Lens, seq)
 
     return gru_recurrence.with_attr("tirx.is_scheduled", True)

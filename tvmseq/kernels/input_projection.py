@@ -452,16 +452,21 @@ def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> 
 
 
 def projection_for(spec, target, seq=None):
-    """(scheduled projection prim_func, row tile): the tensor-core projection on the flat rows (tile FLAT:
-    X [seq * B, I] -> gate_i [D, seq * B, gates * H]); else on the batch layout (tile None), or for the
+    """(scheduled projection prim_func, row tile): on the CPU the SIMD GEMM of `cpu_projection_func`, on a
+    GPU the tensor-core projection, both on the flat rows (tile FLAT: X [seq * B, I] -> gate_i [D, seq * B,
+    gates * H]); with any batch (spec.batch None) the flat rows scheduled by dlight; else on the batch layout (tile None), or for the
     padded rows of `row_tile` (then the prim_func is the projection of a batch of `tile` rows: X [tiles,
     tile, I] -> gate_i [D, tiles, tile, gates * H], its genes from `padded_rows_genes` at `seq` steps, an int
     when the model's length is static)."""
     import dataclasses
 
+    if (target is None or target.kind.name != "cuda") and not row_tile(spec, target):
+        return cpu_projection_func(spec, target), FLAT
     flat = tensor_core_projection(spec, target)
     if flat is not None:
         return flat, FLAT
+    if spec.batch is None:   # any batch: the flat rows, scheduled by dlight (the tiled template needs a static batch)
+        return schedule_input_projection(flat_projection_func(spec), target)["main"], FLAT
     tile = row_tile(spec, target)
     if not tile:
         return schedule_input_projection(input_projection_func(spec), target)["main"], tile
@@ -491,3 +496,27 @@ def pad_rows_func(batch: int, input_size: int, tile: int, dtype: str) -> tirx.Pr
                     T.Cast(dtype, 0))
 
     return pad_rows
+
+
+def cpu_projection_func(spec, target=None) -> tirx.PrimFunc:
+    """The projection on the CPU over the flat rows (any number: seq * batch, either symbolic):
+    gate_i[d, m, j] = sum_k X[m, k] W[d, j, k] + bias[d, j], the step GEMM's SIMD loop
+    (`step_gemm.cpu_gemm_macro`: k in vector lanes, W rows as stored, row blocks over threads) with the
+    bias added as the sums are stored; X and W float32 or float16 (converted as loaded)."""
+    from .step_gemm import cpu_gemm_macro, cpu_lanes
+
+    D, I, G, dt = spec.num_directions, spec.input_size, spec.gates * spec.hidden, spec.dtype
+    rows = tirx.Var("rows", "int32")
+    gemm = cpu_gemm_macro(D, rows, I, dt, G, 0, cpu_lanes(target), shared_src=True, bias=True)
+
+    @T.prim_func
+    def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+        T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
+        X = T.match_buffer(x, (rows, I), dt)
+        W = T.match_buffer(w, (D, G, I), dt)
+        Bias = T.match_buffer(bias, (D, G), "float32")
+        GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
+        GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view
+        gemm(X, W, GH, Bias)
+
+    return gru_input_projection.with_attr("tirx.is_scheduled", True)

@@ -18,14 +18,14 @@ except ImportError:  # runtime-only TVM: nothing is built here
 
 from ..errors import TvmseqError
 from .activations import Activation
-from .gru import (DIRECTIONS, StepSchedule, _ceildiv, _clip_fn, _loop_kinds, partial_sum, reverse_fn,
-                  row_length_fn, state_macros, step_gemm_plan)
+from .gru import (DIRECTIONS, StepSchedule, _clip_fn, batch_extent, check_batch, cpu_activation, cpu_unit_chunk,
+                  cpu_weights_fp32, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops)
 
 
 @dataclass(frozen=True)
 class RnnSpec:
     num_directions: int
-    batch: int
+    batch: int | None   # None: any batch (the per-step kernels take a symbolic batch)
     hidden: int
     input_size: int
     dtype: str = "float32"
@@ -36,6 +36,7 @@ class RnnSpec:
     gates: ClassVar[int] = 1
 
     def __post_init__(self):
+        check_batch(self.batch)
         if self.direction not in DIRECTIONS:
             raise TvmseqError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.num_directions != (2 if self.direction == "bidirectional" else 1):
@@ -54,21 +55,57 @@ class RnnSpec:
 def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedule | None = None
                     ) -> tirx.PrimFunc:
     """Inputs: gate_i [D, T, B, H] f32 (x W^T + Wb + Rb), R [D, H, H], seq_lens [B] i32, h0 [D, B, H] f32.
-    Outputs: Y [T, D, B, H], Y_h [D, B, H]; sequence_lens semantics as for the GRU."""
+    Outputs: Y [T, D, B, H], Y_h [D, B, H]; sequence_lens semantics as for the GRU; spec.batch None: any
+    batch (bound from gate_i's shape)."""
     gpu = target.kind.name == "cuda"
-    L = _loop_kinds(gpu)
-    D, B, H, dt = spec.num_directions, spec.batch, spec.hidden, spec.dtype
-    sched = sched or StepSchedule.for_batch(B)
-    NT = sched.gate_threads
+    D, B, H, dt = spec.num_directions, batch_extent(spec.batch), spec.hidden, spec.dtype
+    sched = sched or StepSchedule.for_batch(spec.batch)
+    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched)
     acts, clip, has_lens = spec.activations, _clip_fn(spec.clip), spec.has_seq_lens
     is_reverse = reverse_fn(spec.direction)
+    fns = [a.expr if gpu else cpu_activation(a) for a in acts]
     if len(set(acts)) == 1:
-        act = lambda d, x: acts[0].expr(x)  # noqa: E731
+        act = lambda d, x: fns[0](x)  # noqa: E731
     else:
-        act = lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))  # noqa: E731
+        act = lambda d, x: T.if_then_else(d == 0, fns[0](x), fns[1](x))  # noqa: E731
     gemm, S = step_gemm_plan(gpu, D, B, H, dt, sched, H, 0, H, target)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
     row_length = row_length_fn(has_lens)
+    convert_r = cpu_weights_fp32(gpu, dt)
+
+    @T.macro
+    def update(GateI, Lens, Y, state, gh, s, seq, b, d, jc, tx):
+        if jc * NT + tx < H:
+            length = row_length(Lens, b, seq)
+            t = T.if_then_else(is_reverse(d), length - 1 - s, s)
+            j = jc * NT + tx
+            if s < length:
+                hn = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
+                state[d, b, j] = hn
+                Y[t, d, b, j] = T.Cast(dt, hn)
+            else:
+                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+
+    # the CPU variant: one expression per unit, indices as meta_var (see gru.recurrence_func)
+    @T.macro
+    def update_cpu(GateI, Lens, Y, state, gh, s, seq, b, d, jc, tx):
+        j = T.meta_var(jc * NT + tx)
+        if j < H:
+            if s < row_length(Lens, b, seq):
+                t = T.meta_var(T.if_then_else(is_reverse(d), row_length(Lens, b, seq) - 1 - s, s))
+                state[d, b, j] = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
+                Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
+            else:
+                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+
+    # grid (batch, directions, unit chunks), as the GRU's gate kernel
+    update_launch = unit_loops(gpu, D, B, H, NT, update if gpu else update_cpu)
+
+    @T.macro
+    def steps(GateI, R, Lens, Y, state, gh, seq):
+        for s in range(seq):
+            gemm(state, R, gh)
+            update_launch(GateI, Lens, Y, state, gh, s, seq)
 
     @T.prim_func
     def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,
@@ -84,22 +121,13 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         state = T.alloc_buffer((D, B, H), "float32")
         gh = T.alloc_buffer((S, D, B, H), "float32")   # split-K partial sums, added below
         load_state(state, H0)
-        for s in range(seq):
-            gemm(state, R, gh)
-            for b in L["blockIdx.x"](B):   # grid (batch, directions, unit chunks), as the GRU's gate kernel
-                for d in L["blockIdx.y"](D):
-                    for jc in L["blockIdx.z"](_ceildiv(H, NT)):
-                        for tx in L["threadIdx.x"](NT):
-                            if jc * NT + tx < H:
-                                length = row_length(Lens, b, seq)
-                                t = T.if_then_else(is_reverse(d), length - 1 - s, s)
-                                j = jc * NT + tx
-                                if s < length:
-                                    hn = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
-                                    state[d, b, j] = hn
-                                    Y[t, d, b, j] = T.Cast(dt, hn)
-                                else:
-                                    Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+        if convert_r:
+            Rf = T.alloc_buffer((D, H, H), "float32")
+            for d, g, k in T.grid(D, H, H):
+                Rf[d, g, k] = T.Cast("float32", R[d, g, k])
+            steps(GateI, Rf, Lens, Y, state, gh, seq)
+        else:
+            steps(GateI, R, Lens, Y, state, gh, seq)
         store_final_state(Yh, state, Lens, seq)
 
     return rnn_recurrence.with_attr("tirx.is_scheduled", True)

@@ -408,3 +408,161 @@ def gemm_func(D: int, M: int, N: int, K: int, dtype: str = "float32", tile: Gemm
         gemm(Hs, R, GH)
 
     return step_gemm.with_attr("tirx.is_scheduled", True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The CPU step GEMM: the reduction over k in SIMD lanes, a register tile of rows x batch rows
+# ---------------------------------------------------------------------------------------------------
+# R is stored [rows, K] with K contiguous, which is the layout a k-lane reduction wants, so fp32 weights
+# need no packing; each (row, batch row) pair of a CPU_ROW_TILE x CPU_BATCH_TILE tile accumulates `lanes`
+# partial sums in one vector register, added across lanes once at the end. Row blocks are split over the
+# threads of TVM's pool (TVM_NUM_THREADS, else OMP_NUM_THREADS, else the cores) when a step has
+# CPU_PARALLEL_MIN_MACS multiply-adds or more: each thread then keeps the same rows of R in its own cache
+# from step to step.
+CPU_ROW_TILE = 4
+CPU_BATCH_TILE = 4
+# batch rows whose src a pass over R's row blocks reuses (64 x K floats: L2-resident)
+CPU_M_BLOCK = 64
+# below this a step stays on one thread: splitting it costs a launch and a join of TVM's pool every step, a
+# few microseconds when the cores are idle and far more when they are shared (a thread that lost its core
+# holds up the join); from 2M multiply-adds (~40 us on one core) the split pays
+CPU_PARALLEL_MIN_MACS = 1 << 21
+
+
+def cpu_lanes(target=None) -> int:
+    """fp32 lanes of the CPU step GEMM's accumulators: 8 (one AVX2 register; two SSE registers on a generic
+    x86-64 target). Measured on a Zen 4 (AVX-512) with one thread, 2026-11-26: 8 lanes 36-99 GFLOP/s on step
+    GEMMs of batch 1-64, hidden 256-1024; 16 lanes 33-94 (the wider tree of lane sums costs more)."""
+    return 8
+
+
+def cpu_parallel(D: int, M, rows: int, K: int) -> bool:
+    """Whether a CPU step GEMM is large enough to split over threads (a symbolic M counts as 8 rows)."""
+    m = M if isinstance(M, int) else 8
+    return D * m * rows * K >= CPU_PARALLEL_MIN_MACS
+
+
+def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
+                   parallel: bool | None = None, shared_src: bool = False, bias: bool = False):
+    """TVMScript macro `gemm(src, R, gh)` for the CPU: gh[0, d, m, row_offset + r] = sum_k src[d, m, k] *
+    R[d, row_offset + r, k] for m < M (an int or a TIR variable), r < rows; float32 accumulation, R in any
+    float dtype (converted as loaded). shared_src: src is [M, K], the same for every direction (the input
+    projection's X). bias: the macro is `gemm(src, R, gh, bias)` and adds bias[d, row_offset + r].
+    The M rows go in blocks of CPU_M_BLOCK (their src stays in cache while every row block of R passes),
+    each in full batch tiles of CPU_BATCH_TILE rows and then one row at a time; rows past the end of the
+    last row tile are computed on a clamped row and not stored."""
+    RT = min(CPU_ROW_TILE, rows)
+    VL = lanes
+    KV = K // lanes                                # whole vectors of k
+    nrb = (rows + RT - 1) // RT
+    MB = CPU_M_BLOCK
+    nmb = (M + MB - 1) // MB
+    par = cpu_parallel(D, M, rows, K) if parallel is None else parallel
+    outer = T.parallel if par else T.serial
+    f32 = lambda v: T.Cast("float32", v)  # noqa: E731
+    if VL not in (8, 16):
+        raise TvmseqError(f"CPU step GEMM: lanes must be 8 or 16, got {VL}")
+
+    def load_src(src, d, m, k):
+        return src[m, k] if shared_src else src[d, m, k]
+
+    def tile_macro(BT: int):
+        # a one-row tile has only RT accumulator chains, too few to hide the FMA latency: KS partial sums
+        # a chain (alternate k vectors), added before the lanes are
+        KS = 2 if BT == 1 else 1
+        KV2 = KV // KS
+        K1 = KV2 * KS * VL                         # where the scalar tail starts
+        E = RT * BT
+
+        @T.macro
+        def tile(src, R, gh, bias_buf, d, rb, m0):
+            acc = T.alloc_buffer((E * KS * VL,), "float32", scope="local")
+            red = T.alloc_buffer((E,), "float32", scope="local")
+            for e in T.unroll(E * KS):
+                for v in T.vectorized(VL):
+                    acc[e * VL + v] = T.float32(0)
+            for k0 in range(KV2):
+                for ks in T.unroll(KS):
+                    for i in T.unroll(RT):
+                        for j in T.unroll(BT):
+                            for v in T.vectorized(VL):
+                                acc[((i * BT + j) * KS + ks) * VL + v] = acc[((i * BT + j) * KS + ks) * VL + v] + f32(
+                                    R[d, row_offset + T.min(rb * RT + i, rows - 1), (k0 * KS + ks) * VL + v]) * f32(
+                                    load_src(src, d, m0 + j, (k0 * KS + ks) * VL + v))
+            # partial sums, then lanes added pairwise as vectors (halves, quarters), the last two as scalars
+            for e in T.unroll(E):
+                if KS == 2:
+                    for v in T.vectorized(VL):
+                        acc[e * KS * VL + v] = acc[e * KS * VL + v] + acc[e * KS * VL + VL + v]
+                if VL >= 16:
+                    for v in T.vectorized(8):
+                        acc[e * KS * VL + v] = acc[e * KS * VL + v] + acc[e * KS * VL + 8 + v]
+                for v in T.vectorized(4):
+                    acc[e * KS * VL + v] = acc[e * KS * VL + v] + acc[e * KS * VL + 4 + v]
+                for v in T.vectorized(2):
+                    acc[e * KS * VL + v] = acc[e * KS * VL + v] + acc[e * KS * VL + 2 + v]
+                red[e] = acc[e * KS * VL] + acc[e * KS * VL + 1]
+            for kt in range(K - K1):
+                for i in T.unroll(RT):
+                    for j in T.unroll(BT):
+                        red[i * BT + j] = red[i * BT + j] + f32(
+                            R[d, row_offset + T.min(rb * RT + i, rows - 1), K1 + kt]) * f32(
+                            load_src(src, d, m0 + j, K1 + kt))
+            for i in T.unroll(RT):
+                if rb * RT + i < rows:
+                    for j in T.unroll(BT):
+                        if bias:
+                            gh[0, d, m0 + j, row_offset + rb * RT + i] = red[i * BT + j] + bias_buf[d, row_offset + rb * RT + i]
+                        else:
+                            gh[0, d, m0 + j, row_offset + rb * RT + i] = red[i * BT + j]
+
+        return tile
+
+    full_tile, one_row = tile_macro(CPU_BATCH_TILE), tile_macro(1)
+    BT = CPU_BATCH_TILE
+
+    @T.macro
+    def body(src, R, gh, bias_buf):
+        for w in outer(nmb * D * nrb):
+            # m block outermost: a thread's share of the work is a range of (m block, direction, row block)
+            mb = T.meta_var(w // (D * nrb))
+            d = T.meta_var(w // nrb % D)
+            rb = T.meta_var(w % nrb)
+            mlen = T.meta_var(T.min(MB, M - mb * MB))
+            for mt in range(mlen // BT):
+                full_tile(src, R, gh, bias_buf, d, rb, mb * MB + mt * BT)
+            for mr in range(mlen % BT):
+                one_row(src, R, gh, bias_buf, d, rb, mb * MB + (mlen // BT) * BT + mr)
+
+    if bias:
+        @T.macro
+        def gemm_bias(src, R, gh, bias_buf):
+            body(src, R, gh, bias_buf)
+
+        return gemm_bias
+
+    @T.macro
+    def gemm(src, R, gh):
+        body(src, R, gh, None)
+
+    return gemm
+
+
+def cpu_gemm_func(D: int, M, N: int, K: int, dtype: str = "float32", lanes: int = 8,
+                  parallel: bool | None = None, name: str = "cpu_step_gemm"):
+    """The CPU step GEMM alone as a PrimFunc (tests, timing): h float32 [D, M, K], R dtype [D, N, K],
+    gh float32 [1, D, M, N]; M an int or None (any batch)."""
+    from tvm import tirx
+
+    Mv = tirx.Var("batch", "int32") if M is None else M
+    gemm = cpu_gemm_macro(D, Mv, K, dtype, N, 0, lanes, parallel)
+
+    @T.prim_func
+    def step_gemm(h: T.handle, r_w: T.handle, g: T.handle):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        Hs = T.match_buffer(h, (D, Mv, K), "float32")
+        R = T.match_buffer(r_w, (D, N, K), dtype)
+        GH = T.match_buffer(g, (1, D, Mv, N), "float32")
+        gemm(Hs, R, GH)
+
+    return step_gemm.with_attr("tirx.is_scheduled", True)

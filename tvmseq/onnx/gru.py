@@ -7,7 +7,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from ..errors import UnsupportedOnnxError
+from ..errors import TvmseqError, UnsupportedOnnxError
 from ..kernels import gru as gru_kernels
 from ..kernels.activations import parse_onnx_activations
 from .importer import OnnxOpConverter, add_input_check, register_converter
@@ -34,14 +34,74 @@ def _int(dim, what, node, op="GRU") -> int:
 RECURRENCE_PATHS = ("auto", "persistent", "persistent_mma", "persistent_wgmma", "per_step")
 
 
+def is_static(dim) -> bool:
+    return isinstance(dim, (int, tirx.IntImm))
+
+
+def spec_batch(batch):
+    """A prepared batch (`prepare_common`'s c["batch"]: an int, or a symbolic relax dim) as a kernel spec's
+    batch: the int, or None (the per-step kernels then take any batch)."""
+    return int(batch) if is_static(batch) else None
+
+
+def zeros(shape, dtype: str):
+    """A zero tensor of `shape` (ints and symbolic dims): a constant when every dim is static."""
+    if all(is_static(d) for d in shape):
+        return relax.const(np.zeros([int(d) for d in shape], dtype))
+    return relax.op.zeros(relax.ShapeExpr(list(shape)), dtype)
+
+
+def recurrent_key(sizes: dict, dtype, attrs: dict | None = None, dynamic=("seq",)) -> "KernelKey":
+    """The KernelKey of a recurrent kernel: a symbolic "batch" entry of `sizes` moves to the dynamic sizes
+    (a kernel built for any batch)."""
+    from .importer import KernelKey
+
+    static = {k: v for k, v in sizes.items() if is_static(v)}
+    dyn = tuple(dynamic) + tuple(k for k in sizes if k not in static)
+    return KernelKey({k: int(v) for k, v in static.items()}, dtype, attrs or {}, dyn)
+
+
+def _same_dim(a, b) -> bool:
+    """Whether two dims may be the same batch: equal ints, or two symbolic dims (ONNX names them freely;
+    the kernels check the tensors' shapes against each other when they run)."""
+    if is_static(a) and is_static(b):
+        return int(a) == int(b)
+    return not is_static(a) and not is_static(b)
+
+
+def match_state_shape(bb, state, want: list, name: str, node: str, op: str):
+    """An initial state (initial_h, initial_c) of shape `want` (ints and X's batch dim): itself where its shape
+    is known to agree, a run-time checked cast where some of its dims are computed in the graph (an exporter's
+    Tile or Expand of a shape) and may agree, a one-line error where a dim is known to differ."""
+    dims = _static_dims(state, name, node, op)
+    agree = len(dims) == len(want) and all(_same_dim(g, w) for g, w in zip(dims, want))
+    may_agree = len(dims) == len(want) and all(not (is_static(g) and is_static(w)) or int(g) == int(w)
+                                               for g, w in zip(dims, want))
+    if not may_agree:
+        raise UnsupportedOnnxError(node, op, f"input '{name}' has shape {[_dim_str(d) for d in dims]}, "
+                                             f"expected {[_dim_str(d) for d in want]}")
+    if agree:
+        return state
+    return bb.match_cast(state, relax.TensorType(list(want), state.ty.dtype))
+
+
 @functools.lru_cache(maxsize=64)
 def build_kernels(spec, target_json: str, path: str = "auto"):
     """(recurrence, path) for a GruSpec or an RnnSpec, built once per spec/target/path. path 'auto': the
     persistent kernel (weights on chip, one launch for all steps) on a GPU when the weights fit and the batch
     is one where it was measured faster, else the per-step kernels (`persistent_gru.choose_path`); on a CPU
-    always the per-step kernels."""
+    always the per-step kernels. Any batch (spec.batch None): the per-step kernels (the persistent ones are
+    built for one batch)."""
     from ..kernels import persistent_gru
 
+    if spec.batch is None:
+        if path not in ("auto", "per_step"):
+            raise TvmseqError(f"recurrence path {path!r} needs a static batch; this node's batch is symbolic "
+                              "(use 'auto' or 'per_step', or pin the batch with --shape)")
+        from ..kernels import gru, rnn
+
+        per_step = rnn.recurrence_func if isinstance(spec, rnn.RnnSpec) else gru.recurrence_func
+        return per_step(spec, tvm.target.Target(target_json)), "per_step"
     rec, path, _why = persistent_gru.recurrence_func_auto(spec, tvm.target.Target(target_json), path=path)
     return rec, path
 
@@ -76,7 +136,7 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
         return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
     sizes = {"directions": D, "batch": tile or B, "hidden": H, "input_size": I, "gates": spec.gates}
     few = tile and input_projection.padded_rows_genes(spec, static_seq, target) is input_projection.FEW_BLOCKS_GENES
-    key = KernelKey(sizes, c["dtype"], {"genes": "few_blocks"} if few else {}, dynamic=("seq",))
+    key = recurrent_key(sizes, c["dtype"], {"genes": "few_blocks"} if few else {})
     op = f"{cell}_input_projection"
     if not tile:
         return emit_kernel(bb, op, key, lambda: proj, [c["x"], c["w"], bias_i],
@@ -98,14 +158,13 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
 def emit_recurrent_kernels(bb, cell: str, spec, c, rec, path, bias_i, rec_args, target):
     """Emit the input projection and the recurrence of a GRU/RNN node (prebuilt artifacts when they
     match, see `importer.emit_kernel`): (gate_i, (Y, Y_h) tuple)."""
-    from .importer import KernelKey, emit_kernel
+    from .importer import emit_kernel
 
     D, B, H, seq = c["D"], c["batch"], c["hidden"], c["seq"]
     sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
     gate_i = emit_input_projection(bb, cell, spec, c, bias_i, target)
     # path is in the key: the persistent and the per-step kernels differ (and the persistent RNN takes rb_h)
-    outs = emit_kernel(bb, f"{cell}_recurrence", KernelKey(sizes, c["dtype"], {"spec": repr(spec), "path": path},
-                                                           ("seq",)),
+    outs = emit_kernel(bb, f"{cell}_recurrence", recurrent_key(sizes, c["dtype"], {"spec": repr(spec), "path": path}),
                        lambda: rec, [gate_i, *rec_args],
                        [relax.TensorType([seq, D, B, H], c["dtype"]), relax.TensorType([D, B, H], c["dtype"])],
                        name_hint=f"{cell}_recurrence")
@@ -130,7 +189,11 @@ def _direction(attr, node):
 
 
 def _dim_str(dim):
-    return int(dim) if isinstance(dim, tirx.IntImm) else str(dim)
+    """An int, or a symbolic dim's name as the model's signature spells it (str() of a tirx.Var in TVM 0.27
+    prints a uniquified name such as 'T_1', which no input's shape names)."""
+    if isinstance(dim, tirx.IntImm):
+        return int(dim)
+    return dim.name if isinstance(dim, tirx.Var) else str(dim)
 
 
 def check_attributes(attr, node, op, supported=_SUPPORTED_ATTRS):
@@ -145,9 +208,13 @@ def check_attributes(attr, node, op, supported=_SUPPORTED_ATTRS):
         raise UnsupportedOnnxError(node, op, f"attribute 'clip' = {clip} must be positive")
 
 
-def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS, x_like=None):
-    """Shared by GRU and RNN: validated shapes, layout-0 X and h0 (float32), int32 lengths.
-    x_like=(dims, dtype) stands in for a missing X (a layer of a pipelined stack takes the layer below)."""
+def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS, x_like=None,
+                   symbolic_batch: bool = False):
+    """Shared by GRU, RNN and LSTM: validated shapes, layout-0 X and h0 (float32), int32 lengths.
+    x_like=(dims, dtype) stands in for a missing X (a layer of a pipelined stack takes the layer below).
+    symbolic_batch: X's batch may be symbolic; c["batch"] is then X's symbolic dim (a tirx.Var of relax)
+    and the zero h0 a relax zeros() of that shape (see `spec_batch`, `zeros`, `recurrent_key`); without it
+    a symbolic batch is refused as before."""
     check_attributes(attr, node, op, supported)
     x, w, r = inputs[0], inputs[1], inputs[2]
     for name, val in (("X", x if x_like is None else True), ("W", w), ("R", r)):
@@ -164,13 +231,16 @@ def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS
     if layout == 1:
         x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
         x_dims = [x_dims[1], x_dims[0], x_dims[2]]
-    seq, batch, input_size = x_dims[0], _int(x_dims[1], "the batch size of X", node, op), \
-        _int(x_dims[2], "the input size of X", node, op)
+    batch = x_dims[1] if symbolic_batch and not is_static(x_dims[1]) else \
+        _int(x_dims[1], "the batch size of X", node, op)
+    seq, input_size = x_dims[0], _int(x_dims[2], "the input size of X", node, op)
     w_dims = [_int(d, "W's shape", node, op) for d in _static_dims(w, "W", node, op)]
     r_dims = [_int(d, "R's shape", node, op) for d in _static_dims(r, "R", node, op)]
     direction = _direction(attr, node)
     D = 2 if direction == "bidirectional" else 1
-    hidden = attr.get("hidden_size", r_dims[-1] if len(r_dims) == 3 else None)
+    from .checks import checked_hidden_size, checked_lengths
+
+    hidden = checked_hidden_size(attr, r_dims, node, op)
     want_w, want_r = [D, gates * hidden, input_size], [D, gates * hidden, hidden]
     if w_dims != want_w:
         raise UnsupportedOnnxError(node, op, f"input 'W' has shape {w_dims}, expected {want_w}")
@@ -192,23 +262,25 @@ def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS
     lens = inputs[4] if len(inputs) > 4 else None
     if lens is not None:
         l_dims = _static_dims(lens, "sequence_lens", node, op)
-        if len(l_dims) != 1 or _int(l_dims[0], "sequence_lens' length", node, op) != batch:
-            raise UnsupportedOnnxError(node, op, f"input 'sequence_lens' must have shape [{batch}]")
+        if is_static(batch):
+            if len(l_dims) != 1 or _int(l_dims[0], "sequence_lens' length", node, op) != batch:
+                raise UnsupportedOnnxError(node, op, f"input 'sequence_lens' must have shape [{batch}]")
+        elif len(l_dims) != 1 or not _same_dim(l_dims[0], batch):
+            raise UnsupportedOnnxError(node, op, f"input 'sequence_lens' has shape {[_dim_str(d) for d in l_dims]}, "
+                                                 f"expected [{_dim_str(batch)}] (X's batch)")
         if isinstance(lens, relax.Var):  # a graph input: the runtime checks its values before running
             add_input_check(attr, lens.name, {"kind": "range", "min": 0, "max": _dim_str(seq),
                                               "what": f"sequence_lens of {op} node '{node}'"})
-        lens = bb.emit(relax.op.astype(lens, "int32"))
+        lens = checked_lengths(bb, attr, lens, seq, node, op)   # int32; constants and computed values checked
     h0 = inputs[5] if len(inputs) > 5 else None
     if h0 is not None:
-        h_dims = [_int(d, "initial_h's shape", node, op) for d in _static_dims(h0, "initial_h", node, op)]
         want_h = [D, batch, hidden] if layout == 0 else [batch, D, hidden]
-        if h_dims != want_h:
-            raise UnsupportedOnnxError(node, op, f"input 'initial_h' has shape {h_dims}, expected {want_h}")
+        h0 = match_state_shape(bb, h0, want_h, "initial_h", node, op)
         if layout == 1:
             h0 = bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
         h0 = bb.emit(relax.op.astype(h0, "float32"))
     else:
-        h0 = relax.const(np.zeros((D, batch, hidden), "float32"))
+        h0 = zeros((D, batch, hidden), "float32")
     return dict(x=x, w=w, r=r, bias=bias, lens=lens, h0=h0, seq=seq, batch=batch, input_size=input_size,
                 hidden=hidden, D=D, direction=direction, dtype=dtype, layout=layout)
 
@@ -235,7 +307,7 @@ def emit_gru_layer(bb, c, spec, target, path_option: str = "auto"):
     rec, path = build_kernels(spec, str(target), path_option)
     H, B = c["hidden"], c["batch"]
     bias_i, rb_h = fold_biases(bb, c["bias"], H, spec.linear_before_reset)
-    lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
+    lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
     _, outs = emit_recurrent_kernels(bb, "gru", spec, c, rec, path, bias_i, [c["r"], rb_h, lens, c["h0"]], target)
     return outs
 
@@ -248,13 +320,18 @@ class GRU(OnnxOpConverter):
     def _impl_v1(cls, bb, inputs, attr, params):
         node = cls.node_name(attr)
         target = attr["tvm_custom"]["importer_options"]["target"]
-        c = prepare_common(bb, inputs, attr, node, "GRU", gates=3)
+        c = prepare_common(bb, inputs, attr, node, "GRU", gates=3, symbolic_batch=True)
         lbr = int(attr.get("linear_before_reset", 0))
         if lbr not in (0, 1):
             raise UnsupportedOnnxError(node, "GRU", f"attribute 'linear_before_reset' = {lbr} must be 0 or 1")
         acts = parse_onnx_activations(attr, 2, c["D"], ["Sigmoid", "Tanh"], f"ONNX node '{node}' (GRU)")
-        spec = gru_kernels.GruSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"], lbr,
+        spec = gru_kernels.GruSpec(c["D"], spec_batch(c["batch"]), c["hidden"], c["input_size"], c["dtype"], lbr,
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        outs = emit_gru_layer(bb, c, spec, target, recurrence_path_option(attr, node, "GRU"))
+        try:
+            outs = emit_gru_layer(bb, c, spec, target, recurrence_path_option(attr, node, "GRU"))
+        except UnsupportedOnnxError:
+            raise
+        except TvmseqError as err:   # a kernel factory's refusal (e.g. a persistent path for any batch)
+            raise UnsupportedOnnxError(node, "GRU", str(err)) from None
         return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),
                               c["layout"])

@@ -12,9 +12,9 @@ from ..errors import TvmseqError, UnsupportedOnnxError
 from ..kernels import gru as gru_kernels
 from ..kernels import lstm as lstm_kernels
 from ..kernels.activations import parse_onnx_activations
-from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, emit_input_projection, finish_outputs, prepare_common,
-                  recurrence_path_option)
-from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converter
+from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, emit_input_projection, finish_outputs, match_state_shape,
+                  prepare_common, recurrence_path_option, recurrent_key, spec_batch, zeros)
+from .importer import OnnxOpConverter, emit_kernel, register_converter
 
 _LSTM_ATTRS = (_SUPPORTED_ATTRS - {"linear_before_reset"}) | {"input_forget"}
 # the inputs of an ONNX LSTM node, by position
@@ -58,15 +58,13 @@ def _optional_input(inputs, index):
 
 
 def _initial_c(bb, inputs, c, node):
-    """initial_c as float32 [D, B, H] (layout 1 permuted, as prepare_common does initial_h); zeros if absent."""
+    """initial_c as float32 [D, B, H] (layout 1 permuted, as prepare_common does initial_h); zeros if absent.
+    A symbolic batch (prepare_common's c["batch"]) is matched as prepare_common matches initial_h's."""
     c0 = _optional_input(inputs, _INITIAL_C)
     D, B, H = c["D"], c["batch"], c["hidden"]
     if c0 is None:
-        return relax.const(np.zeros((D, B, H), "float32"))
-    dims = [_int(d, "initial_c's shape", node, "LSTM") for d in _static_dims(c0, "initial_c", node, "LSTM")]
-    want = [D, B, H] if c["layout"] == 0 else [B, D, H]
-    if dims != want:
-        raise UnsupportedOnnxError(node, "LSTM", f"input 'initial_c' has shape {dims}, expected {want}")
+        return zeros((D, B, H), "float32")
+    c0 = match_state_shape(bb, c0, [D, B, H] if c["layout"] == 0 else [B, D, H], "initial_c", node, "LSTM")
     if c["layout"] == 1:
         c0 = bb.emit(relax.op.permute_dims(c0, [1, 0, 2]))
     return bb.emit(relax.op.astype(c0, "float32"))
@@ -77,14 +75,14 @@ def _peepholes(bb, inputs, c, node):
     give zeros and False, so the kernels skip the three products."""
     p = _optional_input(inputs, _P)
     D, H = c["D"], c["hidden"]
-    zeros = relax.const(np.zeros((D, 3 * H), "float32"))
+    no_peepholes = relax.const(np.zeros((D, 3 * H), "float32"))
     if p is None:
-        return zeros, False
+        return no_peepholes, False
     dims = [_int(d, "P's shape", node, "LSTM") for d in _static_dims(p, "P", node, "LSTM")]
     if dims != [D, 3 * H]:
         raise UnsupportedOnnxError(node, "LSTM", f"input 'P' has shape {dims}, expected {[D, 3 * H]}")
     if isinstance(p, tvm.ir.expr.Constant) and not np.any(p.value.numpy()):
-        return zeros, False
+        return no_peepholes, False
     return bb.emit(relax.op.astype(p, "float32")), True
 
 
@@ -100,9 +98,9 @@ def emit_lstm_layer(bb, c, spec, c0, peep, target, path_option: str = "auto"):
     rec, path = lstm_recurrence_for(spec, target, path_option)
     D, B, H, seq = c["D"], c["batch"], c["hidden"], c["seq"]
     gate_i = emit_input_projection(bb, "lstm", spec, c, fold_lstm_biases(bb, c["bias"], H), target)
-    lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
+    lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
     sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
-    key = KernelKey(sizes, c["dtype"], {"spec": repr(spec), "path": path}, ("seq",))
+    key = recurrent_key(sizes, c["dtype"], {"spec": repr(spec), "path": path})
     state = relax.TensorType([D, B, H], c["dtype"])
     return emit_kernel(bb, "lstm_recurrence", key, lambda: rec, [gate_i, c["r"], peep, lens, c["h0"], c0],
                        [relax.TensorType([seq, D, B, H], c["dtype"]), state, state], name_hint="lstm_recurrence")
@@ -126,7 +124,7 @@ class LSTM(OnnxOpConverter):
         node = cls.node_name(attr)
         target = attr["tvm_custom"]["importer_options"]["target"]
         _direction(attr, node)   # checked here so the message names LSTM
-        c = prepare_common(bb, inputs, attr, node, "LSTM", gates=4, supported=_LSTM_ATTRS)
+        c = prepare_common(bb, inputs, attr, node, "LSTM", gates=4, supported=_LSTM_ATTRS, symbolic_batch=True)
         input_forget = attr.get("input_forget", 0)
         if input_forget not in (0, 1):
             raise UnsupportedOnnxError(node, "LSTM", f"attribute 'input_forget' = {input_forget} must be 0 or 1")
@@ -134,7 +132,7 @@ class LSTM(OnnxOpConverter):
                                       f"ONNX node '{node}' (LSTM)")
         c0 = _initial_c(bb, inputs, c, node)
         peep, has_peepholes = _peepholes(bb, inputs, c, node)
-        spec = lstm_kernels.LstmSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"], c["direction"],
+        spec = lstm_kernels.LstmSpec(c["D"], spec_batch(c["batch"]), c["hidden"], c["input_size"], c["dtype"], c["direction"],
                                      tuple(acts), attr.get("clip"), c["lens"] is not None, int(input_forget),
                                      has_peepholes)
         try:

@@ -6,8 +6,9 @@ from tvm import relax
 
 from ..kernels import rnn as rnn_kernels
 from ..kernels.activations import parse_onnx_activations
+from ..errors import TvmseqError, UnsupportedOnnxError
 from .gru import (_SUPPORTED_ATTRS, build_kernels, emit_recurrent_kernels, finish_outputs, prepare_common,
-                  recurrence_path_option)
+                  recurrence_path_option, spec_batch, zeros)
 from .importer import OnnxOpConverter, register_converter
 
 _RNN_ATTRS = _SUPPORTED_ATTRS - {"linear_before_reset"}
@@ -21,16 +22,19 @@ class RNN(OnnxOpConverter):
     def _impl_v1(cls, bb, inputs, attr, params):
         node = cls.node_name(attr)
         target = attr["tvm_custom"]["importer_options"]["target"]
-        c = prepare_common(bb, inputs, attr, node, "RNN", gates=1, supported=_RNN_ATTRS)
+        c = prepare_common(bb, inputs, attr, node, "RNN", gates=1, supported=_RNN_ATTRS, symbolic_batch=True)
         acts = parse_onnx_activations(attr, 1, c["D"], ["Tanh"], f"ONNX node '{node}' (RNN)")
-        spec = rnn_kernels.RnnSpec(c["D"], c["batch"], c["hidden"], c["input_size"], c["dtype"],
+        spec = rnn_kernels.RnnSpec(c["D"], spec_batch(c["batch"]), c["hidden"], c["input_size"], c["dtype"],
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
-        rec, path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "RNN"))
+        try:
+            rec, path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "RNN"))
+        except TvmseqError as err:   # e.g. a persistent path asked for with any batch
+            raise UnsupportedOnnxError(node, "RNN", str(err)) from None
         H, D, B = c["hidden"], c["D"], c["batch"]
         sl = relax.op.strided_slice
         bias = c["bias"]
         bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[H]), sl(bias, axes=[1], begin=[H], end=[2 * H])))
-        lens = c["lens"] if c["lens"] is not None else relax.const(np.zeros(B, "int32"))
+        lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
         # the persistent kernel shares the GRU's signature: a (zero) rb_h after R
         extra = [relax.const(np.zeros((D, H), "float32"))] if path.startswith("persistent") else []
         _, outs = emit_recurrent_kernels(bb, "rnn", spec, c, rec, path, bias_i, [c["r"], *extra, lens, c["h0"]],
