@@ -190,6 +190,17 @@ def test_unnamed_input_dims_are_independent():
     check(model, [{"x": rand(2, 5)}, {"x": rand(3, 7)}])
 
 
+def test_question_mark_dims_are_independent_and_other_names_stay_tied():
+    """paddle2onnx names every unknown dim "?": each is its own size. A name that is not an identifier
+    ("seq len") still ties the axes that carry it."""
+    x = helper.make_tensor_value_info("x", F, ["?", 3, "?", "seq len"])
+    z = helper.make_tensor_value_info("z", F, ["seq len"])
+    model = make([helper.make_node("Add", ["x", "z"], ["y"])], [x, z], [helper.make_tensor_value_info("y", F, None)])
+    compiled = check(model, [{"x": rand(1, 3, 32, 5), "z": rand(5)}, {"x": rand(2, 3, 8, 7), "z": rand(7)}])
+    with pytest.raises(tvmseq.TvmseqError, match="'z'"):
+        compiled(x=rand(1, 3, 4, 5), z=rand(6))
+
+
 def test_a_wrong_declared_output_shape_is_not_trusted():
     """An export that declares its output [1, n] but reshapes to [t, 1, c]: onnxruntime's result wins."""
     nodes = [helper.make_node("Shape", ["x"], ["s"]),

@@ -47,7 +47,19 @@ def build_relax(mod: tvm.IRModule, target, cuda_graph: bool = False, cuda_graph_
     from .tune.model import relax_pipeline  # schedule_gpu's pipeline on GPUs; CPU rules on llvm; the database
 
     with target, tvm.transform.PassContext(opt_level=3, config=config):
-        return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, tuned))
+        try:
+            return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, tuned))
+        except TvmseqError:
+            raise
+        except Exception as err:  # noqa: BLE001 - TVM raises ValueError, RuntimeError, InternalError...
+            # a TVM pass that cannot take the model: one line (where it failed and why), not TVM's traceback
+            raise TvmseqError(f"TVM could not compile the model for {target.kind.name}: "
+                              f"{type(err).__name__}: {_last_line(err)}") from err
+
+
+def _last_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(no message)"
 
 
 def _dim_name(dim) -> str:

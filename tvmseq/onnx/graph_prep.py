@@ -14,18 +14,20 @@ evaluates such shape arithmetic one element at a time (a symbolic dim stays unkn
 value the static dims decide by a constant before the optimizer runs (so `If (Shape(x)[2] == 4)` on a
 static dim 2 folds and its branch is inlined).
 
-Input dims that are unknown (no value, no name) or negative (some exporters write -1) get a name of
-their own, `<input>_dim<axis>`, so each becomes its own symbolic size instead of sharing one unnamed
-variable with every other unknown dim.
+Input dims that are unknown (no value, no name, or the "?" that paddle2onnx writes for every unknown dim) or
+negative (some exporters write -1) get a name of their own,
+`<input>_dim<axis>`, so each becomes its own symbolic size instead of being tied to every other unknown dim.
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+UNKNOWN_DIM = "?"        # paddle2onnx's name for every unknown dim: not one shared size
 FOLD_OPTION = "fold"     # importer option: False skips the folding (shape arithmetic and the optimizer)
 
 
@@ -35,7 +37,9 @@ def name_unknown_input_dims(graph: onnx.GraphProto) -> None:
         if value.name in initializers or not value.type.tensor_type.HasField("shape"):
             continue
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-            if dim.HasField("dim_param") and dim.dim_param:
+            if dim.HasField("dim_param") and dim.dim_param and dim.dim_param != UNKNOWN_DIM:
+                if not dim.dim_param.isidentifier():   # "batch size", "seq-len": the same dim, an identifier's name
+                    dim.dim_param = "d_" + re.sub(r"\W", "_", dim.dim_param)
                 continue
             if not dim.HasField("dim_value") or dim.dim_value <= 0:
                 dim.Clear()
