@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # `python -m tests.test_gpu_corpus build` too
 ROOT = Path(os.environ.get("TVMSEQ_CORPUS_DIR", "out/corpus_gpu"))
 
 
@@ -43,8 +44,8 @@ def build(out: Path, ids: list[str]) -> None:
     import onnx
 
     import tvmseq
-    from tests.corpus import CORPUS, fetch
-    from tests.test_corpus import input_sets
+    from corpus import CORPUS, fetch
+    from test_corpus import input_sets
 
     out.mkdir(parents=True, exist_ok=True)
     for entry in CORPUS:
@@ -64,7 +65,7 @@ def test_corpus_model_on_gpu_matches_onnxruntime(model_id):
     import onnx
     import onnxruntime as ort
 
-    from tests.test_corpus import TOLERANCE
+    from test_corpus import TOLERANCE
     from tvmseq.runtime import load_model
 
     if model_id == "none":
