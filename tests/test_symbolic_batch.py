@@ -20,8 +20,6 @@ from onnx import numpy_helper
 
 import tvmseq
 from tvmseq import TvmseqError, models, reference
-from tvmseq.build import build_relax
-from tvmseq.onnx import from_onnx
 from tvmseq.targets import resolve
 
 ort = pytest.importorskip("onnxruntime")
@@ -132,7 +130,7 @@ def test_bad_inputs_are_refused_before_running():
 def test_persistent_path_needs_a_static_batch():
     model = node_model("GRU", linear_before_reset=1)
     with pytest.raises(TvmseqError, match=r"gru0.*static batch"):
-        from_onnx(model, target="llvm", recurrence="persistent")
+        tvmseq.onnx.from_onnx(model, target="llvm", recurrence="persistent")
 
 
 def test_gru_stack_with_symbolic_batch_runs_layer_by_layer():
@@ -172,6 +170,9 @@ def test_cuda_build_takes_the_per_step_kernels():
     import tvm
 
     model = node_model("GRU", linear_before_reset=1, direction="bidirectional", with_seq_lens=True)
+    from tvmseq.build import build_relax   # TVM's compiler: not where only its runtime is installed
+    from tvmseq.onnx import from_onnx
+
     mod = from_onnx(model, target="cuda", artifacts=None)
     names = [gv.name_hint for gv in mod.get_global_vars()]
     assert "gru_recurrence" in names and "gru_input_projection_flat" in names, names
