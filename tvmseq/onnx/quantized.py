@@ -51,7 +51,9 @@ _WEIGHT_DTYPES = ("int8", "uint8")
 # ---------------------------------------------------------------------------------------------------
 def _nearbyint(bb, x):
     """Round half to even, as onnxruntime does (relax.op.round rounds half away from zero)."""
-    return bb.emit_te(lambda t: te.compute(t.shape, lambda *i: tirx.nearbyint(t(*i)), name="nearbyint"), x)
+    # a name of its own: the PrimFunc (and the fused CUDA kernel) would be named "<lambda>", not an identifier
+    return bb.emit_te(lambda t: te.compute(t.shape, lambda *i: tirx.nearbyint(t(*i)), name="nearbyint"), x,
+                      primfunc_name_hint="round_half_even")
 
 
 def activation_qparams(bb, x):
@@ -81,7 +83,8 @@ def _quantize_te(x, scale, zp, dequantize: bool):
 
 
 def quantize_activation(bb, x, scale, zp, dequantize: bool = False):
-    return bb.emit_te(lambda t, s, z: _quantize_te(t, s, z, dequantize), x, scale, zp)
+    return bb.emit_te(lambda t, s, z: _quantize_te(t, s, z, dequantize), x, scale, zp,
+                      primfunc_name_hint="dequantize" if dequantize else "quantize")
 
 
 def _rows_before_te(x, longest):
