@@ -91,7 +91,7 @@ def nvcc_fatbin(code: str, arches=("sm_90a",), extra_flags=()) -> tuple[bytes, d
         src, out = os.path.join(tmp, "kernels.cu"), os.path.join(tmp, "kernels.fatbin")
         Path(src).write_text(code)
         # no --use_fast_math (TVM's nvcc default): its approximate expf/tanhf cost the GRU kernels an
-        # order of magnitude of fp32 accuracy (4.5e-6 against 2.6e-7 relative, H100, session 2)
+        # order of magnitude of fp32 accuracy (4.5e-6 against 2.6e-7 relative, H100, 2026-11-22)
         cmd = [nvcc, "--fatbin", "-O3", "-w", "--expt-relaxed-constexpr",
                "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-Xptxas=-v",
                *gencode, *extra_flags, "-o", out, src]

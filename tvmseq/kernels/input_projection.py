@@ -140,7 +140,7 @@ def projection_genes(shape: ProjectionShape, base: dict, gpu_target=None
 
 # Batch 8 (24, 40, ...) is left to dlight: an 8-row tile of this template (bm 8, tm 2, bn 128, bk 32,
 # copy vector 2) measured 0.41 ms against dlight's 0.35 ms on the H100 at H = I = 1024 (cuBLAS 0.16 ms;
-# `tvmseq bench input_projection`, session 3): too few rows per block to reuse the weight tile.
+# `tvmseq bench input_projection`, 2026-11-22): too few rows per block to reuse the weight tile.
 
 
 @dataclass
@@ -213,8 +213,8 @@ def schedule_input_projection(func: tirx.PrimFunc, target: tvm.target.Target,
 # ---------------------------------------------------------------------------------------------------
 # Padded rows with few blocks: at seq 100 and batch 1-8 the row tiles of PROJECTION_GENES (64 x 128, 8 x 8 a thread)
 # make under 4 blocks an SM, and a 64 x 64 tile with 8 x 4 accumulators a thread (twice the blocks, 128 threads
-# each) is faster. Measured on the H100, fp32, seq 100 (`scripts/proj_rows_sweep.py`,
-# artifacts/bench/proj_rows_sweep.json, cuBLAS in the same process): us a step B1 H1024 0.75 -> 0.52, B1 H512
+# each) is faster. Measured on the H100, fp32, seq 100 (a sweep of row
+# tiles, 2026-11-23, cuBLAS in the same process; notes/persistent.md): us a step B1 H1024 0.75 -> 0.52, B1 H512
 # 0.40 -> 0.27, B8 H512 0.66 -> 0.51, B8 H1024 1.64 -> 1.59, bi B8 H512 0.87 -> 0.84; where the large tile makes
 # more blocks (bi B8 H1024: 624, 2.72 vs 3.09 us; B100 H1024: 3768, 14.2 vs 16.5) it stays.
 FEW_BLOCKS_GENES: dict[str, int] = dict(PROJECTION_GENES, bn=64, tn=4)
@@ -303,7 +303,7 @@ class TensorCoreTile:
     k_frags: int = 4
 
 
-# Measured on the H100 (scripts/tc_projection_sweep.py, artifacts/bench/tc_projection_sweep.json, GRU input GEMMs
+# Measured on the H100 (a tile sweep, 2026-11-23, notes/persistent.md; GRU input GEMMs
 # of batch 64/256, H = I = 512/1024): wmma rule 148-206 TFLOP/s at dlight's tile (no other of 9 tiles better);
 # the mma.sync kernel 176-228 TFLOP/s at MMA_TILE (the best of 8), 0.33-0.36x cuBLAS.
 TENSOR_CORE_TILE = TensorCoreTile()
@@ -311,7 +311,7 @@ TENSOR_CORE_TILE = TensorCoreTile()
 
 MMA_TILE = MmaGemmTile(bm=128, bn=128, bk=64, warps_m=2, warps_n=4, stages=3)
 # sm_90a: the warpgroup kernel (`projection_wgmma`), the first tile whose bn divides N. Measured on the H100
-# (scripts/tc_projection_sweep.py, artifacts/bench/tc_projection_sweep.json, runs session5_wgmma*: GRU input
+# (a tile sweep, 2026-11-23, notes/persistent.md: GRU input
 # GEMMs of batch 37/64/256, H = I = 1024): 128 x 256, 4 stages, a wgmma group kept in flight 428-495 TFLOP/s,
 # 0.69-0.73x cuBLAS; 128 x 128, 3 stages 409-462 (the mma.sync kernel: 245-262)
 WGMMA_TILES = (WgmmaTile(bm=128, bn=256, stages=4, inflight=True), WgmmaTile(bm=128, bn=128, stages=3))

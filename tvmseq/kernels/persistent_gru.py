@@ -71,7 +71,7 @@ def default_gru_config(D: int, B: int, H: int, dtype: str, target, cell: str = "
 
 
 # Time of one step (us) as a linear function of step_features, least squares over the engine sweep on the H100
-# (scripts/engine_cost_fit.py on artifacts/bench/pgru_sweep.json, session 11: 387 configs of 32 GRU/RNN cells,
+# (schedules/engine_cost_fit.py on artifacts/bench/pgru_sweep.json.gz, 2026-11-23: 387 configs of 32 GRU/RNN cells,
 # rms residual 0.89 us). Its picks were 0-79% slower than the best config timed (mean 7%, each cell left out of
 # its own fit) where `recurrent_gemm.estimate_step_cycles`'s were 0-110% (mean 43%): each pass of a step pays
 # its own hand-off (~0.3 us + its issue time), which the cycle model overlaps.
@@ -758,7 +758,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
 # ----------------------------------------------------------------------------------------------------
 
 
-# Where the weights fit, the persistent kernel wins at small batch (H100, session 2, recurrence alone,
+# Where the weights fit, the persistent kernel wins at small batch (H100, 2026-11-22, recurrence alone,
 # us a step: B8 H1024 3.5 vs 12.9 per-step) but not at large batch, where its per-thread accumulators
 # force many batch chunks (hand-offs) per step and the per-step path's tiled GEMM wins (B64 H1024 27.9
 # vs 20.9, B64 H512 10.9 vs 10.2, B64 H256 5.2 vs 8.2). Persistent when B <= PERSISTENT_MAX_BATCH or

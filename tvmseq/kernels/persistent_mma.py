@@ -112,7 +112,7 @@ MMA_MIN_BATCH = 16
 # both timed in one process: schedules/tune_persistent_mma.py) routes that exact shape here (`beats_engine`)
 ENGINE_PICK = {"engine": "persistent_gru"}
 # float32 (product on FMA units): where it beat the per-step path and the SIMT engine on the H100, recurrence
-# us a step (artifacts/bench/pmma_sweep.json, sweep9): H512 B64 6.2 vs 10.8 (per-step), H256 B64 3.0 vs 5.3
+# us a step (artifacts/bench/pmma_sweep.json.gz, sweep9): H512 B64 6.2 vs 10.8 (per-step), H256 B64 3.0 vs 5.3
 # (engine); not at H1024 B64 (21.6 vs 20.2) or H512 B256 (19.3 vs 18.6-19.0, a tie)
 SIMT_MIN_BATCH, SIMT_MAX_BATCH, SIMT_MAX_HIDDEN = 32, 64, 512
 _REG_OVERHEAD = 40
@@ -387,7 +387,7 @@ def wide_block_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
     SM traffic a step. Chunk rows 32, or 16 where that splits further; the next chunk's copy in flight
     (`pipeline`) when a block has 2+ chunks a step. None when the blocks would fill < WIDE_MIN_FILL of the
     SMs (small H x B: more, smaller blocks win), need no split, or H < 512 (not measured there). Measured on
-    the H100 (recurrence us a step, artifacts/bench/pmma_sweep.json, run sweep6, against two 8-unit blocks an
+    the H100 (recurrence us a step, artifacts/bench/pmma_sweep.json.gz, run sweep6, against two 8-unit blocks an
     SM): H1024 B64 4.85 vs 6.25, H1024 B256 15.6 vs 20.1, H512 B256 6.2 vs 7.2, H512 B64 (16 rows) 2.84 vs
     3.14, bi H512 B64 3.90 vs 4.55."""
     if H < 512:
@@ -409,7 +409,7 @@ def wide_block_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
 def batch_split_config(D: int, B: int, H: int, facts, rows: int = 32) -> MmaConfig | None:
     """Two blocks an SM, each with its own 32-row chunks (8 units, 8 warps): the largest power-of-two split
     that keeps D x G x split <= 2 x SMs and gives every block a chunk; None when that is no split. Measured
-    on the H100 (artifacts/bench/pmma_sweep.json, fp16 recurrence, us a step): H512 B256 12.6 -> 7.0 (split 4),
+    on the H100 (artifacts/bench/pmma_sweep.json.gz, fp16 recurrence, us a step): H512 B256 12.6 -> 7.0 (split 4),
     H256 B64 3.16 -> 2.33, H512 B64 3.67 -> 3.05, H1024 B256 22.4 -> 20.1, H1024 B64 6.34 -> 6.22 (split 2)."""
     blocks = D * math.ceil(H / 8)
     split = 1

@@ -258,7 +258,7 @@ class PollOptions:
                  reach the block's __syncthreads (bar.sync, .aligned) diverged, which is undefined; on the
                  H100 the barrier then released the block while some lanes still polled, the block
                  published a step those lanes had not read, and the hand-off hung or went wrong
-                 (scripts/pgru_diag.py, notes/persistent.md)
+                 (notes/persistent.md)
     order:       "relaxed" (ld/st.relaxed.gpu) or "acqrel" (ld.acquire.gpu / st.release.gpu)
     """
 

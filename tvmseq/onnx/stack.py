@@ -39,7 +39,7 @@ from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converte
 STACK_OP = "TvmseqGruStack"
 STACK_OPTION = "gru_stack"
 STACK_MODES = ("auto", "on", "off")
-# H100, session 3 (tvmseq bench gru_stack, row-split schedule): pipelined vs layer by layer 2.2-4.0x at
+# H100, 2026-11-22 (tvmseq bench gru_stack, row-split schedule): pipelined vs layer by layer 2.2-4.0x at
 # batch <= 8 for hidden <= 512 (2.79x at 4 x 512, batch 8), 1.20x at 4 x 512, batch 64
 STACK_MAX_BATCH = 64
 
