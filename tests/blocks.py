@@ -143,6 +143,22 @@ def matmul_gemm():
     return _model(nodes, [_f32("X", [3, 7, 11])], [_f32("Y", None)], inits), {"X": _x(rng, 3, 7, 11)}
 
 
+def matmul_integer():
+    """The int8 Linear of onnxruntime's quantize_dynamic: DynamicQuantizeLinear(X) -> MatMulInteger with an int8
+    weight -> Cast -> Mul by both scales, over a symbolic time axis (dlight's Matmul rule gives the int32 product a
+    thread-local buffer of symbolic size there, which CUDA code generation refuses)."""
+    rng = np.random.default_rng(19)
+    w_q = rng.integers(-127, 128, (96, 80)).astype(np.int8)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["X"], ["Xq", "Xs", "Xz"]),
+             helper.make_node("MatMulInteger", ["Xq", "Wq", "Xz", "Wz"], ["P"]),
+             helper.make_node("Cast", ["P"], ["Pf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["Xs", "Ws"], ["S"]),
+             helper.make_node("Mul", ["Pf", "S"], ["Y"])]
+    inits = [numpy_helper.from_array(w_q, "Wq"), numpy_helper.from_array(np.array(0, np.int8), "Wz"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "Ws")]
+    return _model(nodes, [_f32("X", [2, "T", 96])], [_f32("Y", None)], inits), {"X": _x(rng, 2, 37, 96)}
+
+
 def layernorm_batchnorm():
     """BatchNormalization over channels of [1, C, T], then LayerNormalization over the features."""
     rng = np.random.default_rng(11)
@@ -235,7 +251,7 @@ def lstm_stack():
 BLOCKS = {f.__name__: f for f in (
     depthwise_1x1, depthwise_1x1_symbolic, depthwise_conv1d, depthwise_conv2d_time, grouped_conv1d, dilated_conv1d,
     strided_conv2d, conv_transpose1d, conv_transpose2d, depthwise_conv_transpose1d, einsum_linear, linear_one_feature,
-    matmul_gemm, layernorm_batchnorm, computed_pad, if_block, gru_stack, rnn_stack, lstm_stack)}
+    matmul_gemm, matmul_integer, layernorm_batchnorm, computed_pad, if_block, gru_stack, rnn_stack, lstm_stack)}
 # name -> (block, options): TVM's own conversion (importer option stock_conv) and TVM's own dlight step
 # (STOCK_SCHEDULE: tvmseq.schedule_gpu.stock_pipeline), to show its CUDA bugs (expected to fail on the GPU)
 STOCK_SCHEDULE = "stock_schedule"

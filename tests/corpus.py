@@ -118,7 +118,8 @@ CORPUS: list[CorpusModel] = [
     CorpusModel("ddddocr-old-int8", "ddddocr==1.0.6", "ddddocr/common.onnx",
                 "OCR", ("com.microsoft::DynamicQuantizeLSTM",),
                 "bf750a744e545a8be066a611fee5d752f43d455524232554f5e352b20321e57a",
-                note="int8 com.microsoft::DynamicQuantizeLSTM: weights dequantized into tvmseq's LSTM kernels",
+                note="int8 com.microsoft::DynamicQuantizeLSTM: weights dequantized into tvmseq's LSTM kernels; "
+                     "builds for CUDA (a dlight Matmul schedule with a local buffer of symbolic size is refused)",
                 inputs={"input1": ("image", {3: [64, 120]})}),
 ]
 

@@ -73,7 +73,7 @@ def test_cuda_schedule_routed_around_a_failing_dlight_rule_is_exact(case, caplog
 
 
 @pytest.mark.parametrize("name", ["depthwise_1x1", "depthwise_conv1d", "grouped_conv1d", "depthwise_conv2d_time",
-                                  "dilated_conv1d", "if_block", "depthwise_conv_transpose1d"])
+                                  "dilated_conv1d", "if_block", "depthwise_conv_transpose1d", "matmul_integer"])
 def test_blocks_tvm_could_not_build_build_for_cuda(name):
     """Blocks TVM's CUDA pipeline got wrong or could not build (notes/tvm_depthwise_conv_cuda.md) build."""
     from tvmseq.build import compile_onnx
@@ -83,3 +83,29 @@ def test_blocks_tvm_could_not_build_build_for_cuda(name):
     source = compiled.executable.mod.imports[0].imports[0].inspect_source() \
         if compiled.executable.mod.imports and compiled.executable.mod.imports[0].imports else ""
     assert "__global__" in source
+
+
+def test_a_schedule_with_a_thread_local_buffer_of_symbolic_size_is_refused():
+    """CUDA code generation refuses a thread-local buffer of symbolic size ("Can only handle constant size stack
+    allocation"; dlight's Matmul rule made one for the int32 MatMulInteger of an int8 OCR model over its
+    symbolic width): the schedule check says so, so schedule_gpu tries the next rule."""
+    from tvm.script import tirx as T
+
+    from tvmseq import schedule_gpu
+    from tvmseq.targets import resolve
+
+    @T.prim_func
+    def copy_through_local(a: T.handle, b: T.handle):
+        n = T.int64()
+        A = T.match_buffer(a, (n,), "float32")
+        B = T.match_buffer(b, (n,), "float32")
+        for i in T.thread_binding(1, thread="blockIdx.x"):
+            for j in T.thread_binding(32, thread="threadIdx.x"):
+                tmp = T.alloc_buffer((n,), "float32", scope="local")
+                for k in range(n):
+                    tmp[k] = A[k] * T.float32(2)
+                for k in range(n):
+                    B[k] = tmp[k]
+
+    why = schedule_gpu.lowering_error(copy_through_local.with_attr("tirx.is_scheduled", True), resolve("cuda"))
+    assert why is not None and "symbolic size" in why, why

@@ -122,16 +122,33 @@ def schedule_func(func: tirx.PrimFunc, target, rules=None, name: str = "func") -
 
 
 def lowering_error(func: tirx.PrimFunc, target) -> str | None:
-    """None when `func` alone goes through TVM's TIR lowering for `target`, else the error's first line."""
+    """None when `func` alone goes through TVM's TIR lowering for `target` and CUDA code generation can take
+    what it allocates, else why not (the error's first line)."""
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     try:
         with target:
             mod = tirx.transform.BindTarget(target)(mod)
             lower, _, _ = tvm.tirx.get_default_tir_pipeline(target)
-            lower(mod)
+            lowered = lower(mod)
     except Exception as err:  # noqa: BLE001 - any failure rejects this schedule
         return _first_line(err)
-    return None
+    return _symbolic_local_allocation(lowered)
+
+
+def _symbolic_local_allocation(mod: tvm.IRModule) -> str | None:
+    """A thread-local buffer of symbolic size, which CUDA code generation refuses ("Can only handle constant size
+    stack allocation"): dlight's Matmul rule makes one for an int32 MatMulInteger over a symbolic axis."""
+    found = []
+
+    def visit(node):
+        buf = node.buffer
+        if buf.scope().startswith("local") and not all(isinstance(d, tvm.tirx.IntImm) for d in buf.shape):
+            found.append(f"local buffer {buf.name} of symbolic size {list(buf.shape)}")
+        return node
+
+    for _, fn in mod.functions_items():
+        tvm_ffi.structural_map(fn, [(tirx.AllocBuffer, visit)])
+    return found[0] if found else None
 
 
 def unit_reductions_to_spatial(func: tirx.PrimFunc) -> tirx.PrimFunc:
