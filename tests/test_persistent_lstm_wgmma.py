@@ -134,9 +134,10 @@ def _spec(D, B, H, dtype="float16", **kw):
 
 @needs_compiler
 @pytest.mark.parametrize("D,B,H,path", [
-    (2, 64, 1024, "persistent_wgmma"),    # the database timed only the per-step path there
-    (1, 128, 512, "persistent_wgmma"), (2, 128, 256, "persistent_wgmma"),
-    (2, 256, 512, "persistent_mma"),      # the database's measured winner stays
+    (2, 64, 1024, "persistent_wgmma"),    # measured on the H100: 9.5 us a step against the per-step path's 39.0
+    (1, 128, 512, "persistent_wgmma"), (2, 128, 256, "persistent_wgmma"),   # not measured: the GRU's rule
+    (2, 256, 512, "persistent_wgmma"),    # measured: 12.8 against the staged kernel's 14.0
+    (2, 256, 128, "persistent_mma"),      # measured: the staged kernel 4.26 against 4.32
     (1, 64, 512, "persistent_mma"),
 ])
 def test_path_choice(D, B, H, path):
@@ -145,7 +146,7 @@ def test_path_choice(D, B, H, path):
     assert got == path, why
     if path == "persistent_wgmma":
         assert func.attrs["global_symbol"] == "lstm_recurrence_wgmma" and len(func.params) == 9
-        assert "warpgroup" in why
+        assert "warpgroup" in why or "measured fastest" in why
 
 
 @needs_compiler
