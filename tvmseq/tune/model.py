@@ -250,12 +250,12 @@ def tune_model(model, target=None, trials: int = 64, shapes: dict | None = None,
         return report
     log(f"tune: {len(tasks)} task(s) ({', '.join(report.tasks)}), {trials} trials, cost model {cost}; "
         f"{len(skipped)} tvmseq kernel(s) left as they are")
-    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        tasks, str(work_dir), num_threads="physical")
     database = wrap.open_database(work_dir)
     callback = _progress(trials, progress, log)
     start = time.perf_counter()
     with _quiet_meta_schedule():
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            tasks, str(work_dir), num_threads="physical")
         ms.tune.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=str(work_dir), max_trials_global=trials,
             num_trials_per_iter=min(trials_per_iter, trials),
@@ -283,7 +283,9 @@ def _progress(trials: int, show: bool, log):
 
 
 class _quiet_meta_schedule:
-    """MetaSchedule logs every task's per-round table at INFO to stdout; the bar says what matters."""
+    """MetaSchedule logs every task's per-round table at INFO to stdout; the bar says what matters. Its logger's
+    unnamed handlers (pytest's capture handlers, a user's own) are set aside meanwhile: MetaSchedule rebuilds its
+    logging config from the handlers' names and fails on a None ("'NoneType' object has no attribute 'format'")."""
 
     def __enter__(self):
         import logging
@@ -291,9 +293,14 @@ class _quiet_meta_schedule:
         self.logger = logging.getLogger("tvm.s_tir.meta_schedule")
         self.level = self.logger.level
         self.logger.setLevel(logging.WARNING)
+        self.unnamed = [h for h in self.logger.handlers if h.get_name() is None]
+        for handler in self.unnamed:
+            self.logger.removeHandler(handler)
 
     def __exit__(self, *exc):
         self.logger.setLevel(self.level)
+        for handler in self.unnamed:
+            self.logger.addHandler(handler)
 
 
 def format_report(report: TuneReport) -> str:
