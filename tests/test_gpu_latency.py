@@ -8,7 +8,8 @@ Each case is compiled twice, plainly and with `cuda_graph=True` (time axis bound
 onnxruntime at several lengths, each twice (capture, then replay), and again after other lengths (the graph
 captured for a shape must read that shape's input buffers). The cases cover the three recurrence paths a
 graph must hold: the persistent SIMT engine (a cooperative launch), the per-step path (a host time loop of
-launches inside one PrimFunc) and a two-layer stack with state exposed for streaming.
+launches inside one PrimFunc) and a two-layer stack with state exposed for streaming. Every call of every
+case must be captured whole (`Model.graph_fallbacks` empty).
 """
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ CASES = {
     "gru_persistent_b8_h256": dict(op="GRU", seq="T", batch=8, input_size=64, hidden=256, linear_before_reset=1),
     "gru_per_step_b96_h512": dict(op="GRU", seq="T", batch=96, input_size=48, hidden=512, linear_before_reset=1),
     "denoiser_b1": "denoiser",
+    "denoiser_frame": "denoiser",     # built for exactly one frame (static shapes, as a streaming user would)
 }
+FRAME_SHAPES = {"X": [1, 3, 7]}
 
 
 def _model(name):
@@ -60,14 +63,16 @@ def build(out_dir, names=None) -> None:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    index = {}
+    index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else {}
     for name in names or CASES:
         model, dim = _model(name)
         expose = CASES[name] == "denoiser"
+        frame = name.endswith("_frame")
+        lengths = (1,) if frame else LENGTHS
         ref = expose_state(model, warn=False)[0] if expose else model
         sess = ort.InferenceSession(ref.SerializeToString(), providers=["CPUExecutionProvider"])
         data = {}
-        for length in LENGTHS:
+        for length in lengths:
             feeds = _feeds(sess, length, seed=length)
             outs = sess.run(None, feeds)
             data.update({f"in{length}_{k}": v for k, v in feeds.items()})
@@ -77,11 +82,12 @@ def build(out_dir, names=None) -> None:
         for graph in (False, True):
             with warnings.catch_warnings(), artifacts.device_binaries(("sm_90a",)):
                 warnings.simplefilter("ignore")
-                compiled = compile_onnx(model, target="cuda", cuda_graph=graph,
-                                        cuda_graph_bounds={dim: BOUND} if graph else None, expose_state=expose)
+                compiled = compile_onnx(model, target="cuda", shape_dict=FRAME_SHAPES if frame else None,
+                                        cuda_graph=graph, cuda_graph_bounds={dim: BOUND} if graph and not frame else None,
+                                        expose_state=expose)
             files["graph" if graph else "plain"] = export(compiled, out / f"{name}{'_graph' if graph else ''}.so").name
         index[name] = {**files, "inputs": [i.name for i in sess.get_inputs()], "outputs": len(sess.get_outputs()),
-                       "stream": expose}
+                       "stream": expose, "lengths": list(lengths)}
         print(name, "built", flush=True)
     (out / "index.json").write_text(json.dumps(index, indent=1))
 
@@ -109,10 +115,25 @@ def _check(model, entry, data, length, tol=dict(rtol=1e-3, atol=1e-4)):
 def test_cuda_graph_model_matches_onnxruntime_per_shape(name):
     entry, plain, graph, data = _load(name)
     assert graph.cuda_graph and not plain.cuda_graph
-    for length in LENGTHS + LENGTHS[::-1]:      # capture, then replay after other shapes were captured
+    lengths = tuple(entry.get("lengths", LENGTHS))
+    for length in lengths + lengths[::-1]:      # capture, then replay after other shapes were captured
         _check(plain, entry, data, length)
         _check(graph, entry, data, length)
         _check(graph, entry, data, length)
+    assert not graph.graph_fallbacks, graph.graph_fallbacks
+    assert all(e["call"] is not None and e["call"].nodes > 0 for e in graph._graphs.values())
+    print(f"\n{name}: captured nodes per length", {k[0][0][0]: e["call"].nodes for k, e in graph._graphs.items()})
+
+
+@pytest.mark.gpu
+def test_a_plain_model_loaded_with_cuda_graph_replays_right():
+    from tvmseq.runtime import load_model
+
+    entry, _, _, data = _load("gru_per_step_b96_h512")
+    model = load_model(ROOT / entry["plain"], cuda_graph=True)
+    for length in LENGTHS + LENGTHS:
+        _check(model, entry, data, length)
+    assert not model.graph_fallbacks and len(model._graphs) == len(LENGTHS)
 
 
 @pytest.mark.gpu
@@ -121,7 +142,7 @@ def test_cuda_graph_cache_drops_old_captures_and_stays_right():
     graph.max_graph_shapes = 2
     for length in LENGTHS + LENGTHS:
         _check(graph, entry, data, length)
-    assert max(len(slots) for slots in graph._staging) <= 2
+    assert len(graph._graphs) <= 2
 
 
 @pytest.mark.gpu
@@ -153,7 +174,10 @@ def test_stream_on_gpu_equals_whole_sequence_and_reports_latency():
     zeros = {k: np.zeros_like(data[f"in32_{k}"]) for k in entry["inputs"] if k != "X"}
     want = plain(X=x, **zeros)[0]
     times = {}
-    for label, model in (("plain", plain), ("graph", graph)):
+    models = [("plain", plain), ("graph", graph)]
+    if "denoiser_frame" in json.loads((ROOT / "index.json").read_text()):   # the same weights, one frame a call
+        models.append(("one-frame build in a CUDA graph", _load("denoiser_frame")[2]))
+    for label, model in models:
         stream = Stream(model, output="device")
         frames = [stream(X=x[t:t + 1]).numpy() for t in range(x.shape[0])]
         np.testing.assert_allclose(np.concatenate(frames), want, rtol=1e-4, atol=1e-5)
@@ -167,32 +191,25 @@ def test_stream_on_gpu_equals_whole_sequence_and_reports_latency():
             stream(X=frame)
         tvm.cuda(0).sync()
         times[label] = (time.perf_counter() - t0) / 200 * 1e6
-    print(f"\nstreaming denoiser_b1, one frame a call, state on the GPU: plain {times['plain']:.1f} us, "
-          f"CUDA graph {times['graph']:.1f} us")
+    print("\nstreaming denoiser_b1, one frame a call, state on the GPU: " +
+          ", ".join(f"{label} {us:.1f} us" for label, us in times.items()))
     assert times["graph"] <= 1.25 * times["plain"]
 
 
-def test_cases_build_for_cuda_here():
-    """The CUDA-graph rewrite lifts the recurrence into the captured function (compiler only, no GPU)."""
+def test_cuda_graph_is_recorded_in_the_signature_and_checked_here():
+    """Compiler only, no GPU: cuda_graph=True records the mode (the runtime captures whole calls) and
+    checks its bounds."""
     pytest.importorskip("tvm.script")
-    import tvm
-    from tvm import relax
+    from tvmseq import TvmseqError
+    from tvmseq.build import compile_onnx
 
-    from tvmseq import from_onnx, targets
-    from tvmseq.build import with_cuda_graph_attrs
-
-    target = targets.resolve("cuda")
-    model, dim = _model("denoiser_b1")
-    from tvmseq.onnx.expose_state import expose_state
-
-    mod = with_cuda_graph_attrs(from_onnx(expose_state(model, warn=False)[0], target=target), {dim: BOUND})
-    with target, tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": True}):
-        lowered = relax.get_default_pipeline(target)(mod)
-    names = [gv.name_hint for gv in lowered.functions]
-    assert "main_cuda_graph_capture" in names and "cuda_graph_alloc" in names
-    captured = lowered["main_cuda_graph_capture"].script()
-    assert "gru_recurrence" in captured and "gru_input_projection" in captured
-    assert "gru_recurrence" not in lowered["main"].script()
+    model, dim = _model("gru_persistent_b8_h256")
+    compiled = compile_onnx(model, target="cuda", cuda_graph=True, cuda_graph_bounds={dim: BOUND})
+    assert compiled.cuda_graph and compiled.signature["cuda_graph"] == {"bounds": {dim: BOUND}}
+    with pytest.raises(TvmseqError, match="not symbolic dims"):
+        compile_onnx(model, target="cuda", cuda_graph=True, cuda_graph_bounds={"nope": 4})
+    with pytest.raises(TvmseqError, match="without cuda_graph=True"):
+        compile_onnx(model, target="cuda", cuda_graph_bounds={dim: 4})
 
 
 if __name__ == "__main__":

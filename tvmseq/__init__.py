@@ -21,12 +21,13 @@ def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, **options
     return _compile(model, target=target, shape_dict=shape_dict, dtype_dict=dtype_dict, **options)
 
 
-def load(path, device=None, weights=None):
+def load(path, device=None, weights=None, cuda_graph=None):
     """Load a model `.so` exported by `tvmseq compile` (no compiler needed; its size and sha256 are
-    checked against its `.so.json` first). `weights`: for a model compiled with weights="inputs"."""
+    checked against its `.so.json` first). `weights`: for a model compiled with weights="inputs";
+    `cuda_graph=True`: capture each call whole once per input shape and replay it (CUDA models)."""
     from .runtime import load_model
 
-    return load_model(path, device=device, weights=weights)
+    return load_model(path, device=device, weights=weights, cuda_graph=cuda_graph)
 
 
 _SUBMODULES = ("reference", "sparse", "artifacts", "build", "runtime", "targets", "beam", "models")

@@ -1,12 +1,13 @@
 """Compile: Relax IRModule (from the importer) -> executable for cuda or llvm; export to one .so.
 
 `compile_onnx` options of the whole model (the importer's options pass through):
-- `cuda_graph=True` (CUDA targets): TVM's Relax CUDA-graph rewrite (`relax.backend.use_cuda_graph`) with
-  every parameter treated as fixed (`num_input` 0), so the captured region reaches from the inputs to the
-  last kernel before the outputs; `tvmseq.runtime.Model` copies the inputs into per-shape device buffers
-  and the VM captures the model once per input shape and replays it. Symbolic dims given an upper bound
-  in `cuda_graph_bounds` ({"seq": 1000}) are planned at that size so their buffers are static too (a dim
-  without one leaves the kernels that touch its tensors outside the graph).
+- `cuda_graph=True` (CUDA targets): the model is recorded as one to run in CUDA graphs: `tvmseq.runtime.Model`
+  captures each call, whole (`tvmseq.cuda_graph`: every kernel, the per-step recurrences' launch loops
+  included), once per input shape and replays it as one launch. (`tvmseq.load(path, cuda_graph=True)` does
+  the same for any CUDA model.) `cuda_graph_bounds` ({"seq": 1000}) caps symbolic dims: a call above the
+  cap is refused in one line, so a stream of ever-new lengths cannot capture without end. TVM's own Relax
+  rewrite (`relax.backend.use_cuda_graph`) is not used: it leaves out of the graph every kernel whose
+  output size is symbolic and every host loop, which were most of the call's time.
 - `expose_state=True`: every GRU/RNN/LSTM state becomes a graph input/output (`tvmseq.onnx.expose_state`),
   for `tvmseq.Stream`.
 - `weights="inputs"`: float initializers of `weights_min_elements` (1024) elements or more become parameters of
@@ -31,22 +32,14 @@ WEIGHT_MIN_ELEMENTS = 1024
 _FLOAT_TYPES = (1, 10, 11, 16)    # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
-def build_relax(mod: tvm.IRModule, target, cuda_graph: bool = False, cuda_graph_bounds: dict | None = None,
-                tuned=None) -> tvm.runtime.Executable:
+def build_relax(mod: tvm.IRModule, target, tuned=None) -> tvm.runtime.Executable:
     """TVM's default Relax pipeline for the target (dlight schedules every stock op on CUDA; tvmseq's
-    kernels are marked scheduled and left as they are); with `cuda_graph`, TVM's CUDA-graph rewrite
-    (module doc). llvm: tvmseq.schedule_cpu's rules schedule the stock ops; `tuned`: a MetaSchedule database
+    kernels are marked scheduled and left as they are). llvm: tvmseq.schedule_cpu's rules schedule the stock ops; `tuned`: a MetaSchedule database
     directory (`tvmseq tune`) applied first (tvmseq.tune.model)."""
     target = targets.resolve(target)
-    config = {}
-    if cuda_graph:
-        if not targets.is_gpu(target):
-            raise TvmseqError(f"cuda_graph=True needs a CUDA target, got {target.kind.name}")
-        mod = with_cuda_graph_attrs(mod, cuda_graph_bounds)
-        config["relax.backend.use_cuda_graph"] = True
     from .tune.model import relax_pipeline  # schedule_gpu's pipeline on GPUs; CPU rules on llvm; the database
 
-    with target, tvm.transform.PassContext(opt_level=3, config=config):
+    with target, tvm.transform.PassContext(opt_level=3):
         try:
             return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline(target, tuned))
         except TvmseqError:
@@ -78,9 +71,8 @@ def symbolic_dims(mod: tvm.IRModule) -> list[str]:
     return names
 
 
-def with_cuda_graph_attrs(mod: tvm.IRModule, bounds: dict | None) -> tvm.IRModule:
-    """main marked for whole-model capture: no parameter is a per-call input to the rewrite (the runtime
-    keeps each input's address fixed per shape), and the given dims planned at their upper bound."""
+def check_cuda_graph_bounds(mod: tvm.IRModule, bounds: dict | None) -> dict:
+    """`cuda_graph_bounds` checked against main's symbolic dims: {dim name: largest size a call may have}."""
     bounds = dict(bounds or {})
     dims = symbolic_dims(mod)
     unknown = sorted(set(bounds) - set(dims))
@@ -88,41 +80,9 @@ def with_cuda_graph_attrs(mod: tvm.IRModule, bounds: dict | None) -> tvm.IRModul
         raise TvmseqError(f"cuda_graph_bounds names {', '.join(unknown)}, which are not symbolic dims of the "
                           f"model's inputs ({', '.join(dims) or 'none'})")
     for name, value in bounds.items():
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise TvmseqError(f"cuda_graph_bounds[{name!r}] = {value!r}: must be a positive int")
-    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)      # the caller's module stays as it is
-    main = _copy_outputs(mod["main"]).with_attr("num_input", 0)
-    if bounds:
-        main = main.with_attr("tir_var_upper_bound", {k: int(v) for k, v in bounds.items()})
-    mod["main"] = main
-    return mod
-
-
-def _copy_outputs(main: relax.Function) -> relax.Function:
-    """main returning a copy of each output tensor. TVM's rewrite leaves out of the graph every kernel
-    that writes a returned tensor (its storage is allocated per call); with a copy at the end only the
-    copies run outside it, and the kernels before them (a recurrence that writes Y_h) are captured."""
-    bb = relax.BlockBuilder()
-    with bb.function("main", list(main.params), attrs=dict(main.attrs) if main.attrs else None, pure=main.is_pure):
-        for block in main.body.blocks:
-            if isinstance(block, relax.DataflowBlock):
-                with bb.dataflow():
-                    for binding in block.bindings:
-                        bb.emit_normalized(binding)
-            else:
-                for binding in block.bindings:
-                    bb.emit_normalized(binding)
-
-        def copy(expr):
-            ty = expr.ty
-            if isinstance(ty, relax.TupleType):
-                return relax.Tuple([copy(bb.emit(relax.TupleGetItem(expr, i))) for i in range(len(ty.fields))])
-            if isinstance(ty, relax.TensorType):
-                return bb.emit(relax.op.astype(expr, ty.dtype))   # outside the dataflow block: not fused away
-            return expr
-
-        bb.emit_func_output(copy(main.body.body))
-    return bb.get()["main"]
+    return bounds
 
 
 def _describe(ty):
@@ -263,8 +223,12 @@ def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, *, cuda_g
     mod = from_onnx(proto, shape_dict, dtype_dict, target=target, **options)
     signature = signature_of(mod, proto, weight_values, pairs, original_names)
     if cuda_graph:
-        signature["cuda_graph"] = {"bounds": dict(cuda_graph_bounds or {})}
-    executable = build_relax(mod, target, cuda_graph, cuda_graph_bounds, tuned=tuned)
+        if not targets.is_gpu(target):
+            raise TvmseqError(f"cuda_graph=True needs a CUDA target, got {target.kind.name}")
+        signature["cuda_graph"] = {"bounds": check_cuda_graph_bounds(mod, cuda_graph_bounds)}
+    elif cuda_graph_bounds:
+        raise TvmseqError("cuda_graph_bounds is given without cuda_graph=True")
+    executable = build_relax(mod, target, tuned=tuned)
     return Model(executable, target, signature, weights=weight_values or None, max_graph_shapes=max_graph_shapes)
 
 

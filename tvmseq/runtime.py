@@ -130,6 +130,7 @@ def resolve_artifacts(executable, recorded: list[dict] | None = None) -> list[di
 OUTPUT_KINDS = ("numpy", "device")
 _ALIGNMENT = 64          # TVM's compiled code assumes 64-byte aligned, compact inputs
 _KDL_CPU = 1
+_KDL_CUDA = 2
 
 
 class Model:
@@ -143,12 +144,15 @@ class Model:
     host arrays; `output_names` gives the ONNX names of the outputs, `named(outputs)` a dict by name.
 
     Weights kept out of the executable (`compile_onnx(..., weights="inputs")`) are uploaded once
-    (`set_weights`) and passed to every call. A model built with `cuda_graph=True` copies each input into
-    a device buffer kept per input shape (the captured graph reads fixed addresses) and TVM's VM captures
-    the model once per shape and replays it; `max_graph_shapes` shapes are kept, then the captures are
-    dropped and start anew. In that mode device outputs are valid until the next call."""
+    (`set_weights`) and passed to every call. In CUDA-graph mode (`cuda_graph=True` here or at compile
+    time) each call is captured whole, once per input shape, and replayed as one launch (`tvmseq.cuda_graph`):
+    the inputs are copied into device buffers kept per shape (the graph reads fixed addresses) and the
+    outputs are the same device tensors at every call of that shape, so device outputs are valid until the
+    next call. `max_graph_shapes` shapes are kept, then the captures are dropped and start anew. A shape whose
+    call cannot be captured runs uncaptured (`graph_fallbacks` says why)."""
 
-    def __init__(self, executable, target, signature: dict, device=None, weights=None, max_graph_shapes: int = 8):
+    def __init__(self, executable, target, signature: dict, device=None, weights=None, max_graph_shapes: int = 8,
+                 cuda_graph: bool | None = None):
         self.executable = executable
         self.target = target
         self.signature = signature
@@ -156,7 +160,11 @@ class Model:
         self.device = _device(self.target_kind, device)
         self._vm_instance = None
         self.max_graph_shapes = max_graph_shapes
-        self._staging: list[dict] = []
+        self._graph_mode = bool(signature.get("cuda_graph")) if cuda_graph is None else bool(cuda_graph)
+        if self._graph_mode and self.target_kind != "cuda":
+            raise TvmseqError(f"cuda_graph=True needs a CUDA model, this one is for {self.target_kind}")
+        self._graphs: dict = {}                  # input (shape, dtype)s -> staged inputs and the capture
+        self.graph_fallbacks: dict = {}          # input shapes run uncaptured -> why
         specs = signature["inputs"]
         self._feed_specs = [s for s in specs if not s.get("weight")]
         self._weight_specs = [s for s in specs if s.get("weight")]
@@ -191,7 +199,7 @@ class Model:
 
     @property
     def cuda_graph(self) -> bool:
-        return bool(self.signature.get("cuda_graph"))
+        return self._graph_mode
 
     @property
     def input_names(self) -> list[str]:
@@ -236,7 +244,7 @@ class Model:
         return self._weights or []
 
     # ---- binding and checking inputs ------------------------------------------------------------
-    def _bind(self, args, kwargs) -> list:
+    def _bind(self, args, kwargs, upload: bool = True) -> list:
         if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
             args, kwargs = (), dict(args[0])
         specs = self._feed_specs
@@ -256,7 +264,7 @@ class Model:
         if missing:
             raise TvmseqError(f"missing model input(s): {', '.join(missing)}")
         symbols: dict[str, int] = {}
-        tensors = [self._prepare(spec, values[spec["name"]], symbols) for spec in specs]
+        tensors = [self._prepare(spec, values[spec["name"]], symbols, upload) for spec in specs]
         self._check_bounds(symbols)
         return tensors
 
@@ -267,9 +275,9 @@ class Model:
                 raise TvmseqError(f"dimension {dim!r} is {symbols[dim]}, above {bound}, the largest this "
                                   "CUDA-graph model was compiled for (cuda_graph_bounds)")
 
-    def _prepare(self, spec, value, symbols):
-        """Check one input against its spec and return it as a tensor on the model's device (or a
-        host array the caller uploads)."""
+    def _prepare(self, spec, value, symbols, upload: bool = True):
+        """Check one input against its spec and return it as a tensor on the model's device (a host
+        array left on the host when not `upload`: CUDA-graph mode copies it straight into its buffer)."""
         name = spec.get("onnx_name", spec["name"])
         host, tensor = _as_host_or_tensor(value, spec, name)
         data = host if host is not None else tensor
@@ -278,46 +286,97 @@ class Model:
         if host is not None:
             for check in spec.get("checks", []):
                 _run_check(check, name, host, symbols)
-            return tvm.runtime.tensor(_compact(host), self.device)
-        tensor = on_device(tensor, value, self.device, name)
+            return tvm.runtime.tensor(_compact(host), self.device) if upload else _compact(host)
+        tensor = on_device(tensor, value, self.device, name) if upload or not tensor.is_contiguous() else tensor
         for check in spec.get("checks", []):
             _run_check(check, name, tensor, symbols)
         return tensor
 
     # ---- running --------------------------------------------------------------------------------
     def _reset_graphs(self) -> None:
-        if self.cuda_graph:
-            self._vm_instance = None     # a new VM starts with no captured graphs
-            self._staging = []
+        self._graphs = {}
+        self.graph_fallbacks = {}
 
-    def _stage(self, tensors: list) -> list:
-        """Copy each input into its device buffer for this shape (CUDA-graph mode: the captured graph
-        reads fixed addresses; a graph captured for a shape reads that shape's buffers)."""
-        if len(self._staging) != len(tensors):
-            self._staging = [{} for _ in tensors]
-        keys = [(tuple(t.shape), str(t.dtype)) for t in tensors]
-        if any(k not in slots for k, slots in zip(keys, self._staging)) and \
-                max(len(slots) for slots in self._staging) >= self.max_graph_shapes:
-            self._reset_graphs()
-            self._staging = [{} for _ in tensors]
-        staged = []
-        for tensor, key, slots in zip(tensors, keys, self._staging):
-            if key not in slots:
-                slots[key] = tvm.runtime.empty(key[0], key[1], self.device)
-            tensor.copyto(slots[key])
-            staged.append(slots[key])
-        return staged
+    def _graph_run(self, inputs: list, feedback: tuple = ()):
+        """CUDA-graph mode (class doc): the inputs copied into this shape's buffers, then its capture
+        replayed; the first call of a shape runs once plainly (loads the kernels, fills the VM's memory
+        pool, so the capture allocates nothing) and then captures. `feedback`: (output index, input index)
+        pairs copied at the end of the call, output into that input's buffer (`stream_run`); an input given
+        as its own buffer is not copied. Returns (outputs, the input buffers)."""
+        from .cuda_graph import CaptureError, capture, copy_async
+
+        key = (tuple((tuple(x.shape), str(x.dtype)) for x in inputs), feedback)
+        entry = self._graphs.get(key)
+        if entry is None:
+            if len(self._graphs) >= self.max_graph_shapes:
+                self._reset_graphs()
+            entry = self._graphs[key] = {"inputs": [tvm.runtime.empty(s, d, self.device) for s, d in key[0]],
+                                         "call": None, "captured": False}
+        buffers = entry["inputs"]
+        for value, buffer in zip(inputs, buffers):
+            if not isinstance(value, tvm.runtime.Tensor):
+                buffer.copyfrom(value)                      # from the host
+            elif value.data_ptr() == buffer.data_ptr():     # a state fed back as its own buffer: nothing to copy
+                continue
+            elif (value.device.dlpack_device_type(), value.device.index) == (_KDL_CUDA, buffer.device.index) and \
+                    buffer.device.dlpack_device_type() == _KDL_CUDA:
+                copy_async(buffer, value)
+            else:
+                value.copyto(buffer)
+        args = [*buffers, *self._device_weights()]
+        if entry["call"] is None and not entry["captured"]:
+            entry["captured"] = True
+            warm = self._vm["main"](*args)
+            self.device.sync()
+            del warm                          # its storage goes back to the pool for the capture to take
+            try:
+                entry["call"] = capture(lambda: self._vm["main"](*args), self.device,
+                                        [(out, buffers[inp]) for out, inp in feedback])
+            except CaptureError as err:
+                self.graph_fallbacks[key[0]] = str(err)
+        if entry["call"] is None:
+            outputs = self._vm["main"](*args)
+            listed = (outputs,) if isinstance(outputs, tvm.runtime.Tensor) else tuple(outputs)
+            for out, inp in feedback:
+                listed[out].copyto(buffers[inp])
+            return outputs, buffers
+        entry["call"].replay()
+        return entry["call"].outputs, buffers
+
+    def _feedback_of(self, pairs: tuple):
+        """({input name: position}, ((output index, input position), ...)) for state pairs, worked out once."""
+        cache = self.__dict__.setdefault("_feedback_cache", {})
+        if pairs not in cache:
+            position = {}
+            for i, spec in enumerate(self._feed_specs):
+                position[spec["name"]] = position[spec.get("onnx_name", spec["name"])] = i
+            cache[pairs] = position, tuple((self.output_names.index(name_out), position[name_in])
+                                           for name_in, name_out in pairs)
+        return cache[pairs]
+
+    def stream_run(self, feeds: dict, pairs: dict):
+        """One streaming call (`tvmseq.Stream`): `feeds` by input name, `pairs` {state input: state output}.
+        Returns (outputs as `run` returns them, {state input: the tensor to feed it next call}). In CUDA-graph
+        mode the graph itself ends by copying each final state into its state input's buffer, and the
+        buffers are what is fed back: a call costs the frame's copy and one launch."""
+        if not self._graph_mode:
+            outputs = self.run(feeds)
+            named = self.named(outputs)
+            return outputs, {name_in: named[name_out] for name_in, name_out in pairs.items()}
+        tensors = self._bind((feeds,), {}, upload=False)
+        position, feedback = self._feedback_of(tuple(pairs.items()))
+        outputs, buffers = self._graph_run(tensors, feedback)
+        outputs = outputs if isinstance(outputs, tvm.runtime.Tensor) else tuple(outputs)
+        return outputs, {name_in: buffers[position[name_in]] for name_in in pairs}
 
     def run(self, *args, **kwargs):
         """Run and return TVM tensors (DLPack-capable, on the model's device): one, or a tuple."""
-        tensors = self._bind(args, kwargs)
+        tensors = self._bind(args, kwargs, upload=not self._graph_mode)
         if self._weight_specs and self._weight_values is None:
             raise TvmseqError("this model keeps its weights out of the executable: call set_weights(...) "
                               "(or tvmseq.load(path, weights=...)) first")
         vm = self._vm
-        if self.cuda_graph:
-            tensors = self._stage(tensors)
-        out = vm["main"](*tensors, *self._device_weights())
+        out = self._graph_run(tensors)[0] if self._graph_mode else vm["main"](*tensors, *self._device_weights())
         return out if isinstance(out, tvm.runtime.Tensor) else tuple(out)
 
     def __call__(self, *args, **kwargs):
@@ -505,10 +564,11 @@ def read_model_meta(path) -> dict:
     return meta
 
 
-def load_model(path, device=None, weights=None) -> Model:
+def load_model(path, device=None, weights=None, cuda_graph: bool | None = None) -> Model:
     """Load a `.so` written by `tvmseq compile` (reads the signature from the `.so.json` beside it, and
     checks the `.so` against the size and sha256 recorded there before loading it). `weights`: for a
-    model exported with its weights kept out (a dict by ONNX name, or an .npz path)."""
+    model exported with its weights kept out (a dict by ONNX name, or an .npz path). `cuda_graph`: capture
+    and replay whole calls (`Model`), default as the model was compiled."""
     path = Path(path)
     meta = read_model_meta(path)
     try:
@@ -516,4 +576,4 @@ def load_model(path, device=None, weights=None) -> Model:
     except Exception as err:  # noqa: BLE001 - corrupt files surface as many error types
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise TvmseqError(f"could not load model {path}: {first}") from None
-    return Model(module, meta["target"], meta["signature"], device, weights=weights)
+    return Model(module, meta["target"], meta["signature"], device, weights=weights, cuda_graph=cuda_graph)

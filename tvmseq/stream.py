@@ -87,10 +87,8 @@ class Stream:
                 feeds[name] = self._state.get(name)
                 if feeds[name] is None:
                     feeds[name] = self._zeros(name, frame_feeds)
-        outputs = self.model.named(self.model.run(feeds))
-        for name_in, name_out in self.pairs.items():
-            self._state[name_in] = outputs[name_out]       # a device tensor: fed back as it is
-        rest = [v for k, v in outputs.items() if k not in self.pairs.values()]
+        outputs, self._state = self.model.stream_run(feeds, self.pairs)   # device tensors, fed back as they are
+        rest = [v for k, v in self.model.named(outputs).items() if k not in self.pairs.values()]
         if self.output == "numpy":
             rest = [v.numpy() for v in rest]
         return rest[0] if len(rest) == 1 else tuple(rest)

@@ -57,22 +57,35 @@ def run(args) -> None:
     rows = build_or_run(args, lambda d: build(d, args), lambda d, out: run_prebuilt(d, out, args), "tvmseq_model_")
     if rows:
         print_table(rows, ["model", "batch", "frames", "tvmseq_ms", "tvmseq_graph_ms", "stream_ms",
-                           "stream_graph_ms", "torch_eager_ms", "torch_graph_ms", "ort_cpu_ms", "max_err"])
+                           "stream_graph_ms", "stream_frame_ms", "torch_stream_graph_ms", "torch_eager_ms", "torch_graph_ms",
+                           "ort_cpu_ms", "max_err"])
 
 
 # ---- build (no GPU needed) -----------------------------------------------------------------------------
-def _compile(onnx_bytes, out: Path, stem: str, *, graph: bool, bounds: dict, expose: bool, weights: str) -> str:
+def _compile(onnx_bytes, out: Path, stem: str, *, graph: bool, bounds: dict, expose: bool, weights: str,
+             shapes: dict | None = None, suffix: str = "") -> str:
     from .. import artifacts
     from ..build import compile_onnx, export
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with artifacts.device_binaries(("sm_90a",)):
-            model = compile_onnx(onnx_bytes, target="cuda", cuda_graph=graph, cuda_graph_bounds=bounds if graph else None,
-                                 expose_state=expose, weights=weights)
-    name = f"{stem}{'_graph' if graph else ''}.so"
+            model = compile_onnx(onnx_bytes, target="cuda", shape_dict=shapes, cuda_graph=graph,
+                                 cuda_graph_bounds=bounds if graph else None, expose_state=expose, weights=weights)
+    name = f"{stem}{'_graph' if graph else ''}{suffix}.so"
     export(model, out / name)
     return name
+
+
+def _one_frame_shapes(model_bytes, batch: int) -> dict:
+    """{input: shape} with the time dim 1 and every other symbolic dim the batch (streaming builds)."""
+    import onnx
+
+    time_dim, shapes = _time_dim(model_bytes), {}
+    for inp in onnx.load_from_string(model_bytes).graph.input:
+        dims = inp.type.tensor_type.shape.dim
+        shapes[inp.name] = [d.dim_value if not d.dim_param else (1 if d.dim_param == time_dim else batch) for d in dims]
+    return shapes
 
 
 def _time_dim(model_bytes) -> str | None:
@@ -128,6 +141,10 @@ def _build_architecture(name, out: Path, entry: dict, batches, frames) -> None:
             build["graph" if graph else "plain"] = _compile(
                 model_bytes, out, f"{name}_b{batch}", graph=graph, bounds={dim: bound} if dim else {},
                 expose=name == "denoiser", weights="inputs")
+        if name in A.STREAMING:   # what a streaming user compiles: one frame a call, every dim static
+            build["frame"] = _compile(model_bytes, out, f"{name}_b{batch}", graph=True, bounds={},
+                                      expose=name == "denoiser", weights="inputs",
+                                      shapes=_one_frame_shapes(model_bytes, batch), suffix="_frame")
         entry["builds"][str(batch)] = build
 
 
@@ -183,25 +200,32 @@ def run_prebuilt(root, out_dir, args) -> list[dict]:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     rows = []
+    arches, batches, frame_counts = str(args.arch).split(","), _ints(args.batch), _ints(args.frames)
     for name, entry in index["models"].items():
+        if name not in arches and not args.model:
+            continue
         if entry.get("failed"):
             rows.append({"model": name, "failed": entry["failed"]})
             continue
         for batch_key, files in entry["builds"].items():
+            if batch_key != "any" and int(batch_key) not in batches:
+                continue
             onnx_bytes, module, state = _onnx_and_module(root, name, entry, files)
             sess = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
             weights = _initializers(onnx_bytes)
             plain = load_model(root / files["plain"])
             graph = load_model(root / files["graph"])
-            for m in (plain, graph):
-                if m.weight_names:
+            frame = load_model(root / files["frame"]) if files.get("frame") else None
+            for m in (plain, graph, frame):
+                if m is not None and m.weight_names:
                     m.set_weights({k: weights[k] for k in m.weight_names})
-            for frames in index["frames"]:
+            for frames in [f for f in index["frames"] if f in frame_counts]:
                 batch = int(batch_key) if batch_key != "any" else None
                 feeds = _feeds(name, entry, sess, batch, frames)
-                rows.append(_measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args, time_cuda))
+                rows.append(_measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args, time_cuda,
+                                     frame))
                 print(json.dumps(rows[-1]), flush=True)
-            del plain, graph
+            del plain, graph, frame
     save("model", rows, meta={"batches": index["batches"], "frames": index["frames"]}, plot=_plot(rows),
          out_dir=out_dir)
     return rows
@@ -265,7 +289,7 @@ def _torch_graph(fn):
     return graph.replay
 
 
-def _measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args, time_cuda) -> dict:
+def _measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args, time_cuda, frame=None) -> dict:
     import torch
 
     row = {"model": name, "batch": batch, "frames": frames}
@@ -294,7 +318,7 @@ def _measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args
             replay = _torch_graph(lambda: _torch_call(name, module, dev))
             row["torch_graph_ms"] = time_cuda(replay)
     if entry.get("streams") and frames == 1:
-        row.update(_measure_stream(name, batch, feeds, plain, graph, module, time_cuda))
+        row.update(_measure_stream(name, batch, feeds, plain, graph, module, time_cuda, frame))
     for peer in ("torch_eager_ms", "torch_graph_ms", "ort_cpu_ms"):
         if row.get(peer):
             row[f"speedup_vs_{peer[:-3]}"] = row[peer] / min(row["tvmseq_ms"], row["tvmseq_graph_ms"])
@@ -305,9 +329,10 @@ def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def _measure_stream(name, batch, feeds, plain, graph, module, time_cuda) -> dict:
-    """One frame a call, state on the GPU: tvmseq's Stream (plain and CUDA-graph builds) against the torch
-    module stepping its own state, eager and in a CUDA graph (state copied back in the graph)."""
+def _measure_stream(name, batch, feeds, plain, graph, module, time_cuda, frame_model=None) -> dict:
+    """One frame a call, state on the GPU: tvmseq's Stream (plain and CUDA-graph builds of the model as
+    exported, and the one-frame build in a CUDA graph: `stream_frame_ms`) against the torch module stepping
+    its own state, eager and in a CUDA graph (state copied back in the graph)."""
     import torch
 
     from ..stream import Stream
@@ -315,7 +340,9 @@ def _measure_stream(name, batch, feeds, plain, graph, module, time_cuda) -> dict
     frame = {"X": torch.from_numpy(feeds["X"]).cuda()}
     res = {}
     pairs = {"h0": "h_n", "c0": "c_n"} if name == "vad" else None    # its own state in/out
-    for label, m in (("stream_ms", plain), ("stream_graph_ms", graph)):
+    for label, m in (("stream_ms", plain), ("stream_graph_ms", graph), ("stream_frame_ms", frame_model)):
+        if m is None:
+            continue
         stream = Stream(m, state=pairs, output="device")
         stream(**frame)
         res[label] = time_cuda(lambda s=stream: s(**frame))

@@ -1,0 +1,120 @@
+"""CUDA-graph mode's bookkeeping, on the CPU: per-shape input buffers, the capture cache and its limit, the
+fallback to uncaptured calls, and the streaming copy-back of the state. The capture itself needs a GPU
+(tests/test_gpu_latency.py); here `tvmseq.cuda_graph.capture` is replaced by a stand-in that records what
+it was asked to capture and replays it by calling the VM again at the same buffers, which is what a graph
+replay does."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvmseq import TvmseqError, cuda_graph
+from tvmseq.build import compile_onnx
+from tvmseq.models import rnn_node_model
+from tvmseq.reference import gru as gru_ref
+
+
+class _Replay:
+    def __init__(self, call, copies_after):
+        self.call, self.copies_after, self.nodes, self.replays = call, list(copies_after), 1, 0
+        self.outputs = None
+
+    def replay(self):
+        self.replays += 1
+        self.outputs = self.call()
+        for index, target in self.copies_after:
+            self.outputs[index].copyto(target)
+
+
+@pytest.fixture
+def fake_capture(monkeypatch):
+    made = []
+
+    def capture(call, device, copies_after=()):
+        made.append(_Replay(call, copies_after))
+        return made[-1]
+
+    monkeypatch.setattr(cuda_graph, "capture", capture)
+    return made
+
+
+def _gru(expose: bool = True):
+    model, _ = rnn_node_model(op="GRU", seq="T", batch=2, input_size=5, hidden=7, linear_before_reset=1,
+                              weight_scale=0.4, with_initial_h=expose)
+    compiled = compile_onnx(model, target="llvm")
+    compiled._graph_mode = True            # CPU stand-in for a CUDA model (the capture is faked)
+    return model, compiled
+
+
+def _want(model, x, h0):
+    import onnx.numpy_helper as nh
+
+    init = {i.name: nh.to_array(i) for i in model.graph.initializer}
+    y, y_h = gru_ref(x, init["W"], init["R"], init.get("B"), initial_h=h0, linear_before_reset=1)
+    return y, y_h
+
+
+def test_each_shape_is_captured_once_and_replayed_at_its_own_buffers(fake_capture):
+    model, compiled = _gru()
+    rng = np.random.default_rng(0)
+    calls = [(t, rng.standard_normal((t, 2, 5)).astype(np.float32)) for t in (3, 5, 3, 5, 3)]
+    h0 = rng.standard_normal((1, 2, 7)).astype(np.float32)
+    for t, x in calls:
+        y, y_h = compiled(X=x, initial_h=h0)
+        want_y, want_h = _want(model, x, h0)
+        np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(y_h, want_h, rtol=1e-4, atol=1e-5)
+    assert len(fake_capture) == 2 and [c.replays for c in fake_capture] == [3, 2]
+    assert not compiled.graph_fallbacks
+
+
+def test_the_cache_starts_anew_past_max_graph_shapes(fake_capture):
+    _, compiled = _gru()
+    compiled.max_graph_shapes = 2
+    h0 = np.zeros((1, 2, 7), np.float32)
+    for t in (1, 2, 3, 1):
+        compiled(X=np.ones((t, 2, 5), np.float32), initial_h=h0)
+    assert len(compiled._graphs) <= 2 and len(fake_capture) == 4
+
+
+def test_a_call_that_cannot_be_captured_runs_uncaptured_and_says_why(monkeypatch):
+    model, compiled = _gru()
+
+    def refuse(call, device, copies_after=()):
+        raise cuda_graph.CaptureError("cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
+
+    monkeypatch.setattr(cuda_graph, "capture", refuse)
+    x, h0 = np.ones((4, 2, 5), np.float32), np.zeros((1, 2, 7), np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(compiled(X=x, initial_h=h0)[0], _want(model, x, h0)[0], rtol=1e-4, atol=1e-5)
+    assert list(compiled.graph_fallbacks.values()) == ["cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"]
+
+
+@pytest.mark.parametrize("captured", [True, False])
+def test_streaming_copies_the_state_back_inside_the_call(fake_capture, monkeypatch, captured):
+    """Frame by frame equals the whole sequence; the state fed back is the state input's own buffer."""
+    from tvmseq.stream import Stream
+
+    if not captured:
+        monkeypatch.setattr(cuda_graph, "capture", lambda *a, **k: (_ for _ in ()).throw(cuda_graph.CaptureError("no")))
+    model, compiled = _gru()
+    x = np.random.default_rng(1).standard_normal((6, 2, 5)).astype(np.float32)
+    stream = Stream(compiled, state={"initial_h": "Y_h"})
+    frames = [stream(X=x[t:t + 1]) for t in range(6)]
+    np.testing.assert_allclose(np.concatenate(frames), _want(model, x, np.zeros((1, 2, 7), np.float32))[0],
+                               rtol=1e-4, atol=1e-5)
+    (entry,) = compiled._graphs.values()
+    assert stream.state["initial_h"].data_ptr() == entry["inputs"][1].data_ptr()
+    if captured:
+        assert fake_capture[0].copies_after and fake_capture[0].replays == 6
+
+
+def test_graph_mode_needs_a_cuda_model():
+    model, _ = rnn_node_model(op="GRU", seq="T", batch=2, input_size=5, hidden=7)
+    with pytest.raises(TvmseqError, match="cuda_graph=True needs a CUDA target"):
+        compile_onnx(model, target="llvm", cuda_graph=True)
+    compiled = compile_onnx(model, target="llvm")
+    from tvmseq.runtime import Model
+
+    with pytest.raises(TvmseqError, match="needs a CUDA model"):
+        Model(compiled.executable, compiled.target, compiled.signature, cuda_graph=True)
