@@ -1,6 +1,7 @@
 """Converters for shape ops whose sizes real exports compute in the graph, where TVM's frontend wants
 constants: `Pad` with pads from `Shape` arithmetic (constant, reflect, edge), `Squeeze` of an axis whose
-size is symbolic. Both fall back to TVM's converter where the sizes are known at import."""
+size is symbolic, `Slice` to "the end" (a start or end of INT64_MAX, -INT64_MAX, INT64_MIN) over an axis
+whose size is symbolic. All fall back to TVM's converter where they have nothing to do."""
 from __future__ import annotations
 
 import numpy as np
@@ -146,3 +147,100 @@ class Squeeze(OnnxOpConverter):
             dims[a] = tvm.tirx.IntImm("int64", 1)
         data = bb.match_cast(data, relax.TensorType(dims, ty.dtype))    # fails at run time unless 1
         return relax.op.squeeze(data, axes)
+
+
+# No tensor has an axis this long (2^62 elements are more bytes than any address space holds), so a
+# Slice start or end at or beyond +-2^62 is past the end / before the beginning of any axis.
+_BEYOND_ANY_AXIS = 1 << 62
+
+
+def _onnx_index(bound: int, dim, low, high):
+    """ONNX Slice's effective start or end: `dim` added to a negative bound, then clamped to [low, high]."""
+    if bound >= _BEYOND_ANY_AXIS:
+        return high
+    if bound <= -_BEYOND_ANY_AXIS:
+        return low
+    return tvm.tirx.max(tvm.tirx.min(bound if bound >= 0 else dim + bound, high), low)
+
+
+def _forward_bounds(start: int, end: int, step: int, dim):
+    """(begin, end) with 0 <= begin <= end <= dim such that data[begin:end:|step|] (data flipped first
+    where step < 0) is ONNX Slice's result on an axis of size `dim`.
+
+    ONNX clamps a start to [0, dim] and an end to [0, dim] for step > 0; for step < 0 a start to
+    [0, dim - 1] and an end to [-1, dim - 1], and start S, end E of the axis are begin dim - 1 - S and
+    end dim - 1 - E of the flipped axis."""
+    zero = tvm.tirx.IntImm("int64", 0)
+    if step > 0:
+        begin = zero if start == 0 or start <= -_BEYOND_ANY_AXIS else _onnx_index(start, dim, 0, dim)
+        stop = dim if end >= _BEYOND_ANY_AXIS else _onnx_index(end, dim, 0, dim)
+    else:
+        begin = zero if start == -1 or start >= _BEYOND_ANY_AXIS else \
+            tvm.tirx.max(dim - 1 - _onnx_index(start, dim, 0, dim - 1), 0)     # >= 0 where dim is 0
+        stop = dim if end <= -_BEYOND_ANY_AXIS else dim - 1 - _onnx_index(end, dim, -1, dim - 1)
+    if not (isinstance(begin, tvm.tirx.IntImm) and begin.value == 0):
+        stop = tvm.tirx.max(stop, begin)                # an empty slice: end = begin, not below it
+    analyzer = tvm.sym.Analyzer()
+    return analyzer.simplify(begin), analyzer.simplify(stop)
+
+
+@register_converter("Slice")
+class Slice(OnnxOpConverter):
+    """ONNX Slice (opset 10+). Where a constant start or end is +-INT64_MAX or INT64_MIN (what PyTorch
+    exports for `x[a:]` and `x.flip(d)`) on an axis of symbolic size, the bounds are clamped here as
+    ONNX says, so the extent is written in the axis size: TVM's converter keeps the literal, the extent
+    reads `min(9223372036854775806, n)` and the static memory planner, bounding the allocation by that
+    literal times the element size, overflows int64. A negative step becomes a `flip` and a slice with
+    the positive step. Every other Slice goes to TVM's converter."""
+
+    takes_shape_expr = True
+
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        sliced = cls._to_axis_size(bb, inputs, params)
+        return sliced if sliced is not None else _tvm.Slice._impl_v13(bb, inputs, attr, params)
+
+    @classmethod
+    def _to_axis_size(cls, bb, inputs, params):
+        """The slice as flip + strided_slice with in-range bounds, or None where no far-out bound meets a
+        symbolic axis (or anything is not a constant, or the node is malformed: TVM's converter says how)."""
+        if len(inputs) < 3 or inputs[1] is None or inputs[2] is None:
+            return None
+        data = inputs[0]
+        ty = getattr(data, "ty", None)
+        if isinstance(data, relax.ShapeExpr) or not isinstance(ty, relax.TensorType) \
+                or not isinstance(ty.shape, relax.ShapeExpr):
+            return None
+        dims = list(ty.shape.values)
+        starts, ends = (_as_int_list(_tvm.get_constant(inputs[i], params)) for i in (1, 2))
+        optional = [inputs[i] if len(inputs) > i else None for i in (3, 4)]
+        axes, steps = (None if v is None else _as_int_list(_tvm.get_constant(v, params)) for v in optional)
+        if starts is None or ends is None or len(starts) != len(ends) \
+                or (optional[0] is not None and axes is None) or (optional[1] is not None and steps is None):
+            return None
+        axes = list(range(len(starts))) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
+        if len(axes) != len(starts) or len(steps) != len(starts) or 0 in steps \
+                or any(not -len(dims) <= a < len(dims) for a in axes):
+            return None
+        axes = [a + len(dims) if a < 0 else a for a in axes]
+        if len(set(axes)) != len(axes) or not any(
+                not isinstance(dims[a], tvm.tirx.IntImm) and max(abs(s), abs(e)) >= _BEYOND_ANY_AXIS
+                for a, s, e in zip(axes, starts, ends)):
+            return None
+        sliced, analyzer = [], tvm.sym.Analyzer()
+        for a, start, end, step in zip(axes, starts, ends, steps):
+            if step < 0:
+                data = bb.normalize(relax.op.flip(data, a))
+            begin, stop = _forward_bounds(start, end, step, dims[a])
+            if not (isinstance(begin, tvm.tirx.IntImm) and begin.value == 0 and abs(step) == 1
+                    and analyzer.can_prove_equal(stop, dims[a])):
+                sliced.append((a, begin, stop, tvm.tirx.IntImm("int64", abs(step))))
+        if not sliced:                      # the whole axis, maybe reversed
+            return data
+        axes, begins, stops, strides = zip(*sliced)
+        # every bound is in range: strided_slice's extent is (end - begin) / stride rounded up, nothing
+        # clamped against a literal
+        return relax.op.strided_slice(data, list(axes), [relax.prim_value(v) for v in begins],
+                                      [relax.prim_value(v) for v in stops], [relax.prim_value(v) for v in strides],
+                                      assume_inbound=True)
