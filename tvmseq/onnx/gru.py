@@ -1,6 +1,7 @@
 """ONNX GRU (opsets 1-22) -> tvmseq GRU kernels (input-projection GEMM + recurrence) via call_tir."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -115,6 +116,26 @@ def projection_kernel(spec, target_json: str, seq=None):
     return input_projection.projection_for(spec, tvm.target.Target(target_json), seq)
 
 
+# seq * batch (both static) at or below which a GPU input projection is a stock matmul: dlight's GEMV rule
+# takes it in ~4 us on the H100 where the row-tiled kernel, shaped for many rows, took ~40 us for one frame
+# of a hidden-400 GRU (ncu, 2026-11-26): what a one-frame streaming build runs
+GEMV_MAX_ROWS = 4
+
+
+def _gemv_projection(bb, c, bias_i, D: int, G: int, seq, B, I: int):
+    """gate_i [D, seq, B, G] (float32) = X W^T + bias_i as Relax ops, for a frame or a few rows."""
+    x = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
+    w = c["w"]
+    if c["dtype"] != "float32":
+        x, w = bb.emit(relax.op.astype(x, "float32")), bb.emit(relax.op.astype(w, "float32"))
+    # W as ONNX stores it (rows of I contiguous): the GEMV reduction reads it in order, and no transpose of W
+    # runs per call when the weights are inputs of the model
+    rows = bb.emit(relax.op.einsum([x, w], "rk,dgk->drg"))                           # [D, rows, G]
+    bias = bias_i if bias_i.ty.dtype == "float32" else bb.emit(relax.op.astype(bias_i, "float32"))
+    rows = bb.emit(relax.op.add(rows, relax.op.reshape(bias, [D, 1, G])))
+    return bb.emit(relax.op.reshape(rows, [D, seq, B, G]))
+
+
 def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
     """gate_i [D, seq, B, gates * H] (float32) = X W^T + bias_i for a prepared GRU/RNN input `c` (a prebuilt
     artifact when one matches, see `importer.emit_kernel`). With a row tile: X's rows are padded to whole
@@ -125,14 +146,19 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
 
     D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
     G = spec.gates * H
+    suffix = c.get("suffix", "")   # a batch bucket's kernels (batch_dispatch): named apart
     static_seq = int(seq) if isinstance(seq, (int, tirx.IntImm)) else None
+    if static_seq is not None and is_static(B) and static_seq * int(B) <= GEMV_MAX_ROWS and \
+            tvm.target.Target(str(target)).kind.name == "cuda":
+        return _gemv_projection(bb, c, bias_i, D, G, seq, B, I)
     proj, tile = projection_kernel(spec, str(target), static_seq)
     if tile == input_projection.FLAT:   # tensor cores, on the seq * B rows as one matrix
         sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
         x_rows = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
         op = f"{cell}_input_projection_flat"
         g_rows = emit_kernel(bb, op, KernelKey(sizes, c["dtype"], dynamic=("rows",)), lambda: proj,
-                             [x_rows, c["w"], bias_i], relax.TensorType([D, seq * B, G], "float32"), name_hint=op)
+                             [x_rows, c["w"], bias_i], relax.TensorType([D, seq * B, G], "float32"),
+                             name_hint=op + suffix)
         return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
     sizes = {"directions": D, "batch": tile or B, "hidden": H, "input_size": I, "gates": spec.gates}
     few = tile and input_projection.padded_rows_genes(spec, static_seq, target) is input_projection.FEW_BLOCKS_GENES
@@ -140,14 +166,14 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
     op = f"{cell}_input_projection"
     if not tile:
         return emit_kernel(bb, op, key, lambda: proj, [c["x"], c["w"], bias_i],
-                           relax.TensorType([D, seq, B, G], "float32"), name_hint=op)
+                           relax.TensorType([D, seq, B, G], "float32"), name_hint=op + suffix)
     rows = seq * B
     tiles = (rows + tile - 1) // tile
     pad = input_projection.pad_rows_func(B, I, tile, c["dtype"]).without_attr("global_symbol")
-    gv = bb.add_func(pad, f"{cell}_pad_rows")
+    gv = bb.add_func(pad, f"{cell}_pad_rows{suffix}")
     x_tiles = bb.emit(relax.call_tir(gv, [c["x"]], relax.TensorType([tiles, tile, I], c["dtype"])))
     g_tiles = emit_kernel(bb, op, key, lambda: proj, [x_tiles, c["w"], bias_i],
-                          relax.TensorType([D, tiles, tile, G], "float32"), name_hint=op)
+                          relax.TensorType([D, tiles, tile, G], "float32"), name_hint=op + suffix)
     if D == 1:   # the valid rows are a prefix of the tiles: a view, no copy (0.08 us a step at B8 H1024)
         return bb.emit(relax.op.memory.view(g_tiles, [D, seq, B, G]))
     g_rows = bb.emit(relax.op.reshape(g_tiles, [D, tiles * tile, G]))
@@ -167,7 +193,7 @@ def emit_recurrent_kernels(bb, cell: str, spec, c, rec, path, bias_i, rec_args, 
     outs = emit_kernel(bb, f"{cell}_recurrence", recurrent_key(sizes, c["dtype"], {"spec": repr(spec), "path": path}),
                        lambda: rec, [gate_i, *rec_args],
                        [relax.TensorType([seq, D, B, H], c["dtype"]), relax.TensorType([D, B, H], c["dtype"])],
-                       name_hint=f"{cell}_recurrence")
+                       name_hint=f"{cell}_recurrence" + c.get("suffix", ""))
     return gate_i, outs
 
 
@@ -302,14 +328,65 @@ def fold_biases(bb, bias, H: int, lbr: int):
     return bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[3 * H]), rb_fold)), rb_h
 
 
-def emit_gru_layer(bb, c, spec, target, path_option: str = "auto"):
-    """One GRU node's kernels on the prepared inputs `c` (`prepare_common`): the (Y, Y_h) tuple, layout 0."""
+def dispatch_plan(spec, target, path_option: str, choose, build) -> list:
+    """`batch_dispatch.plan` for a node whose batch is symbolic (spec.batch None) on `target`: [] (the per-step
+    kernels for any batch, as before) unless the path is 'auto' and the target a GPU. `choose(spec_b)` is the
+    node's path at a static batch (`persistent_gru.choose_path` / `persistent_lstm.choose_path`: the measured
+    databases and the fit checks, as path 'auto' asks them), `build(spec_b, path)` its kernel (`build_kernels`,
+    `lstm_recurrence_for`, cached: the bucket's branch takes the same one); a bucket whose kernel cannot be built
+    goes to the per-step kernels."""
+    from . import batch_dispatch
+    from ..targets import is_gpu
+
+    target = tvm.target.Target(str(target))
+    if spec.batch is not None or path_option != "auto" or not is_gpu(target):
+        return []
+
+    def path_at(b: int) -> str:
+        spec_b = dataclasses.replace(spec, batch=b)
+        path = choose(spec_b)
+        if path != "per_step":
+            try:
+                build(spec_b, path)
+            except TvmseqError:
+                return "per_step"
+        return path
+
+    return batch_dispatch.plan(batch_dispatch.option_value(), path_at)
+
+
+def choose_gru_path(spec, target) -> str:
+    """The path `persistent_gru.recurrence_func_auto` takes for a GruSpec or an RnnSpec at its static batch."""
+    from ..kernels import persistent_gru, rnn
+
+    cell = "rnn" if isinstance(spec, rnn.RnnSpec) else "gru"
+    return persistent_gru.choose_path(spec.num_directions, spec.batch, spec.hidden, spec.dtype,
+                                      tvm.target.Target(str(target)), None, cell,
+                                      getattr(spec, "linear_before_reset", 1))[0]
+
+
+def _emit_gru_kernels(bb, c, spec, target, path_option: str = "auto"):
     rec, path = build_kernels(spec, str(target), path_option)
     H, B = c["hidden"], c["batch"]
     bias_i, rb_h = fold_biases(bb, c["bias"], H, spec.linear_before_reset)
     lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
     _, outs = emit_recurrent_kernels(bb, "gru", spec, c, rec, path, bias_i, [c["r"], rb_h, lens, c["h0"]], target)
     return outs
+
+
+def emit_gru_layer(bb, c, spec, target, path_option: str = "auto"):
+    """One GRU node's kernels on the prepared inputs `c` (`prepare_common`): the (Y, Y_h) tuple, layout 0. A
+    symbolic batch on a GPU: the persistent kernels of the batch buckets where the batch fits one, else the
+    per-step kernels, chosen at run time (`batch_dispatch`)."""
+    from . import batch_dispatch
+
+    outs = batch_dispatch.emit(bb, "gru", c, spec,
+                               lambda: dispatch_plan(spec, target, path_option, lambda s: choose_gru_path(s, target),
+                                                     lambda s, path: build_kernels(s, str(target), path)),
+                               lambda bb_, c_, spec_, path: _emit_gru_kernels(bb_, c_, spec_, target, path))
+    if outs is not None:
+        return outs
+    return _emit_gru_kernels(bb, c, spec, target, path_option)
 
 
 @register_converter("GRU")

@@ -12,8 +12,9 @@ from ..errors import TvmseqError, UnsupportedOnnxError
 from ..kernels import gru as gru_kernels
 from ..kernels import lstm as lstm_kernels
 from ..kernels.activations import parse_onnx_activations
-from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, emit_input_projection, finish_outputs, match_state_shape,
-                  prepare_common, recurrence_path_option, recurrent_key, spec_batch, zeros)
+from . import batch_dispatch
+from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, dispatch_plan, emit_input_projection, finish_outputs,
+                  match_state_shape, prepare_common, recurrence_path_option, recurrent_key, spec_batch, zeros)
 from .importer import OnnxOpConverter, emit_kernel, register_converter
 
 _LSTM_ATTRS = (_SUPPORTED_ATTRS - {"linear_before_reset"}) | {"input_forget"}
@@ -93,8 +94,7 @@ def fold_lstm_biases(bb, bias, H: int):
                                 sl(bias, axes=[1], begin=[4 * H], end=[8 * H])))
 
 
-def emit_lstm_layer(bb, c, spec, c0, peep, target, path_option: str = "auto"):
-    """One LSTM node's kernels on the inputs `c` prepared by `prepare_common`: the (Y, Y_h, Y_c) call, layout 0."""
+def _emit_lstm_kernels(bb, c, spec, c0, peep, target, path_option: str = "auto"):
     rec, path = lstm_recurrence_for(spec, target, path_option)
     D, B, H, seq = c["D"], c["batch"], c["hidden"], c["seq"]
     gate_i = emit_input_projection(bb, "lstm", spec, c, fold_lstm_biases(bb, c["bias"], H), target)
@@ -103,7 +103,29 @@ def emit_lstm_layer(bb, c, spec, c0, peep, target, path_option: str = "auto"):
     key = recurrent_key(sizes, c["dtype"], {"spec": repr(spec), "path": path})
     state = relax.TensorType([D, B, H], c["dtype"])
     return emit_kernel(bb, "lstm_recurrence", key, lambda: rec, [gate_i, c["r"], peep, lens, c["h0"], c0],
-                       [relax.TensorType([seq, D, B, H], c["dtype"]), state, state], name_hint="lstm_recurrence")
+                       [relax.TensorType([seq, D, B, H], c["dtype"]), state, state],
+                       name_hint="lstm_recurrence" + c.get("suffix", ""))
+
+
+def emit_lstm_layer(bb, c, spec, c0, peep, target, path_option: str = "auto"):
+    """One LSTM node's kernels on the inputs `c` prepared by `prepare_common`: the (Y, Y_h, Y_c) call, layout 0.
+    A symbolic batch on a GPU: the persistent kernels of the batch buckets where the batch fits one, else the
+    per-step kernels, chosen at run time (`batch_dispatch`)."""
+    from ..kernels import persistent_lstm
+
+    def plan():
+        return dispatch_plan(spec, target, path_option,
+                             lambda s: persistent_lstm.choose_path(s.num_directions, s.batch, s.hidden, s.dtype,
+                                                                   tvm.target.Target(str(target)))[0],
+                             lambda s, path: lstm_recurrence_for(s, target, path))
+
+    outs = batch_dispatch.emit(
+        bb, "lstm", c, spec, plan,
+        lambda bb_, c_, spec_, path: _emit_lstm_kernels(bb_, c_, spec_, c_["c0"], c_["peep"], target, path),
+        extra={"c0": c0, "peep": peep})
+    if outs is not None:
+        return outs
+    return _emit_lstm_kernels(bb, c, spec, c0, peep, target, path_option)
 
 
 def finish_lstm_outputs(bb, outs, layout):

@@ -7,11 +7,37 @@ from tvm import relax
 from ..kernels import rnn as rnn_kernels
 from ..kernels.activations import parse_onnx_activations
 from ..errors import TvmseqError, UnsupportedOnnxError
-from .gru import (_SUPPORTED_ATTRS, build_kernels, emit_recurrent_kernels, finish_outputs, prepare_common,
-                  recurrence_path_option, spec_batch, zeros)
+from . import batch_dispatch
+from .gru import (_SUPPORTED_ATTRS, build_kernels, choose_gru_path, dispatch_plan, emit_recurrent_kernels,
+                  finish_outputs, prepare_common, recurrence_path_option, spec_batch, zeros)
 from .importer import OnnxOpConverter, register_converter
 
 _RNN_ATTRS = _SUPPORTED_ATTRS - {"linear_before_reset"}
+
+
+def _emit_rnn_kernels(bb, c, spec, target, path_option: str = "auto"):
+    rec, path = build_kernels(spec, str(target), path_option)
+    H, D, B = c["hidden"], c["D"], c["batch"]
+    sl = relax.op.strided_slice
+    bias = c["bias"]
+    bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[H]), sl(bias, axes=[1], begin=[H], end=[2 * H])))
+    lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
+    # the persistent kernel shares the GRU's signature: a (zero) rb_h after R
+    extra = [relax.const(np.zeros((D, H), "float32"))] if path.startswith("persistent") else []
+    _, outs = emit_recurrent_kernels(bb, "rnn", spec, c, rec, path, bias_i, [c["r"], *extra, lens, c["h0"]], target)
+    return outs
+
+
+def emit_rnn_layer(bb, c, spec, target, path_option: str = "auto"):
+    """One RNN node's kernels on the prepared inputs `c` (`prepare_common`): the (Y, Y_h) tuple, layout 0; a
+    symbolic batch on a GPU dispatches on it at run time (`batch_dispatch`, as `gru.emit_gru_layer`)."""
+    outs = batch_dispatch.emit(bb, "rnn", c, spec,
+                               lambda: dispatch_plan(spec, target, path_option, lambda s: choose_gru_path(s, target),
+                                                     lambda s, path: build_kernels(s, str(target), path)),
+                               lambda bb_, c_, spec_, path: _emit_rnn_kernels(bb_, c_, spec_, target, path))
+    if outs is not None:
+        return outs
+    return _emit_rnn_kernels(bb, c, spec, target, path_option)
 
 
 @register_converter("RNN")
@@ -27,17 +53,10 @@ class RNN(OnnxOpConverter):
         spec = rnn_kernels.RnnSpec(c["D"], spec_batch(c["batch"]), c["hidden"], c["input_size"], c["dtype"],
                                    c["direction"], tuple(acts), attr.get("clip"), c["lens"] is not None)
         try:
-            rec, path = build_kernels(spec, str(target), recurrence_path_option(attr, node, "RNN"))
+            outs = emit_rnn_layer(bb, c, spec, target, recurrence_path_option(attr, node, "RNN"))
+        except UnsupportedOnnxError:
+            raise
         except TvmseqError as err:   # e.g. a persistent path asked for with any batch
             raise UnsupportedOnnxError(node, "RNN", str(err)) from None
-        H, D, B = c["hidden"], c["D"], c["batch"]
-        sl = relax.op.strided_slice
-        bias = c["bias"]
-        bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[H]), sl(bias, axes=[1], begin=[H], end=[2 * H])))
-        lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
-        # the persistent kernel shares the GRU's signature: a (zero) rb_h after R
-        extra = [relax.const(np.zeros((D, H), "float32"))] if path.startswith("persistent") else []
-        _, outs = emit_recurrent_kernels(bb, "rnn", spec, c, rec, path, bias_i, [c["r"], *extra, lens, c["h0"]],
-                                         target)
         return finish_outputs(bb, bb.emit(relax.TupleGetItem(outs, 0)), bb.emit(relax.TupleGetItem(outs, 1)),
                               c["layout"])
