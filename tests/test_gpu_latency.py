@@ -212,5 +212,19 @@ def test_cuda_graph_is_recorded_in_the_signature_and_checked_here():
         compile_onnx(model, target="cuda", cuda_graph_bounds={dim: 4})
 
 
+def test_a_one_frame_build_projects_its_inputs_as_a_gemv():
+    """Compiler only: at 4 rows or fewer (one frame of batch 3 here) the GRU input projection is an einsum over W
+    as stored, which dlight schedules with its GEMV rule, not the row-tiled kernel built for many rows."""
+    pytest.importorskip("tvm.script")
+    from tvmseq import from_onnx, targets
+
+    model, _ = _model("denoiser_frame")
+    mod = from_onnx(model, {"X": FRAME_SHAPES["X"]}, target=targets.resolve("cuda"))
+    names = [gv.name_hint for gv in mod.functions]
+    assert not any("input_projection" in n for n in names) and "einsum" in mod["main"].script()
+    dynamic = from_onnx(model, target=targets.resolve("cuda"))
+    assert any("gru_input_projection" in gv.name_hint for gv in dynamic.functions)
+
+
 if __name__ == "__main__":
     build(sys.argv[1] if len(sys.argv) > 1 else ROOT, sys.argv[2:] or None)
