@@ -27,6 +27,8 @@ kernels, as before.
 """
 from __future__ import annotations
 
+import warnings
+
 import dataclasses
 from typing import Callable
 
@@ -45,6 +47,14 @@ OFF = ("off", "none", "per_step")
 
 # tensors of a prepared node (`gru.prepare_common`'s dict, plus the LSTM's c0) and their batch axis
 _BATCH_AXIS = {"x": 1, "h0": 1, "c0": 1, "lens": 0}
+
+
+class ExperimentalWarning(UserWarning):
+    """A feature that is not yet right everywhere was asked for."""
+
+
+# off by default until the padded buckets run right on the GPU (option_value's warning)
+DEFAULT = "off"
 
 
 def candidates(option) -> list[int]:
@@ -86,7 +96,12 @@ def option_value(options: dict | None = None):
         from .importer import _OPTIONS
 
         options = _OPTIONS.get()
-    return (options or {}).get(BATCH_BUCKETS_OPTION, "auto")
+    value = (options or {}).get(BATCH_BUCKETS_OPTION, DEFAULT)
+    if candidates(value):
+        warnings.warn("batch_buckets: the run-time batch dispatch is experimental: on the H100 (2026-11-26) a batch "
+                      "padded up to a bucket crashed the process (a bucket's own size ran right); leave it off for "
+                      "models you serve", ExperimentalWarning, stacklevel=2)
+    return value
 
 
 def _pad(bb, value, axis: int, batch, b: int):
@@ -182,18 +197,23 @@ def emit(bb, cell: str, c: dict, spec, plan_ranges: Callable[[], list[tuple[int,
 
     any_batch = branch(None, "per_step")     # first: its kernels keep their plain names
     bucket_fns = [(b, branch(b, path) if path != "per_step" else any_batch) for b, path in ranges]
-    ps = params()
-    # the batch as the dispatch function's own variable (its parameters' shapes define it)
-    n_var = ps[names.index("x")].ty.shape.values[_BATCH_AXIS["x"]]
+    # buckets whose branch is the per-step one, next to the per-step tail, join it
+    while bucket_fns and bucket_fns[-1][1].same_as(any_batch):
+        bucket_fns.pop()
 
-    def chain(k: int):
+    def level(k: int) -> relax.GlobalVar:
+        """The dispatch from bucket k on: If(N <= b_k) its branch, else the next level. Each If's branches are
+        single calls of functions of their own: TVM's memory planner mishandles storage made in one branch of
+        an If and used after it (a nested If in an else branch segfaulted on the H100)."""
         if k == len(bucket_fns):
-            return relax.Call(any_batch, ps)
+            return any_batch
         b, fn = bucket_fns[k]
-        rest = chain(k + 1)
-        if fn.same_as(any_batch) and isinstance(rest, relax.Call) and rest.op.same_as(any_batch):
-            return rest       # consecutive per-step ranges: one branch
-        return relax.If(relax.prim_value(n_var <= b), relax.Call(fn, ps), rest)
+        rest = level(k + 1)
+        ps = params()
+        n_var = ps[names.index("x")].ty.shape.values[_BATCH_AXIS["x"]]   # the batch as this function's own var
+        name = f"{cell}{tag}_batch_dispatch" + ("" if k == 0 else f"_from_b{b}")
+        return _function(bb, name, ps, lambda: relax.If(relax.prim_value(n_var <= b), relax.Call(fn, ps),
+                                                        relax.Call(rest, ps)))
 
-    dispatch = _function(bb, f"{cell}{tag}_batch_dispatch", ps, lambda: chain(0))
+    dispatch = level(0)
     return bb.emit(relax.Call(dispatch, args))
