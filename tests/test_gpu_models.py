@@ -104,7 +104,7 @@ def build(out_dir, names=None) -> None:
     """Compile the cases (default all) for the H100 (sm_90a SASS embedded); store feeds + onnxruntime outputs."""
     import onnxruntime as ort
 
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
     from tvmseq.build import compile_onnx, export
 
     out = Path(out_dir)
@@ -115,7 +115,7 @@ def build(out_dir, names=None) -> None:
         ref_model, ref_feeds = _float32_twin(model, feeds)
         sess = ort.InferenceSession(ref_model.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, ref_feeds)))
-        with artifacts.device_binaries(("sm_90a",)):
+        with cuda_toolchain.device_binaries(("sm_90a",)):
             compiled = compile_onnx(model, target="cuda")
         export(compiled, out / f"{name}.so")
         np.savez(out / f"{name}.npz", **{f"in_{k}": v for k, v in feeds.items()},

@@ -119,7 +119,7 @@ def test_cuda_codegen(D, B, H, I, dtype):  # noqa: E741
         assert "T.where" not in script and "if_then_else" not in script
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -152,7 +152,7 @@ def test_padded_rows_genes_by_block_count():
 def test_few_blocks_genes_build_without_spills():
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     func, _ = ip.projection_for(_spec(1, 8, 1024, 1024), H100, 100)
     src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
@@ -239,7 +239,7 @@ def test_float16_projection_takes_tensor_cores_on_the_gpu():
     assert "T.vectorized" in ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), LLVM)[0].script()   # CPU SIMD
     assert "multiple of 128" in pmm.supports(3 * 37, 64)
     if shutil.which("nvcc"):
-        from tvmseq.bench.recurrent_gemm import ptxas_report
+        from tvmseq.cuda_toolchain import ptxas_report
 
         (info,) = ptxas_report(src).values()
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -296,7 +296,7 @@ def test_wgmma_projection_half_gate_i_cuda_codegen():
     with pytest.raises(TvmseqError, match="gate_dtype 'float64'"):
         pwg.projection_wgmma_func(1, 128, 64, gate_dtype="float64")
     if shutil.which("nvcc"):
-        from tvmseq.bench.recurrent_gemm import ptxas_report
+        from tvmseq.cuda_toolchain import ptxas_report
 
         (info,) = ptxas_report(src).values()
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info

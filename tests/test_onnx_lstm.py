@@ -308,7 +308,7 @@ def test_gpu_recurrence_builds_for_cuda():
     assert any("__shared__" in k for n, k in kernels.items() if n.startswith("rec_fp16"))   # tiled GEMM
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     report = ptxas_report(src)
     assert len(report) >= 6 * len(specs)

@@ -229,7 +229,7 @@ def test_cuda_codegen(D, B, H, dtype, input_forget, peepholes):
     assert loop.count("__syncthreads()") == 2
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info

@@ -159,7 +159,7 @@ def test_cuda_codegen(D, B, H, dtype):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info

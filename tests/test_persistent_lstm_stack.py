@@ -81,7 +81,7 @@ def test_lstm_stack_config_and_errors():
 def test_lstm_stack_cuda_builds_without_spills(L, B, H, dtype):
     """CUDA codegen for the H100 without a GPU: cooperative launch, the LL and progress primitives, and (when
     nvcc is installed) ptxas reports no spills for sm_90a."""
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")

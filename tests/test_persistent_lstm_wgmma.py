@@ -188,7 +188,7 @@ def test_cuda_codegen(D, B, H):
     assert ("wgmma.wait_group.sync.aligned 1" in src) == geo.RING
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info

@@ -55,7 +55,7 @@ def test_stack_cuda_builds_without_spills():
     """CUDA codegen for the H100 without a GPU: cooperative launch, the LL and progress primitives, and
     (when nvcc is installed) ptxas reports no spills for sm_90a. The source is compiled by nvcc here,
     not through TVM's compile callback (registering that in the test process breaks later CUDA builds)."""
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
@@ -117,7 +117,7 @@ def pr_facts(target):
 
 @pytest.mark.parametrize("L,B,H", [(4, 8, 512), (1, 8, 1024)])
 def test_rows_cuda_builds_without_spills(L, B, H):
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")

@@ -190,14 +190,14 @@ def test_cuda_build_takes_the_per_step_kernels():
 
 def build(out_dir) -> None:
     """Compile GPU_CASES for the H100 (sm_90a SASS embedded); store feeds and onnxruntime's outputs."""
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
     from tvmseq.build import compile_onnx, export
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, (op, kw) in GPU_CASES.items():
         model = node_model(op, **kw)
-        with artifacts.device_binaries(("sm_90a",)):
+        with cuda_toolchain.device_binaries(("sm_90a",)):
             compiled = compile_onnx(model, target="cuda", artifacts=None)
         export(compiled, out / f"{name}.so")
         data = {}

@@ -130,17 +130,15 @@ def compile_for_gpu(funcs: dict, tgt):
     kernel). A CPU target (smoke tests of the benchmark scripts) compiles plainly, with no report."""
     import tvm
 
-    from .. import artifacts
+    from .. import cuda_toolchain
 
     if tgt.kind.name != "cuda":
         return tvm.compile(tvm.IRModule(funcs), target=tgt), {}
-    with artifacts.device_binaries(("sm_90a",)) as binary:
+    with cuda_toolchain.device_binaries(("sm_90a",)) as binary:
         ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
-        report = dict(artifacts.NVCC.last_report) if binary else {}
+        report = dict(cuda_toolchain.NVCC.last_report) if binary else {}
     if not binary:
-        from .recurrent_gemm import ptxas_report
-
-        report = ptxas_report(ex.mod.imports[0].inspect_source())
+        report = cuda_toolchain.ptxas_report(ex.mod.imports[0].inspect_source())
     return ex, report
 
 
@@ -168,9 +166,9 @@ class PrebuiltModules:
 
         if file not in self.loaded:
             if self.cuda:
-                from .. import artifacts
+                from .. import cuda_toolchain
 
-                artifacts.ensure_cuda_runtime()
+                cuda_toolchain.ensure_cuda_runtime()
             t0 = time.time()
             self.loaded[file] = tvm.runtime.load_module(str(self.root / file))
             print(f"loaded {file} in {time.time() - t0:.1f}s", flush=True)

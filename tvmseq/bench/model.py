@@ -62,12 +62,12 @@ def run(args) -> None:
 
 # ---- build (no GPU needed) -----------------------------------------------------------------------------
 def _compile(onnx_bytes, out: Path, stem: str, *, graph: bool, bounds: dict, expose: bool, weights: str) -> str:
-    from .. import artifacts
+    from .. import cuda_toolchain
     from ..build import compile_onnx, export
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with artifacts.device_binaries(("sm_90a",)):
+        with cuda_toolchain.device_binaries(("sm_90a",)):
             model = compile_onnx(onnx_bytes, target="cuda", cuda_graph=graph, cuda_graph_bounds=bounds if graph else None,
                                  expose_state=expose, weights=weights)
     name = f"{stem}{'_graph' if graph else ''}.so"
