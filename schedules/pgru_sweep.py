@@ -69,7 +69,7 @@ def _cells(arg: str | None):
 
 
 def build(out: Path, cells) -> None:
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
     from tvmseq.kernels import persistent_gru as pg
     from tvmseq.targets import resolve
 
@@ -107,7 +107,7 @@ def run_cell(out: Path, lib: str) -> list[dict]:
     import tvm
 
     from pmma_sweep import _reference
-    from tvmseq.bench.common import time_cuda
+    from tvmseq.measure import time_cuda
     from tvmseq.kernels.persistent_gru import GATES
 
     rows = [e for e in json.loads((out / "index.json").read_text()) if e["file"] == lib]

@@ -121,7 +121,7 @@ def _families():
 def build(out: Path, sweep: dict | None = None, kernel: str = "persistent_mma"):
     """The variants of `sweep` (default SWEEP, or WG_SWEEP for the warpgroup kernel) into out/sweep.so and
     out/index.json (one entry a variant: shape, kernel, config knobs, name, ptxas report)."""
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
     from tvmseq.kernels import recurrent_gemm as rg
     from tvmseq.targets import resolve
 
@@ -178,7 +178,7 @@ def run(out: Path):
     import torch
     import tvm
 
-    from tvmseq.bench.common import time_cuda
+    from tvmseq.measure import time_cuda
 
     index = json.loads((out / "index.json").read_text())
     mod = tvm.runtime.load_module(str(out / "sweep.so"))

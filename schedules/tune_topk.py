@@ -40,7 +40,7 @@ def _variants(rows, n, k):
 
 
 def build(out: Path) -> None:
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
     from tvmseq.kernels import topk as tk
     from tvmseq.targets import resolve
 
@@ -60,7 +60,7 @@ def build(out: Path) -> None:
 
 
 def run(out: Path) -> None:
-    from tvmseq.bench.common import PrebuiltModules
+    from tvmseq.measure import PrebuiltModules
     from tvmseq.bench.topk import run_topk_gpu
 
     index = json.loads((out / "index.json").read_text())

@@ -268,7 +268,7 @@ def test_prebuilt_kernels_on_gpu(entry):
 
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import PrebuiltModules
+    from tvmseq.measure import PrebuiltModules
 
     D, B, H, dtype, direction = entry["D"], entry["B"], entry["H"], entry["dtype"], entry["direction"]
     acts = entry["acts"]

@@ -187,7 +187,7 @@ def _gpu_index():
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")

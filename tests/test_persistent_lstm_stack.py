@@ -106,7 +106,7 @@ LSTM_STACK_PREBUILT = Path(os.environ.get("TVMSEQ_LSTM_STACK_PREBUILT",
 
 @pytest.mark.gpu
 def test_prebuilt_odd_lstm_stacks_on_gpu():
-    from tvmseq.bench.common import PrebuiltModules
+    from tvmseq.measure import PrebuiltModules
     from tvmseq.bench.lstm_stack import NAME, check_kernels
 
     if not (LSTM_STACK_PREBUILT / "index.json").exists():

@@ -215,7 +215,7 @@ def test_gpu_case_names_are_unique():
 
 def build_gpu_cases(out_dir):
     """GPU_CASES into out_dir/LIBRARY + INDEX (the cases and ptxas numbers)."""
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
 
     tgt = resolve("cuda")
     out = Path(out_dir)
@@ -237,7 +237,7 @@ def _gpu_index():
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")

@@ -352,7 +352,7 @@ def _case_name(case):
 
 
 def build_gpu_cases(out_dir):
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
 
     tgt = resolve("cuda")
     out = Path(out_dir)
@@ -403,7 +403,7 @@ def gpu_case_problem(D, B, H, direction, cell, acts, clip, lens, dtype, seq=23):
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")
@@ -433,7 +433,7 @@ def test_prebuilt_short_sequences(seq, name):
     for a zero-length sequence."""
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")

@@ -142,7 +142,7 @@ STACK_PREBUILT = Path(os.environ.get("TVMSEQ_STACK_PREBUILT", Path(__file__).res
 def test_prebuilt_odd_stacks_on_gpu():
     import json
 
-    from tvmseq.bench.common import PrebuiltModules
+    from tvmseq.measure import PrebuiltModules
     from tvmseq.bench.gru_stack import NAME, check_kernels
 
     if not (STACK_PREBUILT / "index.json").exists():

@@ -238,7 +238,7 @@ def _proj_name(case):
 
 
 def build_gpu_cases(out_dir):
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
 
     tgt = resolve("cuda")
     out = Path(out_dir)
@@ -276,7 +276,7 @@ def _gpu_index(key="cases"):
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")
@@ -303,7 +303,7 @@ def test_prebuilt_half_projection_on_gpu(case):
     the float32 sum rounded once (2^-11 of a value at most, plus the fp32 sum order): 1e-3 of the largest value."""
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")

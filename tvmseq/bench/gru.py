@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 
-from .common import PrebuiltModules, compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
+from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from .common import print_table, ratio_bar_plot, save
 
 NAME = "gru"
 # alternating timing rounds of tvmseq and the peer a config (medians reported)

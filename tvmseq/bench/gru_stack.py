@@ -13,8 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from .common import (PrebuiltModules, add_build_run_arguments, build_or_run, compile_for_gpu, print_table,
-                     ratio_bar_plot, save, time_cuda)
+from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
 
 NAME = "gru_stack"
 # (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the target (>= 2x over layer

@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import (PrebuiltModules, add_build_run_arguments, build_or_run, compile_for_gpu, print_table,
-                     ratio_bar_plot, save, time_cuda)
+from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
 
 NAME = "input_projection"
 # (directions, batch, input size, gates * hidden, seq, dtype): the GRU of the persistent_gru grid at H1024

@@ -18,8 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
-from .common import (PrebuiltModules, add_build_run_arguments, build_or_run, compile_for_gpu, print_table,
-                     ratio_bar_plot, save, time_cuda)
+from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
 
 NAME = "lstm_stack"
 ROUNDS, ITERS = 3, 10   # alternating timing rounds (pipelined, layer by layer, cuDNN), CUDA-event runs per round

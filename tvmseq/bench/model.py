@@ -49,7 +49,7 @@ def run(args) -> None:
     if getattr(args, "unavailable", None):
         raise TvmseqError(f"tvmseq bench model needs {args.unavailable}")
     if not args.build:
-        from .common import cuda_available
+        from ..measure import cuda_available
 
         if not cuda_available():
             raise TvmseqError("tvmseq bench model runs on a GPU and needs PyTorch with CUDA (build here with "
@@ -176,7 +176,7 @@ def run_prebuilt(root, out_dir, args) -> list[dict]:
     import torch
 
     from ..runtime import load_model
-    from .common import time_cuda
+    from ..measure import time_cuda
 
     root = Path(root)
     index = json.loads((root / "index.json").read_text())

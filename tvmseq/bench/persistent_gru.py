@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import PrebuiltModules, compile_for_gpu, cuda_available, print_table, ratio_bar_plot, save
+from ..measure import PrebuiltModules, compile_for_gpu, cuda_available
+from .common import print_table, ratio_bar_plot, save
 
 NAME = "persistent_gru"
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
@@ -220,7 +221,7 @@ def _recurrence_only_us(mod, c, seq) -> float:
     import torch
     import tvm
 
-    from .common import time_cuda
+    from ..measure import time_cuda
 
     H, B, D = c["hidden"], c["batch"], 2 if c["bidirectional"] else 1
     dev, tdt = "cuda", getattr(torch, c["dtype"])

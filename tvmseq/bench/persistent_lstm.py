@@ -34,7 +34,8 @@ import statistics
 import time
 from pathlib import Path
 
-from .common import PrebuiltModules, compile_for_gpu, cuda_available, print_table, ratio_bar_plot, save, time_cuda
+from ..measure import PrebuiltModules, compile_for_gpu, cuda_available, time_cuda
+from .common import print_table, ratio_bar_plot, save
 
 NAME = "persistent_lstm"
 HIDDEN, BATCH, SEQ = (128, 256, 512, 1024), (1, 8, 64, 256), 100

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import PrebuiltModules, compile_for_gpu, cuda_available, print_table, ratio_bar_plot, save, time_cuda
+from ..measure import PrebuiltModules, compile_for_gpu, cuda_available, time_cuda
+from .common import print_table, ratio_bar_plot, save
 from .gru import _kernels_of
 from .persistent_gru import residency
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..reference.recurrent import recurrent_gemm as reference
-from .common import PrebuiltModules, cuda_available, print_table, ratio_bar_plot, save
+from ..measure import PrebuiltModules, cuda_available
+from .common import print_table, ratio_bar_plot, save
 
 NAME = "recurrent_gemm"
 STEPS = 100
@@ -194,7 +195,7 @@ def _run_gpu(entries, mods, args) -> list[dict]:
     import torch
     import tvm
 
-    from .common import time_cuda
+    from ..measure import time_cuda
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -243,7 +244,7 @@ def _torch_peers(A, bias, x0, steps, want, iters) -> dict:
     """Per-step times of (1) a CUDA graph of `steps` x (addmm + tanh) and (2) cuDNN RNN-tanh."""
     import torch
 
-    from .common import time_cuda
+    from ..measure import time_cuda
 
     B, H = x0.shape
     out = {}

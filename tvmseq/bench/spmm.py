@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import print_table, save, time_cuda
+from ..measure import time_cuda
+from .common import print_table, save
 
 SHAPES = ((4096, 4096), (16384, 4096))
 DENSITIES = (0.005, 0.01, 0.05, 0.2)
@@ -127,7 +128,7 @@ def build_for_gpu(out_dir, quick: bool = False) -> Path:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from .common import compile_for_gpu
+    from ..measure import compile_for_gpu
 
     mod, index, target = kernel_module(quick)
     start = time.time()

@@ -546,7 +546,7 @@ def _peer_time(problem, number: int, repeat: int) -> dict | None:
         return None
     if not torch.cuda.is_available():
         return None
-    from ..bench.common import time_cuda
+    from ..measure import time_cuda
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dt = getattr(torch, problem.dtype)
