@@ -80,7 +80,7 @@ ptxas info    : Function properties for gemm_kernel
     0 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
 ptxas info    : Used 127 registers, used 1 barriers, 16896 bytes smem"""
     assert cuda_toolchain.parse_ptxas(log) == {"gemm_kernel": {"registers": 127, "spill_stores": 8,
-                                                          "spill_loads": 12, "smem": 16896}}
+                                                               "spill_loads": 12, "smem": 16896}}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def _model(name):
 
 
 def _path_on_h100(name) -> str:
-    from tvmseq.kernels import persistent_gru
+    from tvmseq.kernels.recurrent import paths
     from tvmseq.onnx import stack
     from tvmseq.targets import resolve
 
@@ -80,8 +80,8 @@ def _path_on_h100(name) -> str:
             else "layer_by_layer"
     D = 2 if kw.get("direction") == "bidirectional" else 1
     cell = "rnn" if kw["op"] == "RNN" else "gru"
-    return persistent_gru.choose_path(D, kw["batch"], kw["hidden"], kw.get("dtype", "float32"), cuda, cell=cell,
-                                      lbr=kw.get("linear_before_reset", 0))[0]
+    return paths.choose_path(D, kw["batch"], kw["hidden"], kw.get("dtype", "float32"), cuda, cell=cell,
+                             lbr=kw.get("linear_before_reset", 0))[0]
 
 
 def _float32_twin(model, feeds):

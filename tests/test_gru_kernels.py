@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 
 from numpy_gru import numpy_gru
 from tvmseq import targets
-from tvmseq.kernels import gru, rnn, step_gemm
+from tvmseq.kernels.recurrent import gru, rnn, step_gemm
 from tvmseq.kernels.activations import Activation
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 tvm = pytest.importorskip("tvm")
-from tvmseq.errors import TvmseqError  # noqa: E402
-from tvmseq.kernels import persistent_rows as pr  # noqa: E402
-from tvmseq.kernels import persistent_stack as ps  # noqa: E402
-from tvmseq.kernels.activations import Activation  # noqa: E402
 from tvmseq.bench.lstm_stack import kernel_inputs, onnx_layers, reference_stack  # noqa: E402
+from tvmseq.errors import TvmseqError  # noqa: E402
+from tvmseq.kernels.activations import Activation  # noqa: E402
+from tvmseq.kernels.recurrent import rows as pr  # noqa: E402
+from tvmseq.kernels.recurrent import stack as ps  # noqa: E402
 
 
 def run_cpu(L, B, H, T_, dtype, inputs, config=None, **kw):
@@ -106,8 +106,8 @@ LSTM_STACK_PREBUILT = Path(os.environ.get("TVMSEQ_LSTM_STACK_PREBUILT",
 
 @pytest.mark.gpu
 def test_prebuilt_odd_lstm_stacks_on_gpu():
-    from tvmseq.measure import PrebuiltModules
     from tvmseq.bench.lstm_stack import NAME, check_kernels
+    from tvmseq.measure import PrebuiltModules
 
     if not (LSTM_STACK_PREBUILT / "index.json").exists():
         pytest.skip(f"no prebuilt payload in {LSTM_STACK_PREBUILT}")

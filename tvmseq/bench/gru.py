@@ -3,7 +3,7 @@
 Grid: hidden {256, 512, 1024} x batch {1, 8, 64, 256} x seq 100, unidirectional and bidirectional,
 fp32 and fp16, linear_before_reset=1 (PyTorch's GRU). Both run on the same inputs; outputs are compared
 with each other and with a float64 GRU, and the TF32 setting of the peer is recorded. Batch >= 16 runs
-the tiled step GEMM (kernels/step_gemm.py), smaller batches the warp-per-row one.
+the tiled step GEMM (kernels/recurrent/step_gemm.py), smaller batches the warp-per-row one.
 
 Kernels are built where TVM's compiler is (no GPU needed), with sm_90a SASS embedded, into one .so per
 (dtype, direction) group, plus a tile sweep (the step-GEMM tiles the cost model ranks next for a few
@@ -76,7 +76,7 @@ def _group(c) -> str:
 
 
 def _spec(c):
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
 
     D = 2 if c["bidirectional"] else 1
     return gru.GruSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"], linear_before_reset=1,
@@ -92,7 +92,7 @@ TEST_INPUT_SIZE = 19
 
 
 def _test_spec(case):
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
 
     D, B, H, dtype, lbr, direction = case
     return gru.GruSpec(D, B, H, TEST_INPUT_SIZE, dtype, lbr, direction, has_seq_lens=True)
@@ -104,7 +104,7 @@ def _tile_key(tile) -> str:
 
 def step_gemm_info(spec, target) -> dict:
     """Which step GEMM a spec's recurrence runs, its tile and the cost model's estimate (lbr=1: one GEMM)."""
-    from ..kernels import gru, step_gemm
+    from ..kernels.recurrent import gru, step_gemm
 
     sched = gru.StepSchedule.for_batch(spec.batch)
     if not sched.use_tiled(True, spec.batch):
@@ -125,7 +125,7 @@ def _tile_json(tile) -> dict:
 def sweep_tiles(c, target, count: int = SWEEP_TILES, by_split: bool = False):
     """The cost model's `count` best tile shapes for a config's step GEMM (the best bk and split of each; with
     by_split, of each shape and split), cheapest first: what the sweep measures to check the model's ranking."""
-    from ..kernels import step_gemm as sg
+    from ..kernels.recurrent import step_gemm as sg
 
     H, B, D = c["hidden"], c["batch"], 2 if c["bidirectional"] else 1
     r_bytes = 2 if c["dtype"] == "float16" else 4
@@ -142,7 +142,7 @@ def sweep_tiles(c, target, count: int = SWEEP_TILES, by_split: bool = False):
 
 
 def _bench_funcs(c, target) -> dict:
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
 
     spec, sfx = _spec(c), _suffix(c)
     proj = gru.schedule_input_projection(gru.input_projection_func(spec), target)["main"]
@@ -154,7 +154,7 @@ def build_module(c, target):
     """One module holding both kernels of the config (input projection + recurrence)."""
     import tvm
 
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
 
     spec = _spec(c)
     proj = gru.schedule_input_projection(gru.input_projection_func(spec), target)["main"]
@@ -173,7 +173,7 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
     group, index.json with each config's file, step GEMM, tile and ptxas numbers of its recurrence."""
     import tvm
 
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
     from ..targets import resolve
 
     tgt = resolve(target)
@@ -213,7 +213,7 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
             index["tests"].append(dict(file=f"{NAME}_tests.so", name=name, op="GRU", D=D, B=B, H=H, dtype=dtype,
                                        lbr=lbr, direction=direction, input_size=TEST_INPUT_SIZE,
                                        proj=f"proj_{name}", rec=f"rec_{name}", **step_gemm_info(spec, tgt)))
-        from ..kernels import rnn
+        from ..kernels.recurrent import rnn
 
         for D, B, H, dtype, direction in GPU_RNN_TEST_CASES:
             spec = rnn.RnnSpec(D, B, H, TEST_INPUT_SIZE, dtype, direction, has_seq_lens=True)
@@ -295,7 +295,7 @@ def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
     import torch
     import tvm
 
-    from ..kernels.input_projection import FLAT
+    from ..kernels.projection.gemm import FLAT
 
     if not tile:
         return lambda: proj(tv[0], tv[1], tv[2], tv[3])

@@ -72,30 +72,30 @@ def _test_name(case) -> str:
 
 def _bench_funcs(c, target) -> dict:
     """The two prim_funcs of a benchmark config (input projection + persistent recurrence), renamed."""
-    from ..kernels import gru, input_projection
-    from ..kernels import persistent_gru as pg
+    from ..kernels.projection import gemm as ip
+    from ..kernels.recurrent import gru, paths
 
     D = 2 if c["bidirectional"] else 1
     spec = gru.GruSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"], linear_before_reset=1,
                        direction="bidirectional" if D == 2 else "forward")
-    proj, tile = input_projection.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
-    rec, path, why = pg.recurrence_func_auto(spec, target)
+    proj, tile = ip.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
+    rec, path, why = paths.recurrence_func_auto(spec, target)
     sfx = _suffix(c)
     return {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
             f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why, tile
 
 
 def _test_func(case, target):
-    from ..kernels import persistent_gru as pg
     from ..kernels.activations import Activation
+    from ..kernels.recurrent import engine
     from ..kernels.recurrent_gemm import PersistentConfig
 
     D, B, H, dtype, lbr, direction, acts, clip, lens, cfg = case
     acts_ = [Activation.make(a) for a in acts] if acts else None
     if acts_ is not None and len(acts_) == 2 and D == 2:
         acts_ = acts_ * 2
-    func = pg.persistent_gru_func(D, B, H, dtype, lbr, direction, acts_, clip, lens, target,
-                                  PersistentConfig(**cfg) if cfg else None)
+    func = engine.persistent_gru_func(D, B, H, dtype, lbr, direction, acts_, clip, lens, target,
+                                      PersistentConfig(**cfg) if cfg else None)
     return func.with_attr("global_symbol", _test_name(case))
 
 
@@ -117,9 +117,9 @@ def residency(report: dict, threads: int, dyn_smem: int, blocks: int, num_sms: i
 
 def _rec_launch(c, target, path: str = "persistent"):
     """(threads, dynamic shared bytes, blocks) of a config's persistent recurrence (SIMT or tensor-core)."""
-    from ..kernels import persistent_gru as pg
-    from ..kernels import persistent_mma as pm
-    from ..kernels import persistent_wgmma as pw
+    from ..kernels.recurrent import engine
+    from ..kernels.recurrent import mma as pm
+    from ..kernels.recurrent import wgmma as pw
 
     D = 2 if c["bidirectional"] else 1
     if path == "persistent_wgmma":
@@ -129,8 +129,8 @@ def _rec_launch(c, target, path: str = "persistent"):
         cfg = pm.default_config(D, c["batch"], c["hidden"], target, dtype=c["dtype"])
         geo = pm.MmaGeometry(D, c["batch"], c["hidden"], 3, cfg, c["dtype"])
         return geo.NT, geo.smem_bytes(), geo.BLOCKS
-    cfg = pg.default_gru_config(D, c["batch"], c["hidden"], c["dtype"], target)
-    geo = pg._geometry(D, c["batch"], c["hidden"], cfg, True)
+    cfg = engine.default_gru_config(D, c["batch"], c["hidden"], c["dtype"], target)
+    geo = engine._geometry(D, c["batch"], c["hidden"], cfg, True)
     return geo.NT, 4 * geo.R_smem * geo.Hp, cfg.num_blocks * D
 
 
@@ -178,7 +178,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
             if info and not e["residency"]["resident"]:
                 retry.append(e)
         for e in retry:  # fall back to the per-step path for these configs
-            from ..kernels import gru
+            from ..kernels.recurrent import gru
 
             c = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch")}
             D = 2 if c["bidirectional"] else 1
@@ -400,7 +400,7 @@ def _run_cpu(args) -> list[dict]:
     """No GPU: the llvm variant on tiny sizes against a numpy GRU (exercises the code path)."""
     import tvm
 
-    from ..kernels import persistent_gru as pg
+    from ..kernels.recurrent import engine
 
     rows = []
     for D, B, H, lbr in ((1, 2, 9, 1), (2, 3, 7, 0)):
@@ -411,8 +411,8 @@ def _run_cpu(args) -> list[dict]:
         rb_h = rng.uniform(-0.5, 0.5, (D, H)).astype(np.float32)
         h0 = rng.standard_normal((D, B, H)).astype(np.float32)
         lens = np.full(B, seq, np.int32)
-        func = pg.persistent_gru_func(D, B, H, "float32", lbr, "bidirectional" if D == 2 else "forward",
-                                      None, None, False, "llvm")
+        func = engine.persistent_gru_func(D, B, H, "float32", lbr, "bidirectional" if D == 2 else "forward",
+                                          None, None, False, "llvm")
         f = tvm.compile(tvm.IRModule({"gru_recurrence": func}), target="llvm")["gru_recurrence"]
         Y = tvm.runtime.tensor(np.zeros((seq, D, B, H), np.float32))
         Yh = tvm.runtime.tensor(np.zeros((D, B, H), np.float32))

@@ -1,11 +1,11 @@
 """`tvmseq bench persistent_lstm`: tvmseq's LSTM (input projection + the persistent recurrence where
-`persistent_lstm.lstm_recurrence_auto` takes it, else the per-step kernel of `kernels/lstm.py`) against
+`paths.lstm_recurrence_auto` takes it, else the per-step kernel of `kernels/recurrent/lstm.py`) against
 torch.nn.LSTM (cuDNN, TF32 off) in the same process.
 
 Grid: hidden {128, 256, 512, 1024} x batch {1, 8, 64, 256} x seq 100, unidirectional and bidirectional, fp32
 and fp16. Per config: both sides on the same weights and inputs, medians of CUDA-event timings after warm-up
 in alternating rounds, both sides' relative error against a float64 LSTM (torch's, in double), the ratio; the
-recurrence alone is timed too. tvmseq's input projection is the importer's (`input_projection.projection_for`
+recurrence alone is timed too. tvmseq's input projection is the importer's (`projection.gemm.projection_for`
 with 4 gates, run through the GRU benchmark's plumbing).
 
 Kernels are built here (TVM compiler, CUDA target, no GPU needed) into one .so per (dtype, direction) group plus
@@ -107,9 +107,9 @@ def mma_test_name(case) -> str:
 
 def mma_test_func(case, target):
     """The staged-state LSTM kernel of an MMA_TEST_CASES case, named `mma_test_name(case)`."""
-    from ..kernels import persistent_mma as pm
     from ..kernels.activations import Activation
-    from ..kernels.persistent_lstm import LstmCell
+    from ..kernels.recurrent import mma as pm
+    from ..kernels.recurrent.cells import LstmCell
 
     D, B, H, dtype, direction, acts, clip, lens, input_forget, peep, knobs = case
     names = [Activation.make(a) for a in acts] * D if acts else None
@@ -145,7 +145,7 @@ def gpu_test_name(case) -> str:
 
 
 def _spec(c):
-    from ..kernels import lstm
+    from ..kernels.recurrent import lstm
 
     D = 2 if c["bidirectional"] else 1
     return lstm.LstmSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"],
@@ -153,9 +153,9 @@ def _spec(c):
 
 
 def _per_step(spec, target):
-    """The per-step kernel of kernels/lstm.py, or None where it is not there."""
+    """The per-step kernel of kernels/recurrent/lstm.py, or None where it is not there."""
     try:
-        from ..kernels import lstm
+        from ..kernels.recurrent import lstm
     except ImportError:
         return None
     factory = getattr(lstm, "recurrence_func", None)
@@ -164,17 +164,17 @@ def _per_step(spec, target):
 
 def _bench_funcs(c, target, path: str = "auto"):
     """({name: prim_func}, path, why, projection row tile) of a config: the projection and the recurrence
-    (path: `persistent_lstm.lstm_recurrence_auto`'s option; a forced path that cannot run falls back to auto)."""
+    (path: `paths.lstm_recurrence_auto`'s option; a forced path that cannot run falls back to auto)."""
     from ..errors import TvmseqError
-    from ..kernels import input_projection
-    from ..kernels import persistent_lstm as pl
+    from ..kernels.projection import gemm as ip
+    from ..kernels.recurrent import paths
 
     spec, sfx = _spec(c), _suffix(c)
-    proj, tile = input_projection.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
+    proj, tile = ip.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
     try:
-        rec, path, why = pl.lstm_recurrence_auto(spec, target, path)
+        rec, path, why = paths.lstm_recurrence_auto(spec, target, path)
     except TvmseqError as err:
-        rec, path, why = pl.lstm_recurrence_auto(spec, target)
+        rec, path, why = paths.lstm_recurrence_auto(spec, target)
         why = f"{err}; auto: {why}"
     if rec is None:
         rec = _per_step(spec, target)
@@ -186,35 +186,34 @@ def _bench_funcs(c, target, path: str = "auto"):
 
 def _rec_launch(c, target, path: str = "persistent") -> tuple[int, int, int]:
     """(threads, dynamic shared bytes, blocks) of a config's persistent recurrence (engine or staged-state)."""
-    from ..kernels import persistent_gru as pg
-    from ..kernels import persistent_lstm as pl
-    from ..kernels import persistent_mma as pm
+    from ..kernels.recurrent import cells, engine
+    from ..kernels.recurrent import mma as pm
 
     D = 2 if c["bidirectional"] else 1
     if path == "persistent_wgmma":
-        from ..kernels import persistent_wgmma as pw
+        from ..kernels.recurrent import wgmma as pw
 
-        cfg = pw.default_config(D, c["batch"], c["hidden"], target, pl.CELL)
-        geo = pw.WgmmaRecGeometry(D, c["batch"], c["hidden"], pl.GATES, cfg)
+        cfg = pw.default_config(D, c["batch"], c["hidden"], target, "lstm")
+        geo = pw.WgmmaRecGeometry(D, c["batch"], c["hidden"], cells.CELL_GATES["lstm"], cfg)
         return pw.NT, geo.smem_bytes(), geo.BLOCKS
     if path == "persistent_mma":
-        cfg = pm.default_config(D, c["batch"], c["hidden"], target, pl.CELL, dtype=c["dtype"])
-        geo = pm.MmaGeometry(D, c["batch"], c["hidden"], pl.GATES, cfg, c["dtype"])
+        cfg = pm.default_config(D, c["batch"], c["hidden"], target, "lstm", dtype=c["dtype"])
+        geo = pm.MmaGeometry(D, c["batch"], c["hidden"], cells.CELL_GATES["lstm"], cfg, c["dtype"])
         return geo.NT, geo.smem_bytes(), geo.BLOCKS
-    cfg = pl.default_config(D, c["batch"], c["hidden"], c["dtype"], target)
-    geo = pg._geometry(D, c["batch"], c["hidden"], cfg, True, pl.CELL)
+    cfg = engine.default_lstm_config(D, c["batch"], c["hidden"], c["dtype"], target)
+    geo = engine._geometry(D, c["batch"], c["hidden"], cfg, True, "lstm")
     return geo.NT, 4 * geo.R_smem * geo.Hp, cfg.num_blocks * D
 
 
 def gpu_test_func(case, target):
     """The persistent kernel of a GPU test case, named `gpu_test_name(case)`."""
-    from ..kernels import persistent_lstm as pl
+    from ..kernels.recurrent import engine
     from ..kernels.recurrent_gemm import PersistentConfig
 
     D, B, H, dtype, direction, acts, clip, lens, input_forget, peep, cfg = case
     names = list(acts) * (D if acts and len(acts) == 3 else 1) if acts else None
-    func = pl.persistent_lstm_func(D, B, H, dtype, direction, names, clip, lens, input_forget, peep, target,
-                                   PersistentConfig(**cfg) if cfg else None)
+    func = engine.persistent_lstm_func(D, B, H, dtype, direction, names, clip, lens, input_forget, peep, target,
+                                       PersistentConfig(**cfg) if cfg else None)
     return func.with_attr("global_symbol", gpu_test_name(case))
 
 
@@ -230,7 +229,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, bench: bool 
     path, reason, ptxas numbers and residency. A config whose persistent kernel could not be resident is rebuilt
     on the per-step path. cells (fnmatch patterns on config suffixes): only those configs, each into its own
     module, added to the directory's existing index (the others' entries and modules kept); path: their
-    recurrence path option (`persistent_lstm.lstm_recurrence_auto`)."""
+    recurrence path option (`paths.lstm_recurrence_auto`)."""
     import tvm
 
     from ..targets import resolve

@@ -73,7 +73,7 @@ def kernel_module(quick=False, smoke=False, fp16=False, with_tests=True, target_
     import tvm
 
     from .. import targets
-    from ..kernels import topk as tk
+    from ..kernels.topk import topk as tk
 
     target = targets.resolve(target_name)
     kind = target.kind.name
