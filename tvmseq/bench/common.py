@@ -4,9 +4,11 @@ kernels on the GPU is `tvmseq.measure` (shared with tuning)."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import platform
+import statistics
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -104,6 +106,55 @@ def ratio_bar_plot(rows: list[dict], label_keys: Sequence[str], ratio_key: str, 
         plt.close(fig)
 
     return plot
+
+
+def grid_configs(hidden, batch, quick_cells, quick: bool = False):
+    """The grid of the single-layer recurrent benchmarks (persistent_gru, persistent_lstm): float32 and float16 x
+    uni- and bidirectional x hidden x batch, or only the (hidden, batch) cells of `quick_cells` with --quick."""
+    for dtype, bidir in itertools.product(("float32", "float16"), (False, True)):
+        for h, b in (quick_cells if quick else itertools.product(hidden, batch)):
+            yield {"dtype": dtype, "bidirectional": bidir, "hidden": h, "batch": b}
+
+
+def config_suffix(c) -> str:
+    """A grid config's name in kernel and file names: dtype, direction, hidden, batch."""
+    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
+
+
+def config_group(c) -> str:
+    """The module a grid config's kernels are built into: one per dtype and direction."""
+    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}"
+
+
+def time_against_peer(ours: Callable, peer: Callable, seq: int, rounds: int, iters: int,
+                      timer: Callable | None = None) -> dict:
+    """tvmseq and its peer timed in alternating rounds, the medians kept (us per step of a seq-step run):
+    {"tvmseq_us_step", "cudnn_us_step", "tvmseq_us_range", "cudnn_us_range"}. cuDNN's time for one config moved
+    up to 2x between runs (H100, 2026-11-22), so a single round each could compare a fast round with a slow one.
+    `timer`: milliseconds of fn(warmup=, iters=), CUDA events by default."""
+    if timer is None:
+        from ..measure import time_cuda as timer
+    ours_us, peer_us = [], []
+    for _ in range(rounds):
+        ours_us.append(timer(ours, warmup=3, iters=iters) * 1e3 / seq)
+        peer_us.append(timer(peer, warmup=3, iters=iters) * 1e3 / seq)
+    return {"tvmseq_us_step": statistics.median(ours_us), "cudnn_us_step": statistics.median(peer_us),
+            "tvmseq_us_range": [min(ours_us), max(ours_us)], "cudnn_us_range": [min(peer_us), max(peer_us)]}
+
+
+def run_and_report(name: str, entries, run_one: Callable, columns: Sequence[str], plot_labels: Sequence[str],
+                   plot_title: str, meta: dict | None = None, out=None) -> list[dict]:
+    """`run_one(entry)` for each entry of a prebuilt benchmark, the rows printed and saved after each (a later
+    hang or crash keeps what ran), then the whole table and the plot of the speedup over running the same
+    layers one by one (`vs_sequential`)."""
+    rows = []
+    for e in entries:
+        rows.append(run_one(e))
+        print_table(rows[-1:], columns)
+        save(name, rows, meta, out_dir=out)
+    print_table(rows, columns)
+    save(name, rows, meta, out_dir=out, plot=ratio_bar_plot(rows, plot_labels, "vs_sequential", plot_title))
+    return rows
 
 
 def add_build_run_arguments(parser) -> None:

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import statistics
 import time
 from pathlib import Path
 
 
 from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
-from .common import print_table, ratio_bar_plot, save
+from .common import print_table, ratio_bar_plot, save, time_against_peer
 
 NAME = "gru"
 # alternating timing rounds of tvmseq and the peer a config (medians reported)
@@ -382,14 +381,7 @@ def run_one(c, prebuilt=None, seq: int = SEQ, module=None) -> dict:
     row.update(seq=seq, err_tvmseq=err(ours_y, ref_y), err_peer=err(peer_y.double(), ref_y),
                max_diff_vs_peer=float((ours_y - peer_y.double()).abs().max().item()),
                peer_tf32=bool(torch.backends.cudnn.allow_tf32) and c["dtype"] == "float32")
-    # tvmseq and cuDNN timed in alternating rounds, medians kept: cuDNN's time for one config moved up to 2x
-    # between runs (H100, 2026-11-22), so a single round each could compare a fast round with a slow one
-    ours, peer = [], []
-    for _ in range(ROUNDS):
-        ours.append(time_cuda(tvmseq_run, warmup=3, iters=20) * 1e3 / seq)
-        peer.append(time_cuda(peer_run, warmup=3, iters=20) * 1e3 / seq)
-    row["tvmseq_us_step"], row["cudnn_us_step"] = statistics.median(ours), statistics.median(peer)
-    row["tvmseq_us_range"], row["cudnn_us_range"] = [min(ours), max(ours)], [min(peer), max(peer)]
+    row.update(time_against_peer(tvmseq_run, peer_run, seq, ROUNDS, iters=20))
     row["recurrence_us_step"] = time_cuda(lambda: rec(*tv[3:]), warmup=2, iters=10) * 1e3 / seq
     row["speedup"] = row["cudnn_us_step"] / row["tvmseq_us_step"]
     tol = 2e-2 if c["dtype"] == "float16" else 1e-3

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
-from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
+from .common import add_build_run_arguments, build_or_run, run_and_report
 
 NAME = "gru_stack"
 # (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the target (>= 2x over layer
@@ -275,15 +275,9 @@ def run_prebuilt(prebuilt, out=None) -> list[dict]:
     root = Path(prebuilt)
     index = json.loads((root / "index.json").read_text())
     mod = PrebuiltModules(root).get(f"{NAME}.so")
-    rows = []
-    for e in index["configs"]:
-        rows.append(run_one(mod, e))
-        print_table(rows[-1:], COLUMNS)
-        save(NAME, rows, out_dir=out)
-    print_table(rows, COLUMNS)
-    save(NAME, rows, out_dir=out, plot=ratio_bar_plot(rows, ("layers", "hidden", "batch", "dtype", "schedule"), "vs_sequential",
-                                                      "GRU stack: pipelined kernel vs the same layers one by one"))
-    return rows
+    return run_and_report(NAME, index["configs"], lambda e: run_one(mod, e), COLUMNS,
+                          ("layers", "hidden", "batch", "dtype", "schedule"),
+                          "GRU stack: pipelined kernel vs the same layers one by one", out=out)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

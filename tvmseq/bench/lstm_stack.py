@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
-from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
+from .common import add_build_run_arguments, build_or_run, run_and_report
 
 NAME = "lstm_stack"
 ROUNDS, ITERS = 3, 10   # alternating timing rounds (pipelined, layer by layer, cuDNN), CUDA-event runs per round
@@ -294,18 +294,9 @@ def run_prebuilt(prebuilt, out=None) -> list[dict]:
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    rows = []
-    for e in index["configs"]:
-        if e.get("odd"):
-            continue
-        rows.append(run_one(mod, e))
-        print_table(rows[-1:], COLUMNS)
-        save(NAME, rows, meta, out_dir=out)
-    print_table(rows, COLUMNS)
-    plot = ratio_bar_plot(rows, ("layers", "hidden", "batch", "dtype"), "vs_sequential",
-                          "LSTM stack: pipelined kernel vs the same layers one by one")
-    save(NAME, rows, meta, out_dir=out, plot=plot)
-    return rows
+    return run_and_report(NAME, [e for e in index["configs"] if not e.get("odd")], lambda e: run_one(mod, e), COLUMNS,
+                          ("layers", "hidden", "batch", "dtype"),
+                          "LSTM stack: pipelined kernel vs the same layers one by one", meta, out)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

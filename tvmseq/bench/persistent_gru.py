@@ -15,7 +15,6 @@ group plus the GPU test kernels, and run where only TVM's runtime is:
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..measure import PrebuiltModules, compile_for_gpu, cuda_available
-from .common import print_table, ratio_bar_plot, save
+from .common import config_group, config_suffix, grid_configs, print_table, ratio_bar_plot, save
 
 NAME = "persistent_gru"
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
@@ -47,17 +46,7 @@ GPU_TEST_CASES = [
 
 
 def configs(quick: bool = False):
-    for dtype, bidir in itertools.product(("float32", "float16"), (False, True)):
-        for hidden, batch in (QUICK if quick else itertools.product(HIDDEN, BATCH)):
-            yield {"dtype": dtype, "bidirectional": bidir, "hidden": hidden, "batch": batch}
-
-
-def _suffix(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
-
-
-def _group(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}"
+    return grid_configs(HIDDEN, BATCH, QUICK, quick)
 
 
 def _test_name(case) -> str:
@@ -80,7 +69,7 @@ def _bench_funcs(c, target) -> dict:
                        direction="bidirectional" if D == 2 else "forward")
     proj, tile = ip.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
     rec, path, why = paths.recurrence_func_auto(spec, target)
-    sfx = _suffix(c)
+    sfx = config_suffix(c)
     return {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
             f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why, tile
 
@@ -153,8 +142,9 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
         if dtypes and c["dtype"] not in dtypes:
             continue
         funcs, path, why, tile = _bench_funcs(c, tgt)
-        groups.setdefault(_group(c), {}).update(funcs)
-        entry = dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c), path=path, reason=why, proj_rows=tile)
+        groups.setdefault(config_group(c), {}).update(funcs)
+        entry = dict(c, file=f"{NAME}_{config_group(c)}.so", suffix=config_suffix(c), path=path, reason=why,
+                     proj_rows=tile)
         if path.startswith("persistent"):
             entry["threads"], entry["dyn_smem"], entry["blocks"] = _rec_launch(c, tgt, path)
         index["configs"].append(entry)
@@ -170,7 +160,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
         ex, report = compile_for_gpu(funcs, tgt)
         retry = []
         for e in index["configs"]:
-            if _group(e) != group or not e["path"].startswith("persistent"):
+            if config_group(e) != group or not e["path"].startswith("persistent"):
                 continue
             info = report.get(f"rec_{e['suffix']}_kernel", {})
             e["ptxas"] = info
@@ -336,8 +326,7 @@ def _supervise(index, root, args) -> list[dict]:
     rows_file, progress = work / "rows.jsonl", work / "progress"
     t_start = time.time()
     for _ in range(len(wanted) + 3):  # each round finishes or records at least one config
-        done = {f"{r['dtype']}_{'bi' if r['bidirectional'] else 'uni'}_h{r['hidden']}_b{r['batch']}"
-                for r in _read_rows(rows_file)}
+        done = {config_suffix(r) for r in _read_rows(rows_file)}
         todo = [s for s in wanted if s not in done]
         if not todo:
             break
@@ -382,8 +371,7 @@ def _supervise(index, root, args) -> list[dict]:
             if proc.returncode not in (0, 4):
                 print(f"worker exited with {proc.returncode}", flush=True)
                 sfx = progress.read_text().split()[0]
-                if sfx not in {f"{r['dtype']}_{'bi' if r['bidirectional'] else 'uni'}_h{r['hidden']}_b{r['batch']}"
-                               for r in _read_rows(rows_file)}:
+                if sfx not in {config_suffix(r) for r in _read_rows(rows_file)}:
                     e = by_suffix[sfx]
                     row = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch", "path")}
                     row.update(seq=SEQ, status="crash", reason=f"worker exit code {proc.returncode}")

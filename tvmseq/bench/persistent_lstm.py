@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import itertools
 import json
 import os
 import statistics
@@ -35,7 +34,8 @@ import time
 from pathlib import Path
 
 from ..measure import PrebuiltModules, compile_for_gpu, cuda_available, time_cuda
-from .common import print_table, ratio_bar_plot, save
+from .common import (config_group, config_suffix, grid_configs, print_table, ratio_bar_plot, save,
+                     time_against_peer)
 
 NAME = "persistent_lstm"
 HIDDEN, BATCH, SEQ = (128, 256, 512, 1024), (1, 8, 64, 256), 100
@@ -62,22 +62,12 @@ GPU_TEST_CASES = [
 
 
 def configs(quick: bool = False):
-    for dtype, bidir in itertools.product(("float32", "float16"), (False, True)):
-        for hidden, batch in (QUICK if quick else itertools.product(HIDDEN, BATCH)):
-            yield {"dtype": dtype, "bidirectional": bidir, "hidden": hidden, "batch": batch}
-
-
-def _suffix(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
-
-
-def _group(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}"
+    return grid_configs(HIDDEN, BATCH, QUICK, quick)
 
 
 def _selected(c, cells) -> bool:
     """Whether config c is one of --cells (fnmatch patterns on its suffix; None: every config)."""
-    return cells is None or any(fnmatch.fnmatchcase(_suffix(c), pattern) for pattern in cells)
+    return cells is None or any(fnmatch.fnmatchcase(config_suffix(c), pattern) for pattern in cells)
 
 
 PERSISTENT_PATHS = ("persistent", "persistent_mma", "persistent_wgmma")   # one kernel for all steps: launch facts and residency
@@ -169,7 +159,7 @@ def _bench_funcs(c, target, path: str = "auto"):
     from ..kernels.projection import gemm as ip
     from ..kernels.recurrent import paths
 
-    spec, sfx = _spec(c), _suffix(c)
+    spec, sfx = _spec(c), config_suffix(c)
     proj, tile = ip.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
     try:
         rec, path, why = paths.lstm_recurrence_auto(spec, target, path)
@@ -240,7 +230,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, bench: bool 
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = [c for c in (configs(quick) if bench else ()) if (not dtypes or c["dtype"] in dtypes)
                 and _selected(c, cells)]
-    rebuilt = {_suffix(c) for c in selected}
+    rebuilt = {config_suffix(c) for c in selected}
     index_path = out_dir / "index.json"
     old = json.loads(index_path.read_text()) if index_path.exists() else {}
     if cells is None:   # a full build: every module of an earlier one goes
@@ -256,8 +246,8 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, bench: bool 
     groups: dict[str, dict] = {}
     for c in selected:
         funcs, rec_path, why, tile = _bench_funcs(c, tgt, path)
-        group = _group(c) if cells is None else f"cell_{_suffix(c)}"
-        entry = dict(c, file=f"{NAME}_{group}.so", suffix=_suffix(c), path=rec_path, reason=why, proj_rows=tile)
+        group = config_group(c) if cells is None else f"cell_{config_suffix(c)}"
+        entry = dict(c, file=f"{NAME}_{group}.so", suffix=config_suffix(c), path=rec_path, reason=why, proj_rows=tile)
         if funcs:
             groups.setdefault(group, {}).update(funcs)
         if rec_path in PERSISTENT_PATHS:
@@ -403,12 +393,7 @@ def run_one(c, proj, rec, seq: int = SEQ, device: str = "cuda") -> dict:
     row = dict(c, seq=seq, err_tvmseq=err(ours_y, ref_y), err_peer=err(peer_y.double(), ref_y),
                err_tvmseq_h=err(Y_h.double(), ref_h), err_tvmseq_c=err(Y_c.double(), ref_c),
                peer_tf32=bool(torch.backends.cudnn.allow_tf32) and c["dtype"] == "float32")
-    ours, peer = [], []
-    for _ in range(ROUNDS):
-        ours.append(timer(tvmseq_run, warmup=3, iters=ITERS) * 1e3 / seq)
-        peer.append(timer(peer_run, warmup=3, iters=ITERS) * 1e3 / seq)
-    row["tvmseq_us_step"], row["cudnn_us_step"] = statistics.median(ours), statistics.median(peer)
-    row["tvmseq_us_range"], row["cudnn_us_range"] = [min(ours), max(ours)], [min(peer), max(peer)]
+    row.update(time_against_peer(tvmseq_run, peer_run, seq, ROUNDS, ITERS, timer))
     row["recurrence_us_step"] = timer(recurrence, warmup=2, iters=ITERS) * 1e3 / seq
     row["speedup"] = row["cudnn_us_step"] / row["tvmseq_us_step"]
     tol = 2e-2 if c["dtype"] == "float16" else 1e-3
@@ -489,7 +474,7 @@ def _supervise(index, root, args) -> list[dict]:
     import tempfile
 
     cells = args.cells.split(",") if args.cells else None
-    wanted_keys = {_suffix(c) for c in configs(args.quick) if _selected(c, cells)}
+    wanted_keys = {config_suffix(c) for c in configs(args.quick) if _selected(c, cells)}
     wanted = [e["suffix"] for e in index["configs"] if e["suffix"] in wanted_keys
               and (not args.dtype or e["dtype"] in args.dtype.split(","))
               and (args.bidirectional is None or e["bidirectional"] == (args.bidirectional == "bi"))]
@@ -498,7 +483,7 @@ def _supervise(index, root, args) -> list[dict]:
     t_start = time.time()
     by_suffix = {e["suffix"]: e for e in index["configs"]}
     for _ in range(len(wanted) + 3):  # each round finishes or records at least one config
-        todo = [s for s in wanted if s not in {_suffix(r) for r in _read_rows(rows_file)}]
+        todo = [s for s in wanted if s not in {config_suffix(r) for r in _read_rows(rows_file)}]
         if not todo or time.time() - t_start > args.budget:
             if todo:
                 print(f"budget of {args.budget}s spent: not run: {todo}", flush=True)
@@ -531,7 +516,7 @@ def _supervise(index, root, args) -> list[dict]:
         else:
             if proc.returncode not in (0, 4):
                 sfx = progress.read_text().split()[0]
-                if sfx not in {_suffix(r) for r in _read_rows(rows_file)}:
+                if sfx not in {config_suffix(r) for r in _read_rows(rows_file)}:
                     e = by_suffix[sfx]
                     _append(rows_file, dict({k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch", "path")},
                                             seq=SEQ, status="crash", reason=f"worker exit code {proc.returncode}"))

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..measure import PrebuiltModules, compile_for_gpu, cuda_available, time_cuda
-from .common import print_table, ratio_bar_plot, save
+from .common import config_suffix, print_table, ratio_bar_plot, save
 from .gru import _kernels_of
 from .persistent_gru import residency
 
@@ -60,10 +60,6 @@ AGREE = {"float32": 1e-3, "float16": 2e-2}  # relative error (norm) vs float64 f
 def configs():
     for bidir, hidden, batch in itertools.product((False, True), HIDDEN, BATCH):
         yield {"dtype": "float32", "bidirectional": bidir, "hidden": hidden, "batch": batch}
-
-
-def _suffix(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
 
 
 def _test_name(case) -> str:
@@ -280,7 +276,7 @@ def build_for_gpu(out_dir, target: str = "cuda", bench: bool = True, tests=TEST_
             ok, why = engine.fits_on_chip(D, B, H, c["dtype"], tgt, cell="rnn")
         else:
             ok = True
-        sfx = _suffix(c)
+        sfx = config_suffix(c)
         if ok:
             ok, why2 = _add(funcs, D, B, H, H, c["dtype"], "bidirectional" if D == 2 else "forward", ("Tanh",) * D,
                             None, False, tgt, sfx, "auto" if path == "persistent_mma" else "persistent")
