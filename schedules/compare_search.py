@@ -217,7 +217,7 @@ def genetic_online(problem, target, budget: int, work: Path, jobs: int, populati
                    deadline: float = INF):
     """The genetic search here: each generation built in parallel (device code for the GPU present)
     and measured on this machine; resumable from work/state.json."""
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
 
     work.mkdir(parents=True, exist_ok=True)
     state_path = work / "state.json"
@@ -228,7 +228,8 @@ def genetic_online(problem, target, budget: int, work: Path, jobs: int, populati
         ga = genetic.GeneticSearch(space.GENES, feasible, genetic.GAConfig(population=population, seed=seed),
                                    seeds=[space.DEFAULT_GENES])
     gpu = target.kind.name == "cuda"
-    arches = (artifacts.present_arch(),) if gpu and artifacts.present_arch().startswith("sm_") else ("sm_90a",)
+    present = cuda_toolchain.present_arch()
+    arches = (present,) if gpu and present.startswith("sm_") else ("sm_90a",)
     start = time.perf_counter()
 
     def evaluate(batch):
@@ -292,7 +293,7 @@ def evolutionary(problem, target, budget: int, work: Path, args, on_batch, deadl
     """MetaSchedule evolutionary search up to `budget` trials in `work` (resumes); its curve."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
 
     work = Path(work)
     done = metaschedule.records_for(work, problem)
@@ -301,8 +302,8 @@ def evolutionary(problem, target, budget: int, work: Path, args, on_batch, deadl
     stopped = None
     gpu = target.kind.name == "cuda"
     if remaining > 0:
-        arches = (artifacts.present_arch(),) if gpu and artifacts.find_nvcc() and \
-            artifacts.present_arch().startswith("sm_") else ()
+        arches = (cuda_toolchain.present_arch(),) if gpu and cuda_toolchain.find_nvcc() and \
+            cuda_toolchain.present_arch().startswith("sm_") else ()
         builder = metaschedule.BuilderSettings(workers=args.workers, timeout_s=args.build_timeout,
                                                compile_mode="nvcc" if arches else "nvrtc", device_code_arches=arches)
         runner = metaschedule.RunnerSettings(number=args.runner_number, repeat=args.runner_repeat,
@@ -336,12 +337,13 @@ def final_check(problem, target, genes, ms_work: Path, number: int, repeat: int)
     import numpy as np
     import tvm
 
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
 
     gpu = target.kind.name == "cuda"
-    if gpu and not artifacts.ensure_cuda_runtime():
+    if gpu and not cuda_toolchain.ensure_cuda_runtime():
         return {"error": "no usable GPU"}
-    if gpu and not (artifacts.find_nvcc() and artifacts.enable_device_binaries((artifacts.present_arch(),))):
+    if gpu and not (cuda_toolchain.find_nvcc()
+                    and cuda_toolchain.enable_device_binaries((cuda_toolchain.present_arch(),))):
         import tvm.support.nvcc  # noqa: F401 - TVM's own compile callback (NVRTC)
     dev = tvm.cuda(0) if gpu else tvm.cpu(0)
     host, ref = genetic._problem_data(problem)

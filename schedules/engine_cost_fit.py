@@ -13,7 +13,7 @@ out), each as its time over the cell's best measured time ("unmeasured" when the
 H100, 2026-11-23: the fit put ~0.8 us on every pass, i.e. the hand-off is paid per pass where the cycle model
 (`recurrent_gemm.estimate_step_cycles`) overlaps passes with one hand-off a step. Re-run with 387 configs (32 cells,
 the fewest-pass configs timed): the cycle model's picks were 0-110% slower than the best (mean 43%), the fit's
-0-79% (mean 7%); the fit's weights on all cells are now the engine's cost model (`persistent_gru.STEP_FIT_US`),
+0-79% (mean 7%); the fit's weights on all cells are now the engine's cost model (`engine.STEP_FIT_US`),
 so the two columns print the same picks until the sweep is re-run and re-fitted.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ import numpy as np
 
 
 def load(path: Path) -> list[dict]:
-    from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.kernels.recurrent import engine
     from tvmseq.tune import measured
 
     rows = []
@@ -37,27 +37,27 @@ def load(path: Path) -> list[dict]:
             cfg = rg.PersistentConfig(**{k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", r["config"])})
             cell = r.get("cell", "gru")
             rows.append(dict(cell=(r["D"], r["B"], r["H"], r["dtype"], cell), cfg=cfg, us=r["us_step_wall"][0],
-                             geo=pg._geometry(r["D"], r["B"], r["H"], cfg, True, cell)))
+                             geo=engine._geometry(r["D"], r["B"], r["H"], cfg, True, cell)))
     return rows
 
 
 def fitted_pick(D: int, B: int, H: int, dtype: str, cell: str, weights, tgt):
     """The engine's own search (`recurrent_gemm.default_config`, no database) with `weights` as its step cost."""
-    from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.kernels.recurrent import cells, engine
 
-    ng = pg.GATES[cell]
+    ng = cells.GATES[cell]
     return rg.default_config(H, B, dtype, tgt, rows_per_unit=ng, directions=D, rows_total=ng * H, measured=False,
-                             step_cost=lambda geo: float(np.dot(weights, pg.step_features(geo))))
+                             step_cost=lambda geo: float(np.dot(weights, engine.step_features(geo))))
 
 
 def main(path: Path) -> None:
-    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels.recurrent import engine
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
     rows = load(path)
-    X, y = np.array([pg.step_features(r["geo"]) for r in rows]), np.array([r["us"] for r in rows])
+    X, y = np.array([engine.step_features(r["geo"]) for r in rows]), np.array([r["us"] for r in rows])
     weights = np.linalg.lstsq(X, y, rcond=None)[0]
     print("fit on all cells (us):", np.round(weights, 3), "rms residual", round(float(np.sqrt(np.mean((X @ weights - y) ** 2))), 3))
     regrets = {"cost model": [], "fit": []}
@@ -67,7 +67,7 @@ def main(path: Path) -> None:
         w = np.linalg.lstsq(X[rest], y[rest], rcond=None)[0]
         best = min(timed.values())
         line = []
-        for name, cfg in (("cost model", pg.default_gru_config(*cell[:4], tgt, cell[4], measured=False)),
+        for name, cfg in (("cost model", engine.default_gru_config(*cell[:4], tgt, cell[4], measured=False)),
                           ("fit", fitted_pick(*cell, w, tgt))):
             knobs = f"{cfg.num_blocks},{cfg.num_warps},{cfg.batch_chunk},{cfg.smem_rows}"
             if cfg in timed:

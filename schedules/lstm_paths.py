@@ -1,6 +1,6 @@
 """Merge LSTM benchmark runs (`tvmseq bench persistent_lstm` JSON, any paths, any cells) into the measured path
 database `schedules/measured/lstm_path.json`: for each (D, B, H, dtype) the path whose whole step (input
-projection + recurrence) measured fastest, with every path's time. `persistent_lstm.choose_path` reads it.
+projection + recurrence) measured fastest, with every path's time. `paths.choose_lstm_path` reads it.
 
     python schedules/lstm_paths.py artifacts/bench/persistent_lstm_grid.json artifacts/bench/persistent_lstm_mma.json
     python schedules/lstm_paths.py --table FILES...   # the README's grid: the fastest path per cell, with cuDNN's

@@ -33,15 +33,15 @@ SEQ, WARM, TIMED = 100, 3, 10
 
 def variants(D: int, B: int, H: int, dtype: str, cell: str = "gru") -> list:
     """PersistentConfigs to time for one cell (model's pick first)."""
-    from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.kernels.recurrent import cells, engine
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
     facts = rg.gpu_facts(tgt)
-    ng = pg.GATES[cell]   # weight rows a unit: shared-memory rows come in whole units
-    picks = [pg.default_gru_config(D, B, H, dtype, tgt, cell, measured=False),
-             pg.default_gru_config(D, B, H, dtype, tgt, cell, measured=True)]
+    ng = cells.GATES[cell]   # weight rows a unit: shared-memory rows come in whole units
+    picks = [engine.default_gru_config(D, B, H, dtype, tgt, cell, measured=False),
+             engine.default_gru_config(D, B, H, dtype, tgt, cell, measured=True)]
     for blocks in sorted({64 // D, 128 // D, 64, 128}):
         for warps in (4, 8, 16):
             ranked = []
@@ -49,7 +49,7 @@ def variants(D: int, B: int, H: int, dtype: str, cell: str = "gru") -> list:
                 chunk = rg._pick_batch_chunk(B, chunk_cap)
                 for smem_rows in range(0, ng * -(-H // blocks) + 1, ng):
                     cfg = rg.PersistentConfig(blocks, warps, chunk, smem_rows)
-                    geo = pg._geometry(D, B, H, cfg, True, cell)
+                    geo = engine._geometry(D, B, H, cfg, True, cell)
                     if geo.check(facts, blocks * D) is None and blocks * geo.U >= H:
                         ranked.append((geo.NC, rg.estimate_step_cycles(geo), smem_rows, cfg))
             ranked.sort(key=lambda x: x[1:3])
@@ -69,8 +69,8 @@ def _cells(arg: str | None):
 
 
 def build(out: Path, cells) -> None:
-    from tvmseq.bench.common import compile_for_gpu
-    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels.recurrent import engine
+    from tvmseq.measure import compile_for_gpu
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
@@ -84,8 +84,8 @@ def build(out: Path, cells) -> None:
         for cfg in variants(D, B, H, dtype, cell):
             name = (f"e_{cell}_d{D}_b{B}_h{H}_{dtype}_g{cfg.num_blocks}w{cfg.num_warps}c{cfg.batch_chunk}"
                     f"s{cfg.smem_rows}")
-            f = pg.persistent_gru_func(D, B, H, dtype, 1, "bidirectional" if D == 2 else "forward", None, None,
-                                       False, tgt, cfg, cell=cell)
+            f = engine.persistent_gru_func(D, B, H, dtype, 1, "bidirectional" if D == 2 else "forward", None, None,
+                                           False, tgt, cfg, cell=cell)
             funcs[name] = f.with_attr("global_symbol", name)
             rows.append(dict(D=D, B=B, H=H, dtype=dtype, cell=cell, func=name, file=lib, config=str(cfg)))
         t0 = time.time()
@@ -107,8 +107,8 @@ def run_cell(out: Path, lib: str) -> list[dict]:
     import tvm
 
     from pmma_sweep import _reference
-    from tvmseq.bench.common import time_cuda
-    from tvmseq.kernels.persistent_gru import GATES
+    from tvmseq.measure import time_cuda
+    from tvmseq.kernels.recurrent.cells import GATES
 
     rows = [e for e in json.loads((out / "index.json").read_text()) if e["file"] == lib]
     D, B, H, dtype, cell = (rows[0][k] for k in ("D", "B", "H", "dtype", "cell"))

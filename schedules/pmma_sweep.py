@@ -68,7 +68,7 @@ def _name(D, B, H, cfg, dtype="float16", cell="gru"):
         f"{k}{v}" for k, v in zip("sfhebixld", cfg[4:]))
 
 
-# the warpgroup kernel (kernels/persistent_wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
+# the warpgroup kernel (kernels/recurrent/wgmma.py): (D, B, H[, dtype, cell]) -> [(units per block, batch split)]
 WG_SWEEP = {
     # (sweeps w1-w6 are in artifacts/bench/pwg_sweep.json: w2 clusters, w4 wait-all, w5 k-tile ring, w6 early gate
     # loads, all dropped)
@@ -81,7 +81,7 @@ WG_SWEEP = {
     (1, 256, 256): [(8, 4), (16, 4)],
 }
 
-# the SIMT engine (kernels/persistent_gru.py, its default config) at the small batches where sweep 15 times the
+# the SIMT engine (kernels/recurrent/engine.py, its default config) at the small batches where sweep 15 times the
 # staged-state kernel with dsmem: the importer may route those to it only where both were timed in one process
 ENGINE_SWEEP = {key: [()] for key in [(1, 8, 256, "float32", "rnn"), (1, 1, 256, "float32", "rnn"),
                                       (2, 8, 256, "float32", "rnn"), (1, 8, 256, "float32"), (1, 8, 256),
@@ -99,9 +99,9 @@ class _EngineFits:
 
 def _families():
     """kernel -> (geometry check, prim_func factory, config of a knob tuple, variant name)."""
-    from tvmseq.kernels import persistent_gru as pg
-    from tvmseq.kernels import persistent_mma as pm
-    from tvmseq.kernels import persistent_wgmma as pw
+    from tvmseq.kernels.recurrent import engine
+    from tvmseq.kernels.recurrent import mma as pm
+    from tvmseq.kernels.recurrent import wgmma as pw
 
     return {
         "persistent_mma": (lambda D, B, H, dtype, cell, cfg: pm.MmaGeometry(D, B, H, pm.GATES[cell], cfg, dtype),
@@ -112,8 +112,9 @@ def _families():
                              lambda D, B, H, cfg, dtype, cell: f"w_{cell}_d{D}_b{B}_h{H}_u{cfg[0]}s{cfg[1]}"
                              + "".join(f"k{v}" for v in cfg[2:])),
         "persistent_gru": (lambda D, B, H, dtype, cell, cfg: _EngineFits(),
-                           lambda D, B, H, dtype, direction, acts, clip, lens, tgt, cfg, cell: pg.persistent_gru_func(
-                               D, B, H, dtype, 1, direction, acts, clip, lens, tgt, None, cell=cell),
+                           lambda D, B, H, dtype, direction, acts, clip, lens, tgt, cfg, cell:
+                               engine.persistent_gru_func(D, B, H, dtype, 1, direction, acts, clip, lens, tgt, None,
+                                                          cell=cell),
                            lambda knobs: None, lambda D, B, H, cfg, dtype, cell: f"p_{cell}_{dtype[5:]}_d{D}_b{B}_h{H}"),
     }
 
@@ -121,8 +122,8 @@ def _families():
 def build(out: Path, sweep: dict | None = None, kernel: str = "persistent_mma"):
     """The variants of `sweep` (default SWEEP, or WG_SWEEP for the warpgroup kernel) into out/sweep.so and
     out/index.json (one entry a variant: shape, kernel, config knobs, name, ptxas report)."""
-    from tvmseq.bench.common import compile_for_gpu
     from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.measure import compile_for_gpu
     from tvmseq.targets import resolve
 
     geometry, factory, config_of, name_of = _families()[kernel]
@@ -178,7 +179,7 @@ def run(out: Path):
     import torch
     import tvm
 
-    from tvmseq.bench.common import time_cuda
+    from tvmseq.measure import time_cuda
 
     index = json.loads((out / "index.json").read_text())
     mod = tvm.runtime.load_module(str(out / "sweep.so"))

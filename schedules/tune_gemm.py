@@ -94,12 +94,12 @@ def cmd_measure(args):
 
 
 def cmd_evolutionary(args):
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
 
     target = _target()
     out = Path(args.out)
     # nvcc through tvmseq's callback (explicit arch, SASS for this GPU); NVRTC through TVM's own
-    arches = (artifacts.present_arch(),) if args.compile_mode == "nvcc" and artifacts.find_nvcc() else ()
+    arches = (cuda_toolchain.present_arch(),) if args.compile_mode == "nvcc" and cuda_toolchain.find_nvcc() else ()
     for problem in _problems(args.problems):
         work = out / f"ms_{problem.key}"
         builder = metaschedule.BuilderSettings(workers=args.workers, timeout_s=args.build_timeout,
@@ -117,7 +117,7 @@ def cmd_evolutionary(args):
 
 def cmd_genetic(args):
     """Online: each generation is built in parallel here and measured on this machine's GPU."""
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
 
     target = _target()
     out = Path(args.out)
@@ -133,7 +133,7 @@ def cmd_genetic(args):
 
         def evaluate(batch):
             pool = work / f"gen{ga.generation:03d}"
-            genetic.build_population(problem, batch, pool, target, (artifacts.present_arch(),), args.jobs,
+            genetic.build_population(problem, batch, pool, target, (cuda_toolchain.present_arch(),), args.jobs,
                                      progress=False)
             report = genetic.measure_pool(pool, pool / "times.json", peer=False)
             return [report["results"].get(space.genes_key(g), {}).get("ms") or math.inf for g in batch]

@@ -1,6 +1,6 @@
 """Tune the persistent GRU's (and RNN's) schedule (blocks per direction, warps, batch chunk, shared-memory rows) by
 measurement, and record the winners in schedules/measured/persistent_gru.json, which
-`persistent_gru.default_gru_config` reads.
+`engine.default_gru_config` reads.
 
   tvmseq tune persistent_gru build out/sweep                 # here: per grid cell the model's pick + variants
   tvmseq tune persistent_gru run out/sweep                   # GPU machine: checked against float64, timed
@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "schedules"))
 
 def _model_pick(D, B, H, dtype="float32", cell="gru"):
-    from tvmseq.kernels import persistent_gru as pg
+    from tvmseq.kernels.recurrent import engine
     from tvmseq.targets import resolve
 
-    return pg.default_gru_config(D, B, H, dtype, resolve("cuda"), cell, measured=False)
+    return engine.default_gru_config(D, B, H, dtype, resolve("cuda"), cell, measured=False)
 
 
 def build(out: Path) -> None:

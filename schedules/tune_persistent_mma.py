@@ -1,6 +1,6 @@
 """Tune the tensor-core persistent GRU's schedule (units per block, warps, batch chunk rows, pipelined
 staging) by measurement, and record the winners in schedules/measured/persistent_mma.json, which
-`persistent_mma.default_config` reads.
+`mma.default_config` reads.
 
   tvmseq tune persistent_mma build out/pmma_sweep               # here: per (D, B, H) the rule's pick + variants
   tvmseq tune persistent_mma run out/pmma_sweep                 # GPU machine: checked against float64, timed
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "schedules"))
 
 
 def _model_pick(D, B, H, cell="gru", dtype="float16"):
-    from tvmseq.kernels import persistent_mma as pm
+    from tvmseq.kernels.recurrent import mma as pm
     from tvmseq.targets import resolve
 
     return pm.default_config(D, B, H, resolve("cuda"), cell, measured=False, dtype=dtype)
@@ -35,7 +35,7 @@ def _model_pick(D, B, H, cell="gru", dtype="float16"):
 
 def build(out: Path) -> None:
     import pmma_sweep
-    from tvmseq.kernels import persistent_mma as pm
+    from tvmseq.kernels.recurrent import mma as pm
 
     sweep = {}
     for key, variants in pmma_sweep.SWEEP.items():
@@ -64,7 +64,7 @@ def run(out: Path) -> None:
 def _rival(key: dict) -> dict:
     """What a winner must beat: below the batch floors the SIMT engine (the importer's path there), else the
     rules' pick."""
-    from tvmseq.kernels import persistent_mma as pm
+    from tvmseq.kernels.recurrent import mma as pm
 
     floor = pm.SIMT_MIN_BATCH if key["dtype"] == "float32" else pm.MMA_MIN_BATCH
     if key["B"] < floor:
@@ -73,7 +73,7 @@ def _rival(key: dict) -> dict:
 
 
 def merge(results: Path) -> None:
-    from tvmseq.kernels.persistent_mma import ENGINE_PICK, MmaConfig
+    from tvmseq.kernels.recurrent.mma import ENGINE_PICK, MmaConfig
     from tvmseq.tune import measured
 
     newest = {}   # the kernel changes between sweeps: a config's newest timing (rows are in run order) counts

@@ -34,7 +34,7 @@ def run(out: Path) -> None:
 def trials_of(results: dict) -> list[dict]:
     """One trial per (shape, schedule): the geometric mean of its times over the densities."""
     from tvmseq.bench.spmm import kernel_name
-    from tvmseq.kernels.spmm import SpmmShape
+    from tvmseq.kernels.sparse.spmm import SpmmShape
 
     schedules = results["schedules"]
     # a benchmark row names its kernel's shape by (op, "rows x cols", n, dtype)
@@ -54,7 +54,7 @@ def trials_of(results: dict) -> list[dict]:
 
 
 def merge(results: Path) -> None:
-    from tvmseq.kernels import spmm
+    from tvmseq.kernels.sparse import spmm
     from tvmseq.targets import resolve
     from tvmseq.tune import measured
 

@@ -35,7 +35,7 @@ def _tile(text: str) -> dict:
 
 
 def merge(results: Path) -> None:
-    from tvmseq.kernels import step_gemm
+    from tvmseq.kernels.recurrent import step_gemm
     from tvmseq.targets import resolve
     from tvmseq.tune import measured
 

@@ -22,7 +22,7 @@ DTYPE = "float32"
 
 
 def _variants(rows, n, k):
-    from tvmseq.kernels import topk as tk
+    from tvmseq.kernels.topk import topk as tk
 
     pick = tk.choose_config(rows, n, k, True, measured=False)
     out = [pick]
@@ -40,8 +40,8 @@ def _variants(rows, n, k):
 
 
 def build(out: Path) -> None:
-    from tvmseq.bench.common import compile_for_gpu
-    from tvmseq.kernels import topk as tk
+    from tvmseq.kernels.topk import topk as tk
+    from tvmseq.measure import compile_for_gpu
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
@@ -60,7 +60,7 @@ def build(out: Path) -> None:
 
 
 def run(out: Path) -> None:
-    from tvmseq.bench.common import PrebuiltModules
+    from tvmseq.measure import PrebuiltModules
     from tvmseq.bench.topk import run_topk_gpu
 
     index = json.loads((out / "index.json").read_text())
@@ -80,7 +80,7 @@ def run(out: Path) -> None:
 
 
 def merge(results: Path) -> None:
-    from tvmseq.kernels import topk as tk
+    from tvmseq.kernels.topk import topk as tk
     from tvmseq.tune import measured
 
     trials = [dict(key=dict(rows=r["rows"], n=r["n"], k=r["k"], dtype=r["dtype"]), config=r["config"], us=r["us"])

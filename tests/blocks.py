@@ -334,7 +334,7 @@ def build(out_dir, names=None, sass: bool = True) -> dict:
     GPU machine compiles on load) into out_dir with its ONNX, inputs and onnxruntime's outputs."""
     import contextlib
 
-    from tvmseq import artifacts, schedule_gpu
+    from tvmseq import cuda_toolchain, schedule_gpu
     from tvmseq.build import compile_onnx, export
 
     out = Path(out_dir)
@@ -349,7 +349,7 @@ def build(out_dir, names=None, sass: bool = True) -> dict:
             continue
         model, feeds = BLOCKS[block]()
         expected = onnxruntime_outputs(model, feeds)
-        binaries = artifacts.device_binaries(("sm_90a",)) if sass else contextlib.nullcontext()
+        binaries = cuda_toolchain.device_binaries(("sm_90a",)) if sass else contextlib.nullcontext()
         importer_options = {k: v for k, v in options.items() if k != STOCK_SCHEDULE}
         schedule = schedule_gpu.stock_pipeline() if options.get(STOCK_SCHEDULE) else contextlib.nullcontext()
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvmseq import artifacts
+from tvmseq import artifacts, cuda_toolchain
 from tvmseq.artifacts import ArtifactEntry, ArtifactWarning
 from tvmseq.errors import TvmseqError
 from tvmseq.tune import metaschedule, space
@@ -71,7 +71,7 @@ def test_entry_covers_shape_ranges(m, expect):
     ("cpu-x86_64", "sm_90a", "llvm", False),
 ])
 def test_arch_compatibility(built, present, code, expect):
-    assert artifacts.arch_compatible(built, present, code) is expect
+    assert cuda_toolchain.arch_compatible(built, present, code) is expect
 
 
 def test_parse_ptxas_report():
@@ -79,8 +79,8 @@ def test_parse_ptxas_report():
 ptxas info    : Function properties for gemm_kernel
     0 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
 ptxas info    : Used 127 registers, used 1 barriers, 16896 bytes smem"""
-    assert artifacts.parse_ptxas(log) == {"gemm_kernel": {"registers": 127, "spill_stores": 8,
-                                                          "spill_loads": 12, "smem": 16896}}
+    assert cuda_toolchain.parse_ptxas(log) == {"gemm_kernel": {"registers": 127, "spill_stores": 8,
+                                                               "spill_loads": 12, "smem": 16896}}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_find_and_call_with_numpy(root):
     with warnings.catch_warnings():
         warnings.simplefilter("error")     # a good artifact loads without any warning
         kernel = find(root)
-    assert kernel is not None and kernel.entry.arch == artifacts.cpu_arch()
+    assert kernel is not None and kernel.entry.arch == cuda_toolchain.cpu_arch()
     a, b, bias = inputs()
     out = kernel(a, b, bias)
     assert isinstance(out, np.ndarray) and out.shape == (64, 96)
@@ -180,7 +180,7 @@ def test_no_entry_is_silent(root):
 # fallback: warning + None, and kernel_or_compile compiles instead
 # --------------------------------------------------------------------------------------------------
 def _arch_dir(root):
-    return root / artifacts.cpu_arch()
+    return root / cuda_toolchain.cpu_arch()
 
 
 def _edit_manifest(root, **changes):
@@ -240,7 +240,7 @@ def test_kernel_or_compile_prefers_the_artifact(root):
 def test_manifest_replaces_entry_of_same_name(root, tmp_path):
     arch_dir = _arch_dir(root)
     entries = artifacts.read_manifest(arch_dir)
-    artifacts.write_manifest(arch_dir, entries + [entry(name="other", arch=artifacts.cpu_arch())])
+    artifacts.write_manifest(arch_dir, entries + [entry(name="other", arch=cuda_toolchain.cpu_arch())])
     assert [e.name for e in artifacts.read_manifest(arch_dir)] == [PROBLEM.key, "other"]
     with pytest.raises(artifacts.ArtifactError, match="no artifact manifest"):
         artifacts.read_manifest(tmp_path / "empty")
@@ -251,7 +251,7 @@ def test_manifest_replaces_entry_of_same_name(root, tmp_path):
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda_root(tmp_path_factory):
-    if artifacts.find_nvcc() is None:
+    if cuda_toolchain.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     import tvm
 
@@ -280,7 +280,7 @@ def test_cuda_artifact_refused_cleanly_without_gpu(cuda_root):
     root, e = cuda_root
     code = f"""
 import warnings, json
-from tvmseq import artifacts
+from tvmseq import artifacts, cuda_toolchain
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     cpu = artifacts.find_kernel("gemm", {{"m": 256, "n": 256, "k": 128}}, "float32", root={str(root)!r})
@@ -303,7 +303,7 @@ def test_cuda_artifact_runs_on_gpu(cuda_root):
         pytest.skip("no GPU")
     root, e = cuda_root
     kernel = artifacts.find_kernel("gemm", {"m": 256, "n": 256, "k": 128}, "float32", root=root)
-    if artifacts.present_arch() != "sm_90a":
+    if cuda_toolchain.present_arch() != "sm_90a":
         assert kernel is None
         return
     rng = np.random.default_rng(0)

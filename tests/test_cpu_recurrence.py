@@ -13,8 +13,9 @@ if getattr(tvm.base, "_RUNTIME_ONLY", False):   # CPU kernels built here: TVM's 
     pytest.skip("TVM runtime only: these tests build CPU kernels", allow_module_level=True)
 
 from tvmseq import models  # noqa: E402
-from tvmseq.kernels import gru, input_projection, step_gemm  # noqa: E402
 from tvmseq.kernels.activations import Activation  # noqa: E402
+from tvmseq.kernels.projection import gemm as ip
+from tvmseq.kernels.recurrent import gru, step_gemm  # noqa: E402
 from tvmseq.targets import resolve  # noqa: E402
 
 LLVM = resolve("llvm")
@@ -43,8 +44,8 @@ def test_step_gemm_any_batch(dtype, parallel):
 def test_projection_on_flat_rows_with_bias():
     """The CPU input projection: any number of rows (past one 64-row block), bias added as stored."""
     spec = gru.GruSpec(2, 3, 11, 19, linear_before_reset=1, direction="bidirectional")
-    func, tile = input_projection.projection_for(spec, LLVM)
-    assert tile == input_projection.FLAT
+    func, tile = ip.projection_for(spec, LLVM)
+    assert tile == ip.FLAT
     mod = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=LLVM)
     rng = np.random.default_rng(1)
     W = rng.standard_normal((2, 33, 19)).astype(np.float32)

@@ -253,9 +253,9 @@ def test_problem_roundtrip_from_prim_func():
 
 
 def _nvcc_available():
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
 
-    return artifacts.find_nvcc() is not None
+    return cuda_toolchain.find_nvcc() is not None
 
 
 @pytest.mark.skipif(not _nvcc_available(), reason="nvcc not installed")

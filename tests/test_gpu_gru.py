@@ -30,9 +30,9 @@ def test_prebuilt_kernels_on_gpu(entry):
         pytest.skip(f"no prebuilt payload in {PREBUILT} (python3 -m tvmseq.bench.gru --build out/gru)")
     import tvm
 
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
 
-    artifacts.ensure_cuda_runtime()
+    cuda_toolchain.ensure_cuda_runtime()
     D, B, H, I, dtype = entry["D"], entry["B"], entry["H"], entry["input_size"], entry["dtype"]
     seq = 11
     rng = np.random.default_rng(H + B)

@@ -57,7 +57,7 @@ def _feeds(sess, length, seed):
 def build(out_dir, names=None) -> None:
     import onnxruntime as ort
 
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
     from tvmseq.build import compile_onnx, export
     from tvmseq.onnx.expose_state import expose_state
 
@@ -80,7 +80,7 @@ def build(out_dir, names=None) -> None:
         np.savez(out / f"{name}.npz", **data)
         files = {}
         for graph in (False, True):
-            with warnings.catch_warnings(), artifacts.device_binaries(("sm_90a",)):
+            with warnings.catch_warnings(), cuda_toolchain.device_binaries(("sm_90a",)):
                 warnings.simplefilter("ignore")
                 compiled = compile_onnx(model, target="cuda", shape_dict=FRAME_SHAPES if frame else None,
                                         cuda_graph=graph, cuda_graph_bounds={dim: BOUND} if graph and not frame else None,

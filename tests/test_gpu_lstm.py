@@ -66,7 +66,7 @@ def _check(name, got, want, dtype):
 
 def build(out_dir, names=None) -> None:
     """Compile the cases (default all) for the H100 with sm_90a SASS; store feeds and reference outputs."""
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
     from tvmseq.build import compile_onnx, export
 
     out = Path(out_dir)
@@ -74,7 +74,7 @@ def build(out_dir, names=None) -> None:
     index = {}
     for name in names or CASES:
         model, feeds, want = _model(name)
-        with artifacts.device_binaries(("sm_90a",)):
+        with cuda_toolchain.device_binaries(("sm_90a",)):
             compiled = compile_onnx(model, target="cuda")
         export(compiled, out / f"{name}.so")
         np.savez(out / f"{name}.npz", **{f"in_{k}": v for k, v in feeds.items()},

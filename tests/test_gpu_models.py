@@ -69,7 +69,7 @@ def _model(name):
 
 
 def _path_on_h100(name) -> str:
-    from tvmseq.kernels import persistent_gru
+    from tvmseq.kernels.recurrent import paths
     from tvmseq.onnx import stack
     from tvmseq.targets import resolve
 
@@ -80,8 +80,8 @@ def _path_on_h100(name) -> str:
             else "layer_by_layer"
     D = 2 if kw.get("direction") == "bidirectional" else 1
     cell = "rnn" if kw["op"] == "RNN" else "gru"
-    return persistent_gru.choose_path(D, kw["batch"], kw["hidden"], kw.get("dtype", "float32"), cuda, cell=cell,
-                                      lbr=kw.get("linear_before_reset", 0))[0]
+    return paths.choose_path(D, kw["batch"], kw["hidden"], kw.get("dtype", "float32"), cuda, cell=cell,
+                             lbr=kw.get("linear_before_reset", 0))[0]
 
 
 def _float32_twin(model, feeds):
@@ -104,7 +104,7 @@ def build(out_dir, names=None) -> None:
     """Compile the cases (default all) for the H100 (sm_90a SASS embedded); store feeds + onnxruntime outputs."""
     import onnxruntime as ort
 
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
     from tvmseq.build import compile_onnx, export
 
     out = Path(out_dir)
@@ -115,7 +115,7 @@ def build(out_dir, names=None) -> None:
         ref_model, ref_feeds = _float32_twin(model, feeds)
         sess = ort.InferenceSession(ref_model.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, ref_feeds)))
-        with artifacts.device_binaries(("sm_90a",)):
+        with cuda_toolchain.device_binaries(("sm_90a",)):
             compiled = compile_onnx(model, target="cuda")
         export(compiled, out / f"{name}.so")
         np.savez(out / f"{name}.npz", **{f"in_{k}": v for k, v in feeds.items()},

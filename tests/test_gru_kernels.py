@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 
 from numpy_gru import numpy_gru
 from tvmseq import targets
-from tvmseq.kernels import gru, rnn, step_gemm
+from tvmseq.kernels.recurrent import gru, rnn, step_gemm
 from tvmseq.kernels.activations import Activation
 
 
@@ -276,7 +276,7 @@ def test_tiled_cuda_codegen():
     gemm_src = _cuda_source(gemms)
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     report = {**ptxas_report(src), **ptxas_report(gemm_src)}
     assert len(report) >= len(gemms) + 4

@@ -1,4 +1,4 @@
-"""The GRU/RNN input projection's tiled schedule (kernels/input_projection.py): the SGEMM template of
+"""The GRU/RNN input projection's tiled schedule (kernels/projection/gemm.py): the SGEMM template of
 tvmseq.tune.space in its serial CPU variant (same loops, no thread bindings) against numpy, over
 directions, batches with different M tiles, odd input/hidden sizes (zero-padded N and K) and float32 /
 float16, several sequence lengths from one module (seq symbolic); the dlight fallback where no M tile
@@ -13,7 +13,8 @@ import pytest
 tvm = pytest.importorskip("tvm")
 pytest.importorskip("tvm.script")
 
-from tvmseq.kernels import gru, input_projection as ip  # noqa: E402
+from tvmseq.kernels.projection import gemm as ip
+from tvmseq.kernels.recurrent import gru  # noqa: E402
 from tvmseq.tune import space  # noqa: E402
 
 
@@ -119,7 +120,7 @@ def test_cuda_codegen(D, B, H, I, dtype):  # noqa: E741
         assert "T.where" not in script and "if_then_else" not in script
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -152,7 +153,7 @@ def test_padded_rows_genes_by_block_count():
 def test_few_blocks_genes_build_without_spills():
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     func, _ = ip.projection_for(_spec(1, 8, 1024, 1024), H100, 100)
     src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
@@ -217,7 +218,7 @@ def test_schedule_error_falls_back_to_dlight_with_a_warning(monkeypatch):
 
 # ---- float16 on tensor cores (flat rows): the mma.sync kernel and the wmma rule ------------------------
 def test_float16_projection_takes_tensor_cores_on_the_gpu():
-    from tvmseq.kernels import projection_mma as pmm
+    from tvmseq.kernels.projection import mma as pmm
 
     func, tile = ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), H100)
     assert tile == ip.FLAT and "gru_input_projection" == func.attrs["global_symbol"]
@@ -239,7 +240,7 @@ def test_float16_projection_takes_tensor_cores_on_the_gpu():
     assert "T.vectorized" in ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), LLVM)[0].script()   # CPU SIMD
     assert "multiple of 128" in pmm.supports(3 * 37, 64)
     if shutil.which("nvcc"):
-        from tvmseq.bench.recurrent_gemm import ptxas_report
+        from tvmseq.cuda_toolchain import ptxas_report
 
         (info,) = ptxas_report(src).values()
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -248,7 +249,7 @@ def test_float16_projection_takes_tensor_cores_on_the_gpu():
 @pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 64), (2, 300, 256, 128)])
 def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
     """The interface and numerics of the mma kernel's prim_func (its CPU variant: the plain loop nest)."""
-    from tvmseq.kernels import projection_mma as pmm
+    from tvmseq.kernels.projection import mma as pmm
 
     f = tvm.compile(tvm.IRModule({"main": pmm.projection_mma_func(D, N, K, gpu=False)}), target=LLVM)
     rng = np.random.default_rng(rows)
@@ -265,7 +266,7 @@ def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
 def test_wgmma_projection_half_gate_i_cpu_variant_matches_numpy(D, rows, N, K):
     """gate_dtype float16: the float32 sum plus bias rounded once to half (the GPU epilogue's numerics): rounding
     costs 2^-11 of a value at most, so 1e-3 of the float64 result's largest value."""
-    from tvmseq.kernels import projection_wgmma as pwg
+    from tvmseq.kernels.projection import wgmma as pwg
 
     func = pwg.projection_wgmma_func(D, N, K, gpu=False, gate_dtype="float16")
     f = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
@@ -284,7 +285,7 @@ def test_wgmma_projection_half_gate_i_cuda_codegen():
     """gate_dtype float16 on the H100: a half gate_i, its column pairs stored as one 4-byte half2 each; float32
     stays float2; (with nvcc) no spills."""
     from tvmseq.errors import TvmseqError
-    from tvmseq.kernels import projection_wgmma as pwg
+    from tvmseq.kernels.projection import wgmma as pwg
 
     def source(gate_dtype):
         func = pwg.projection_wgmma_func(2, 3072, 1024, gate_dtype=gate_dtype)
@@ -296,7 +297,7 @@ def test_wgmma_projection_half_gate_i_cuda_codegen():
     with pytest.raises(TvmseqError, match="gate_dtype 'float64'"):
         pwg.projection_wgmma_func(1, 128, 64, gate_dtype="float64")
     if shutil.which("nvcc"):
-        from tvmseq.bench.recurrent_gemm import ptxas_report
+        from tvmseq.cuda_toolchain import ptxas_report
 
         (info,) = ptxas_report(src).values()
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -304,7 +305,7 @@ def test_wgmma_projection_half_gate_i_cuda_codegen():
 
 def test_wgmma_projection_refuses_shapes_it_cannot_tile():
     from tvmseq.errors import TvmseqError
-    from tvmseq.kernels import projection_wgmma as pwg
+    from tvmseq.kernels.projection import wgmma as pwg
 
     assert "multiple of 64" in pwg.supports(3072, 1024, pwg.WgmmaTile(bm=96))
     assert "up to 256" in pwg.supports(3072, 1024, pwg.WgmmaTile(bn=512))
@@ -317,7 +318,7 @@ def test_wgmma_projection_refuses_shapes_it_cannot_tile():
 
 def test_mma_projection_refuses_tiles_that_do_not_fit():
     from tvmseq.errors import TvmseqError
-    from tvmseq.kernels import projection_mma as pmm
+    from tvmseq.kernels.projection import mma as pmm
 
     assert "warp tiles must be multiples of 16" in pmm.supports(3072, 1024, pmm.MmaGemmTile(bm=96, warps_m=4))
     assert "do not split evenly" in pmm.supports(3072, 1024, pmm.MmaGemmTile(bm=48, warps_m=3))   # 704 copies, 384

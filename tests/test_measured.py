@@ -58,17 +58,17 @@ def test_script_parsers():
 def test_kernel_defaults_come_from_the_committed_databases():
     """The committed databases (merged from artifacts/bench/*sweep*.json, recurrent_gemm.json) are what the
     defaults return on a GPU target, the cost model's pick with measured=False or on the CPU."""
-    from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
-    from tvmseq.kernels import step_gemm
+    from tvmseq.kernels.recurrent import engine, step_gemm
     from tvmseq.targets import resolve
 
-    from tvmseq.kernels import persistent_mma as pm
-    from tvmseq.kernels import spmm, topk
+    from tvmseq.kernels.recurrent import mma as pm
+    from tvmseq.kernels.sparse import spmm
+    from tvmseq.kernels.topk import topk
 
     cuda = resolve("cuda")
     checks = [
-        ("persistent_gru", lambda k: pg.default_gru_config(k["D"], k["B"], k["H"], k["dtype"], cuda, k["cell"])),
+        ("persistent_gru", lambda k: engine.default_gru_config(k["D"], k["B"], k["H"], k["dtype"], cuda, k["cell"])),
         ("recurrent_gemm", lambda k: rg.default_config(k["H"], k["B"], k["dtype"], cuda)),
         ("step_gemm", lambda k: step_gemm.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"], cuda)),
         ("spmm", lambda k: spmm.default_schedule(spmm.SpmmShape(**k), cuda)),
@@ -81,8 +81,8 @@ def test_kernel_defaults_come_from_the_committed_databases():
         for e in entries:
             assert dataclasses.asdict(check(e["key"])) == e["config"], (op, e["key"])
             assert e["us"] < e["model_us"], (op, e["key"])
-    assert pg.default_gru_config(1, 8, 256, "float32", cuda, measured=False) != \
-        pg.default_gru_config(1, 8, 256, "float32", cuda)
+    assert engine.default_gru_config(1, 8, 256, "float32", cuda, measured=False) != \
+        engine.default_gru_config(1, 8, 256, "float32", cuda)
     assert step_gemm.choose_tile(64, 3072, 1024, 1, "float32", None) == \
         step_gemm.choose_tile(64, 3072, 1024, 1, "float32", cuda, measured=False)
 
@@ -159,8 +159,8 @@ def test_persistent_gru_build_always_times_the_model_pick(monkeypatch):
     pick (a winner is only a winner against it), hold the database's pick, and all fit on the H100."""
     import sys
 
-    from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.kernels.recurrent import engine
     from tvmseq.targets import resolve
 
     tune = _script("tune_persistent_gru")
@@ -176,10 +176,10 @@ def test_persistent_gru_build_always_times_the_model_pick(monkeypatch):
     for D, B, H, dtype, cell in seen:
         variants = pgru_sweep.variants(D, B, H, dtype, cell)
         assert variants[0] == tune._model_pick(D, B, H, dtype, cell)
-        assert pg.default_gru_config(D, B, H, dtype, resolve("cuda"), cell) in variants
+        assert engine.default_gru_config(D, B, H, dtype, resolve("cuda"), cell) in variants
         assert len(set(variants)) == len(variants) > 3
         for cfg in variants:
-            assert pg._geometry(D, B, H, cfg, True, cell).check(facts, cfg.num_blocks * D) is None, cfg
+            assert engine._geometry(D, B, H, cfg, True, cell).check(facts, cfg.num_blocks * D) is None, cfg
 
 
 def test_persistent_mma_merge_counts_a_configs_newest_timing(tmp_path, monkeypatch):
@@ -202,8 +202,8 @@ def test_persistent_mma_merge_counts_a_configs_newest_timing(tmp_path, monkeypat
 def test_persistent_mma_small_batch_entries_beat_the_simt_engine(tmp_path, monkeypatch):
     """Below the staged-state kernel's batch floor its rival is the SIMT engine (rows of kernel persistent_gru): an
     entry is written only where the kernel beat the engine by 3%, with the engine as its model_config, and that
-    entry alone routes the shape to the kernel (persistent_mma.supported); without it, batch 8 stays refused."""
-    from tvmseq.kernels import persistent_mma as pm
+    entry alone routes the shape to the kernel (mma.supported); without it, batch 8 stays refused."""
+    from tvmseq.kernels.recurrent import mma as pm
 
     tune = _script("tune_persistent_mma")
     knobs = (16, 8, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)

@@ -243,7 +243,7 @@ def test_recurrence_for_any_batch(dtype="float32"):
     import tvm
 
     from tvmseq import reference, targets
-    from tvmseq.kernels import lstm
+    from tvmseq.kernels.recurrent import lstm
 
     D, H, I, seq = 2, 21, 6, 5
     spec = lstm.LstmSpec(D, None, H, I, dtype, "bidirectional", clip=1.7, has_seq_lens=True, has_peepholes=True)
@@ -265,7 +265,7 @@ def test_recurrence_for_any_batch(dtype="float32"):
 
 
 def test_spec_rejects_bad_values():
-    from tvmseq.kernels import lstm
+    from tvmseq.kernels.recurrent import lstm
 
     for kwargs, match in [(dict(num_directions=2), "num_directions"), (dict(input_forget=2), "input_forget"),
                           (dict(dtype="int8"), "float32 and float16"), (dict(clip=0.0), "clip"),
@@ -284,8 +284,8 @@ def test_gpu_recurrence_builds_for_cuda():
     import tvm
 
     from tvmseq import targets
-    from tvmseq.kernels import lstm
     from tvmseq.kernels.activations import Activation
+    from tvmseq.kernels.recurrent import lstm
 
     cuda = targets.resolve("cuda")
     acts = (Activation.make("HardSigmoid", 0.3, 0.5), Activation.make("Tanh"), Activation.make("Softsign"))
@@ -308,7 +308,7 @@ def test_gpu_recurrence_builds_for_cuda():
     assert any("__shared__" in k for n, k in kernels.items() if n.startswith("rec_fp16"))   # tiled GEMM
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     report = ptxas_report(src)
     assert len(report) >= 6 * len(specs)

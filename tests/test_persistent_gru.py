@@ -20,12 +20,12 @@ from tvmseq.errors import TvmseqError  # noqa: E402
 try:  # the kernel factories need TVM's compiler; the gpu tests only its runtime
     import tvm
 
-    from tvmseq.kernels import persistent_gru as pg
     from tvmseq.kernels.activations import Activation
+    from tvmseq.kernels.recurrent import engine, paths
     from tvmseq.kernels.recurrent_gemm import PersistentConfig
 except ImportError:
-    pg = None
-needs_compiler = pytest.mark.skipif(pg is None, reason="TVM compiler not available")
+    engine = None
+needs_compiler = pytest.mark.skipif(engine is None, reason="TVM compiler not available")
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "float16": dict(rtol=1e-2, atol=1e-2)}
 
@@ -64,7 +64,7 @@ def reference(ref_args, direction, lbr, clip, acts):
 
 @functools.lru_cache(maxsize=None)
 def _compiled(D, B, H, dtype, lbr, direction, acts, clip, has_lens, config):
-    func = pg.persistent_gru_func(D, B, H, dtype, lbr, direction, list(acts), clip, has_lens, "llvm", config)
+    func = engine.persistent_gru_func(D, B, H, dtype, lbr, direction, list(acts), clip, has_lens, "llvm", config)
     return tvm.compile(tvm.IRModule({"gru_recurrence": func}), target="llvm")["gru_recurrence"]
 
 
@@ -151,19 +151,19 @@ def test_without_seq_lens_and_out_of_range_lengths(lbr):
 
 @needs_compiler
 def test_fits_on_chip_and_fallback():
-    from tvmseq.kernels import gru
+    from tvmseq.kernels.recurrent import gru
     from tvmseq.targets import resolve
 
     cuda = resolve("cuda")
-    ok, why = pg.fits_on_chip(2, 64, 1024, "float32", cuda)
+    ok, why = engine.fits_on_chip(2, 64, 1024, "float32", cuda)
     assert ok, why
-    ok, why = pg.fits_on_chip(1, 1, 4096, "float32", cuda)  # 200 MB of fp32 weights: never on chip
+    ok, why = engine.fits_on_chip(1, 1, 4096, "float32", cuda)  # 200 MB of fp32 weights: never on chip
     assert not ok and why
     spec = gru.GruSpec(1, 1, 4096, 16, "float32", 1, "forward")
-    func, path, reason = pg.recurrence_func_auto(spec, cuda)
+    func, path, reason = paths.recurrence_func_auto(spec, cuda)
     assert path == "per_step" and reason
     spec = gru.GruSpec(1, 8, 512, 16, "float32", 1, "forward")
-    func, path, _ = pg.recurrence_func_auto(spec, cuda)
+    func, path, _ = paths.recurrence_func_auto(spec, cuda)
     assert path == "persistent"
     assert "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"])
 
@@ -171,16 +171,16 @@ def test_fits_on_chip_and_fallback():
 @needs_compiler
 def test_rejects_bad_arguments():
     with pytest.raises(TvmseqError, match="direction"):
-        pg.persistent_gru_func(1, 1, 4, "float32", 1, "sideways", None, None, False, "llvm")
+        engine.persistent_gru_func(1, 1, 4, "float32", 1, "sideways", None, None, False, "llvm")
     with pytest.raises(TvmseqError, match="needs D=2"):
-        pg.persistent_gru_func(1, 1, 4, "float32", 1, "bidirectional", None, None, False, "llvm")
+        engine.persistent_gru_func(1, 1, 4, "float32", 1, "bidirectional", None, None, False, "llvm")
     with pytest.raises(TvmseqError, match="dtype"):
-        pg.persistent_gru_func(1, 1, 4, "int8", 1, "forward", None, None, False, "llvm")
+        engine.persistent_gru_func(1, 1, 4, "int8", 1, "forward", None, None, False, "llvm")
     with pytest.raises(TvmseqError, match="Activation"):
-        pg.persistent_gru_func(1, 1, 4, "float32", 1, "forward", [Activation.make("Tanh")], None, False, "llvm")
+        engine.persistent_gru_func(1, 1, 4, "float32", 1, "forward", [Activation.make("Tanh")], None, False, "llvm")
     with pytest.raises(TvmseqError, match="registers"):
-        pg.persistent_gru_func(1, 1, 1024, "float32", 1, "forward", None, None, False, "cuda",
-                               PersistentConfig(num_blocks=8, num_warps=1, batch_chunk=1))
+        engine.persistent_gru_func(1, 1, 1024, "float32", 1, "forward", None, None, False, "cuda",
+                                   PersistentConfig(num_blocks=8, num_warps=1, batch_chunk=1))
 
 
 @needs_compiler
@@ -191,8 +191,8 @@ def test_cuda_codegen(D, B, H, dtype, lbr):
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
-    func = pg.persistent_gru_func(D, B, H, dtype, lbr, "bidirectional" if D == 2 else "forward", None, None,
-                                  True, tgt)
+    func = engine.persistent_gru_func(D, B, H, dtype, lbr, "bidirectional" if D == 2 else "forward", None, None,
+                                      True, tgt)
     src = tvm.compile(tvm.IRModule({"gru_recurrence": func}), target=tgt).mod.imports[0].inspect_source()
     for needle in ("cg::this_grid().sync()", "st.relaxed.gpu.global.b64", "ld.relaxed.gpu.global"):
         assert needle in src
@@ -201,7 +201,7 @@ def test_cuda_codegen(D, B, H, dtype, lbr):
     assert loop.count("__syncthreads()") == 2  # lbr=1: two unrolled iterations; lbr=0: two passes
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -343,20 +343,20 @@ def test_importer_persistent_path_matches_onnxruntime(op, direction, lens, lbr, 
 def test_path_choice_and_option_errors():
     import tvmseq
     from tvmseq import TvmseqError, models
-    from tvmseq.kernels import gru
+    from tvmseq.kernels.recurrent import gru
 
-    assert pg.choose_path(1, 8, 256, "float32", "llvm")[0] == "per_step"      # CPU: per-step kernels
-    assert pg.choose_path(1, 8, 512, "float32", "cuda")[0] == "persistent"
+    assert paths.choose_path(1, 8, 256, "float32", "llvm")[0] == "per_step"      # CPU: per-step kernels
+    assert paths.choose_path(1, 8, 512, "float32", "cuda")[0] == "persistent"
     # batch 8, hidden 256: in fp16 the staged kernel (dsmem) was measured faster than the SIMT engine (database
     # entry); in fp32 the engine in one pass (1.5 us a step, H100, 2026-11-23) beats it (2.9)
-    assert pg.choose_path(1, 8, 256, "float16", "cuda")[0] == "persistent_mma"
-    assert pg.choose_path(1, 8, 256, "float32", "cuda")[0] == "persistent"
-    assert pg.choose_path(1, 1, 256, "float32", "cuda")[0] == "persistent"     # there the engine won
-    assert pg.choose_path(1, 64, 1024, "float32", "cuda")[0] == "per_step"    # measured: tiled per-step wins
-    assert pg.choose_path(1, 64, 256, "float32", "cuda")[0] == "persistent_mma"   # staged FMA kernel (measured)
-    assert pg.choose_path(2, 8, 1024, "float16", "cuda")[0] == "persistent"
+    assert paths.choose_path(1, 8, 256, "float16", "cuda")[0] == "persistent_mma"
+    assert paths.choose_path(1, 8, 256, "float32", "cuda")[0] == "persistent"
+    assert paths.choose_path(1, 1, 256, "float32", "cuda")[0] == "persistent"     # there the engine won
+    assert paths.choose_path(1, 64, 1024, "float32", "cuda")[0] == "per_step"    # measured: tiled per-step wins
+    assert paths.choose_path(1, 64, 256, "float32", "cuda")[0] == "persistent_mma"   # staged FMA kernel (measured)
+    assert paths.choose_path(2, 8, 1024, "float16", "cuda")[0] == "persistent"
     spec = gru.GruSpec(1, 2, 4096, 4096, "float32", 1, "forward")
-    assert pg.recurrence_func_auto(spec, "cuda")[1] == "per_step"                # 4096^2 x 3 does not fit
+    assert paths.recurrence_func_auto(spec, "cuda")[1] == "per_step"                # 4096^2 x 3 does not fit
     model, _ = models.rnn_node_model("GRU")
     with pytest.raises(TvmseqError, match="gru0.*recurrence='fast'"):
         tvmseq.from_onnx(model, target="llvm", recurrence="fast")
@@ -367,9 +367,9 @@ def test_persistent_knob_errors():
     from tvmseq.kernels.activations import Activation
 
     with pytest.raises(TvmseqError, match="at least 2 LL slots"):
-        pg.persistent_gru_func(1, 2, 8, "float32", 1, "forward", None, None, False, "llvm", slots=1)
+        engine.persistent_gru_func(1, 2, 8, "float32", 1, "forward", None, None, False, "llvm", slots=1)
     with pytest.raises(TvmseqError, match="cell must be one of"):
-        pg.persistent_gru_func(1, 2, 8, "float32", 1, "forward", None, None, False, "llvm", cell="lstm")
+        engine.persistent_gru_func(1, 2, 8, "float32", 1, "forward", None, None, False, "llvm", cell="lstm")
     with pytest.raises(TvmseqError, match="needs 1 Activation"):
-        pg.persistent_gru_func(1, 2, 8, "float32", 1, "forward", [Activation.make("Tanh")] * 2, None, False,
-                               "llvm", cell="rnn")
+        engine.persistent_gru_func(1, 2, 8, "float32", 1, "forward", [Activation.make("Tanh")] * 2, None, False,
+                                   "llvm", cell="rnn")

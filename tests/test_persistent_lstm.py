@@ -1,4 +1,4 @@
-"""Persistent LSTM (the LSTM cell of the SIMT engine, kernels/persistent_lstm.py): the CPU variant of the kernel
+"""Persistent LSTM (the LSTM cell of the SIMT engine, kernels/recurrent/engine.py): the CPU variant of the kernel
 (same per-thread code, serial loops) against the float64 ONNX LSTM of tvmseq.reference.lstm on odd sizes with
 every feature (directions, peepholes, input_forget, clip, activations, sequence_lens, fp16, schedule knobs); the
 path choice; CUDA code generation (nvcc/ptxas: no spills); (marked gpu) the kernels prebuilt for the H100.
@@ -22,12 +22,12 @@ from tvmseq.reference.lstm import lstm as reference_lstm
 try:  # the kernel factories need TVM's compiler; the gpu test only its runtime
     import tvm
 
-    from tvmseq.kernels import persistent_lstm as pl
     from tvmseq.kernels.activations import Activation
+    from tvmseq.kernels.recurrent import engine, paths
     from tvmseq.kernels.recurrent_gemm import PersistentConfig
 except ImportError:
-    pl = None
-needs_compiler = pytest.mark.skipif(pl is None, reason="TVM compiler not available")
+    engine = None
+needs_compiler = pytest.mark.skipif(engine is None, reason="TVM compiler not available")
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "float16": dict(rtol=1e-2, atol=1e-2)}
 INPUT_SIZE = 5
@@ -65,8 +65,8 @@ def reference(onnx, direction, lens, acts, clip, input_forget, peepholes, has_se
 
 @functools.lru_cache(maxsize=None)
 def _compiled(D, B, H, dtype, direction, acts, clip, lens, input_forget, peepholes, config):
-    func = pl.persistent_lstm_func(D, B, H, dtype, direction, list(acts) if acts else None, clip, lens, input_forget,
-                                   peepholes, "llvm", config)
+    func = engine.persistent_lstm_func(D, B, H, dtype, direction, list(acts) if acts else None, clip, lens,
+                                       input_forget, peepholes, "llvm", config)
     return tvm.compile(tvm.IRModule({"lstm_recurrence": func}), target="llvm")["lstm_recurrence"]
 
 
@@ -145,14 +145,14 @@ def test_benchmark_run_one_on_cpu():
     against torch's CPU LSTM: what the GPU run does, on a tiny config."""
     pytest.importorskip("torch")
     from tvmseq.bench import persistent_lstm as bench
-    from tvmseq.kernels import input_projection
+    from tvmseq.kernels.projection import gemm as ip
     from tvmseq.targets import resolve
 
     c = {"dtype": "float32", "bidirectional": True, "hidden": 6, "batch": 3}
     spec, llvm = bench._spec(c), resolve("llvm")
-    proj, tile = input_projection.projection_for(spec, llvm, 7)
+    proj, tile = ip.projection_for(spec, llvm, 7)
     funcs = {"proj": proj.with_attr("global_symbol", "proj"),
-             "rec": pl.spec_func(spec, llvm).with_attr("global_symbol", "rec")}
+             "rec": engine.lstm_spec_func(spec, llvm).with_attr("global_symbol", "rec")}
     mod = tvm.compile(tvm.IRModule(funcs), target=llvm)
     row = bench.run_one(dict(c, proj_rows=tile), mod["proj"], mod["rec"], seq=7, device="cpu")
     assert row["agree"] and max(row["err_tvmseq"], row["err_tvmseq_h"], row["err_tvmseq_c"]) < 1e-5, row
@@ -163,7 +163,7 @@ def test_benchmark_run_one_on_cpu():
 
 
 def _spec(D, B, H, dtype="float32", **kw):
-    from tvmseq.kernels import lstm
+    from tvmseq.kernels.recurrent import lstm
 
     return lstm.LstmSpec(D, B, H, 16, dtype, "bidirectional" if D == 2 else "forward", **kw)
 
@@ -173,38 +173,38 @@ def test_fits_on_chip_and_path_choice():
     from tvmseq.targets import resolve
 
     cuda = resolve("cuda")
-    ok, why = pl.fits_on_chip(2, 8, 1024, "float32", cuda)   # 2 x 4096 x 1024 fp32 = 32 MB over 128 blocks
+    ok, why = engine.lstm_fits_on_chip(2, 8, 1024, "float32", cuda)   # 2 x 4096 x 1024 fp32 = 32 MB over 128 blocks
     assert ok, why
-    ok, why = pl.fits_on_chip(1, 1, 4096, "float32", cuda)   # 256 MB: never on chip
+    ok, why = engine.lstm_fits_on_chip(1, 1, 4096, "float32", cuda)   # 256 MB: never on chip
     assert not ok and why
-    func, path, why = pl.lstm_recurrence_auto(_spec(1, 8, 512), cuda)
+    func, path, why = paths.lstm_recurrence_auto(_spec(1, 8, 512), cuda)
     assert path == "persistent" and func is not None and "us a step" in why
     assert "tirx.use_cooperative_launch" in list(func.attrs["tirx.kernel_launch_params"])
     for spec in (_spec(1, 1, 4096), _spec(2, 256, 1024, "float32"), _spec(1, "N", 128)):
-        func, path, why = pl.lstm_recurrence_auto(spec, cuda)
+        func, path, why = paths.lstm_recurrence_auto(spec, cuda)
         assert func is None and path == "per_step" and why, spec
-    assert pl.lstm_recurrence_auto(_spec(1, 8, 64), "llvm")[:2] == (None, "per_step")     # CPU: per-step
-    func, path, _ = pl.lstm_recurrence_auto(_spec(1, 8, 64), "llvm", path="persistent")  # its serial check
+    assert paths.lstm_recurrence_auto(_spec(1, 8, 64), "llvm")[:2] == (None, "per_step")     # CPU: per-step
+    func, path, _ = paths.lstm_recurrence_auto(_spec(1, 8, 64), "llvm", path="persistent")  # its serial check
     assert path == "persistent" and func is not None
     with pytest.raises(TvmseqError, match="path must be one of"):
-        pl.lstm_recurrence_auto(_spec(1, 8, 64), cuda, path="fast")
+        paths.lstm_recurrence_auto(_spec(1, 8, 64), cuda, path="fast")
     with pytest.raises(TvmseqError, match="static batch"):
-        pl.lstm_recurrence_auto(_spec(1, None, 64), cuda, path="persistent")
+        paths.lstm_recurrence_auto(_spec(1, None, 64), cuda, path="persistent")
 
 
 @needs_compiler
 def test_rejects_bad_arguments():
     with pytest.raises(TvmseqError, match="needs D=2"):
-        pl.persistent_lstm_func(1, 1, 4, "float32", "bidirectional", target="llvm")
+        engine.persistent_lstm_func(1, 1, 4, "float32", "bidirectional", target="llvm")
     with pytest.raises(TvmseqError, match="dtype"):
-        pl.persistent_lstm_func(1, 1, 4, "int8", "forward", target="llvm")
+        engine.persistent_lstm_func(1, 1, 4, "int8", "forward", target="llvm")
     with pytest.raises(TvmseqError, match="needs 3 Activation"):
-        pl.persistent_lstm_func(1, 1, 4, "float32", "forward", ["Sigmoid", "Tanh"], target="llvm")
+        engine.persistent_lstm_func(1, 1, 4, "float32", "forward", ["Sigmoid", "Tanh"], target="llvm")
     with pytest.raises(TvmseqError, match="activations.*unsupported"):
-        pl.persistent_lstm_func(1, 1, 4, "float32", "forward", ["Sigmoid", "Tanh", "Swish"], target="llvm")
+        engine.persistent_lstm_func(1, 1, 4, "float32", "forward", ["Sigmoid", "Tanh", "Swish"], target="llvm")
     with pytest.raises(TvmseqError, match="registers"):
-        pl.persistent_lstm_func(1, 1, 1024, "float32", "forward", target="cuda",
-                                config=PersistentConfig(num_blocks=8, num_warps=1, batch_chunk=1))
+        engine.persistent_lstm_func(1, 1, 1024, "float32", "forward", target="cuda",
+                                    config=PersistentConfig(num_blocks=8, num_warps=1, batch_chunk=1))
 
 
 # ---- CUDA code generation ---------------------------------------------------------------------------
@@ -219,8 +219,8 @@ def test_cuda_codegen(D, B, H, dtype, input_forget, peepholes):
     from tvmseq.targets import resolve
 
     tgt = resolve("nvidia/nvidia-h100")
-    func = pl.persistent_lstm_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None, 1.0, True,
-                                   input_forget, peepholes, tgt)
+    func = engine.persistent_lstm_func(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None, 1.0, True,
+                                       input_forget, peepholes, tgt)
     src = tvm.compile(tvm.IRModule({"lstm_recurrence": func}), target=tgt).mod.imports[0].inspect_source()
     for needle in ("cg::this_grid().sync()", "st.relaxed.gpu.global.b64", "ld.relaxed.gpu.global"):
         assert needle in src
@@ -229,7 +229,7 @@ def test_cuda_codegen(D, B, H, dtype, input_forget, peepholes):
     assert loop.count("__syncthreads()") == 2
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -268,7 +268,7 @@ def test_prebuilt_kernels_on_gpu(entry):
 
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import PrebuiltModules
+    from tvmseq.measure import PrebuiltModules
 
     D, B, H, dtype, direction = entry["D"], entry["B"], entry["H"], entry["dtype"], entry["direction"]
     acts = entry["acts"]
@@ -319,10 +319,10 @@ def test_choose_path_follows_the_measured_path_database():
     chosen: fp32 H128 B64 stays on the SIMT engine (3.2 us a step against the staged kernel's 4.2)."""
     import tvm
 
-    from tvmseq.kernels import persistent_lstm as pl
+    from tvmseq.kernels.recurrent import paths
 
     h100 = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
-    path, why = pl.choose_path(1, 64, 128, "float32", h100)
+    path, why = paths.choose_lstm_path(1, 64, 128, "float32", h100)
     assert path == "persistent" and "measured" in why
-    assert pl.choose_path(1, 64, 128, "float16", h100)[0] == "persistent_mma"
-    assert pl.measured_path(1, 3, 37, "float32") is None
+    assert paths.choose_lstm_path(1, 64, 128, "float16", h100)[0] == "persistent_mma"
+    assert paths.measured_path(1, 3, 37, "float32") is None

@@ -1,8 +1,8 @@
-"""The LSTM cell of the staged-state persistent kernel (kernels/persistent_mma.py, cell 'lstm'): its CPU variant
+"""The LSTM cell of the staged-state persistent kernel (kernels/recurrent/mma.py, cell 'lstm'): its CPU variant
 (same seeding, partial sums, gate math and publishing, serial loops) against the float64 ONNX LSTM of
 tvmseq.reference.lstm on odd sizes with every feature (directions, peepholes, input_forget, clip, activations,
 sequence_lens, fp16 and fp32, batch split, pipelining, bulk / image staging); the path choice of
-`persistent_lstm.lstm_recurrence_auto`; CUDA code generation (nvcc/ptxas: no spills); (marked gpu) kernels
+`paths.lstm_recurrence_auto`; CUDA code generation (nvcc/ptxas: no spills); (marked gpu) kernels
 prebuilt for the H100, where the fragment layouts, copies and barriers run.
 
 GPU run, modules built here with the compiler and loaded there with TVM's runtime only:
@@ -26,10 +26,10 @@ from tvmseq.errors import TvmseqError  # noqa: E402
 try:  # the kernel factories need TVM's compiler; the gpu test only its runtime
     import tvm
 
-    from tvmseq.kernels import persistent_lstm as pl
-    from tvmseq.kernels import persistent_mma as pm
     from tvmseq.kernels.activations import Activation
-    from tvmseq.kernels.persistent_lstm import LstmCell
+    from tvmseq.kernels.recurrent import paths
+    from tvmseq.kernels.recurrent import mma as pm
+    from tvmseq.kernels.recurrent.cells import LstmCell
     from tvmseq.targets import resolve
 except ImportError:
     pm = None
@@ -92,7 +92,7 @@ def test_matches_reference(case):
 
 
 def _spec(D, B, H, dtype="float16", **kw):
-    from tvmseq.kernels import lstm
+    from tvmseq.kernels.recurrent import lstm
 
     return lstm.LstmSpec(D, B, H, 16, dtype, "bidirectional" if D == 2 else "forward", **kw)
 
@@ -106,7 +106,7 @@ def _spec(D, B, H, dtype="float16", **kw):
 ])
 def test_path_choice(D, B, H, dtype, path):
     cuda = resolve("cuda")
-    func, got, why = pl.lstm_recurrence_auto(_spec(D, B, H, dtype, has_peepholes=True), cuda)
+    func, got, why = paths.lstm_recurrence_auto(_spec(D, B, H, dtype, has_peepholes=True), cuda)
     assert got == path, why
     if path == "persistent_mma":
         assert func.attrs["global_symbol"] == "lstm_recurrence_mma" and len(func.params) == 9
@@ -116,12 +116,12 @@ def test_path_choice(D, B, H, dtype, path):
 @needs_compiler
 def test_requested_mma_path_and_configs():
     cuda = resolve("cuda")
-    func, path, _ = pl.lstm_recurrence_auto(_spec(1, 5, 37, "float32"), "llvm", path="persistent_mma")
+    func, path, _ = paths.lstm_recurrence_auto(_spec(1, 5, 37, "float32"), "llvm", path="persistent_mma")
     assert path == "persistent_mma" and len(func.params) == 9   # the CPU variant on request
     # an MmaConfig asks for the staged kernel, a config that cannot run says why
-    _, path, _ = pl.lstm_recurrence_auto(_spec(1, 64, 512), cuda, config=pm.MmaConfig(8, 8, 32))
+    _, path, _ = paths.lstm_recurrence_auto(_spec(1, 64, 512), cuda, config=pm.MmaConfig(8, 8, 32))
     assert path == "persistent_mma"
-    _, path, why = pl.lstm_recurrence_auto(_spec(1, 64, 512), cuda, config=pm.MmaConfig(12, 8, 32))
+    _, path, why = paths.lstm_recurrence_auto(_spec(1, 64, 512), cuda, config=pm.MmaConfig(12, 8, 32))
     assert path == "per_step" and "multiple of 8" in why
     # the LSTM config derived from the GRU's pick fits with 4 gate rows a unit
     from tvmseq.kernels.recurrent_gemm import gpu_facts
@@ -138,7 +138,7 @@ def test_rejects_bad_arguments():
     with pytest.raises(TvmseqError, match="needs 3 Activation"):
         pm.persistent_mma_func(1, 16, 64, "float16", "forward", [Activation.make("Tanh")], None, False, "llvm",
                                None, "lstm")
-    from tvmseq.kernels import persistent_wgmma as pw
+    from tvmseq.kernels.recurrent import wgmma as pw
 
     with pytest.raises(TvmseqError, match="cell must be one of"):
         pw.persistent_wgmma_func(1, 256, 256, "float16", "forward", None, None, False, "cuda", cell="lstm2")
@@ -159,7 +159,7 @@ def test_cuda_codegen(D, B, H, dtype):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -187,7 +187,7 @@ def _gpu_index():
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")

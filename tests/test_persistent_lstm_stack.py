@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 tvm = pytest.importorskip("tvm")
-from tvmseq.errors import TvmseqError  # noqa: E402
-from tvmseq.kernels import persistent_rows as pr  # noqa: E402
-from tvmseq.kernels import persistent_stack as ps  # noqa: E402
-from tvmseq.kernels.activations import Activation  # noqa: E402
 from tvmseq.bench.lstm_stack import kernel_inputs, onnx_layers, reference_stack  # noqa: E402
+from tvmseq.errors import TvmseqError  # noqa: E402
+from tvmseq.kernels.activations import Activation  # noqa: E402
+from tvmseq.kernels.recurrent import rows as pr  # noqa: E402
+from tvmseq.kernels.recurrent import stack as ps  # noqa: E402
 
 
 def run_cpu(L, B, H, T_, dtype, inputs, config=None, **kw):
@@ -81,7 +81,7 @@ def test_lstm_stack_config_and_errors():
 def test_lstm_stack_cuda_builds_without_spills(L, B, H, dtype):
     """CUDA codegen for the H100 without a GPU: cooperative launch, the LL and progress primitives, and (when
     nvcc is installed) ptxas reports no spills for sm_90a."""
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
@@ -106,8 +106,8 @@ LSTM_STACK_PREBUILT = Path(os.environ.get("TVMSEQ_LSTM_STACK_PREBUILT",
 
 @pytest.mark.gpu
 def test_prebuilt_odd_lstm_stacks_on_gpu():
-    from tvmseq.bench.common import PrebuiltModules
     from tvmseq.bench.lstm_stack import NAME, check_kernels
+    from tvmseq.measure import PrebuiltModules
 
     if not (LSTM_STACK_PREBUILT / "index.json").exists():
         pytest.skip(f"no prebuilt payload in {LSTM_STACK_PREBUILT}")

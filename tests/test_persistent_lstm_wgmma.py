@@ -1,8 +1,8 @@
-"""The LSTM cell of the warpgroup persistent kernel (kernels/persistent_wgmma.py, cell 'lstm'): its CPU variant
+"""The LSTM cell of the warpgroup persistent kernel (kernels/recurrent/wgmma.py, cell 'lstm'): its CPU variant
 (same seeding, image-layout state, accumulator-layout items, LSTM gate math; the product as serial float32 sums)
 against the float64 ONNX LSTM of tvmseq.reference.lstm on odd sizes with every feature (directions, peepholes,
 input_forget, clip, activations, sequence_lens, chunks and batch splits); the geometry (the state-tile ring that
-lets 16-unit LSTM blocks hold their R slice at hidden 1024); the path choice of `persistent_lstm`; CUDA code
+lets 16-unit LSTM blocks hold their R slice at hidden 1024); the path choice of `paths.lstm_recurrence_auto`; CUDA code
 generation (wgmma, the ring's refills, nvcc/ptxas: no spills); (marked gpu) kernels prebuilt for the H100, where
 the descriptors, bulk copies, ring and barriers run.
 
@@ -27,10 +27,10 @@ from tvmseq.errors import TvmseqError  # noqa: E402
 try:  # the kernel factories need TVM's compiler; the gpu test only its runtime
     import tvm
 
-    from tvmseq.kernels import persistent_lstm as pl
-    from tvmseq.kernels import persistent_wgmma as pw
     from tvmseq.kernels.activations import Activation
-    from tvmseq.kernels.persistent_lstm import LstmCell
+    from tvmseq.kernels.recurrent import paths
+    from tvmseq.kernels.recurrent import wgmma as pw
+    from tvmseq.kernels.recurrent.cells import LstmCell
     from tvmseq.targets import resolve
 except ImportError:
     pw = None
@@ -127,7 +127,7 @@ def test_geometry_and_configs():
 
 
 def _spec(D, B, H, dtype="float16", **kw):
-    from tvmseq.kernels import lstm
+    from tvmseq.kernels.recurrent import lstm
 
     return lstm.LstmSpec(D, B, H, 16, dtype, "bidirectional" if D == 2 else "forward", **kw)
 
@@ -142,7 +142,7 @@ def _spec(D, B, H, dtype="float16", **kw):
 ])
 def test_path_choice(D, B, H, path):
     cuda = resolve("cuda")
-    func, got, why = pl.lstm_recurrence_auto(_spec(D, B, H, has_peepholes=True), cuda)
+    func, got, why = paths.lstm_recurrence_auto(_spec(D, B, H, has_peepholes=True), cuda)
     assert got == path, why
     if path == "persistent_wgmma":
         assert func.attrs["global_symbol"] == "lstm_recurrence_wgmma" and len(func.params) == 9
@@ -152,14 +152,14 @@ def test_path_choice(D, B, H, path):
 @needs_compiler
 def test_requested_path_and_bad_arguments():
     cuda = resolve("cuda")
-    func, path, _ = pl.lstm_recurrence_auto(_spec(1, 5, 37), "llvm", path="persistent_wgmma")
+    func, path, _ = paths.lstm_recurrence_auto(_spec(1, 5, 37), "llvm", path="persistent_wgmma")
     assert path == "persistent_wgmma" and len(func.params) == 9   # the CPU variant on request
-    _, path, _ = pl.lstm_recurrence_auto(_spec(1, 256, 512), cuda, config=pw.WgmmaRecConfig(8, 2))
+    _, path, _ = paths.lstm_recurrence_auto(_spec(1, 256, 512), cuda, config=pw.WgmmaRecConfig(8, 2))
     assert path == "persistent_wgmma"
-    _, path, why = pl.lstm_recurrence_auto(_spec(2, 64, 1024), cuda, config=pw.WgmmaRecConfig(16, 1))
+    _, path, why = paths.lstm_recurrence_auto(_spec(2, 64, 1024), cuda, config=pw.WgmmaRecConfig(16, 1))
     assert path == "per_step" and "shared memory" in why
     with pytest.raises(TvmseqError, match="dtype must be float16"):
-        pl.lstm_recurrence_auto(_spec(1, 256, 512, "float32"), cuda, path="persistent_wgmma")
+        paths.lstm_recurrence_auto(_spec(1, 256, 512, "float32"), cuda, path="persistent_wgmma")
     with pytest.raises(TvmseqError, match="LSTM update math given for cell 'gru'"):
         pw.persistent_wgmma_func(1, 256, 256, "float16", "forward", None, None, False, "llvm", cell="gru",
                                  lstm=LstmCell())
@@ -188,7 +188,7 @@ def test_cuda_codegen(D, B, H):
     assert ("wgmma.wait_group.sync.aligned 1" in src) == geo.RING
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -215,7 +215,7 @@ def test_gpu_case_names_are_unique():
 
 def build_gpu_cases(out_dir):
     """GPU_CASES into out_dir/LIBRARY + INDEX (the cases and ptxas numbers)."""
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
 
     tgt = resolve("cuda")
     out = Path(out_dir)
@@ -237,7 +237,7 @@ def _gpu_index():
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")

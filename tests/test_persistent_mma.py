@@ -1,4 +1,4 @@
-"""Tensor-core persistent GRU/RNN (kernels/persistent_mma.py): the CPU variant (same staging, partial sums,
+"""Tensor-core persistent GRU/RNN (kernels/recurrent/mma.py): the CPU variant (same staging, partial sums,
 gates and publishing, serial loops) against a float64 numpy GRU/RNN on odd sizes, every direction,
 sequence_lens, clip, activations, several chunks and configs; the path choice; CUDA code generation
 (mma.sync, ldmatrix, cp.async, no spills); (marked gpu) the prebuilt kernels on the GPU, where the
@@ -23,9 +23,9 @@ from tvmseq.errors import TvmseqError  # noqa: E402
 try:
     import tvm
 
-    from tvmseq.kernels import persistent_gru as pg
-    from tvmseq.kernels import persistent_mma as pm
     from tvmseq.kernels.activations import Activation
+    from tvmseq.kernels.recurrent import paths
+    from tvmseq.kernels.recurrent import mma as pm
     from tvmseq.targets import resolve
 except ImportError:
     pm = None
@@ -146,20 +146,20 @@ def test_rnn_matches_numpy(direction, act):
 @needs_compiler
 def test_path_choice():
     h100 = resolve("cuda")
-    assert pg.choose_path(1, 64, 1024, "float16", h100)[0] == "persistent_mma"
-    assert pg.choose_path(2, 32, 1024, "float16", h100)[0] == "persistent_mma"
-    assert pg.choose_path(2, 256, 1024, "float16", h100)[0] == "persistent_wgmma"   # batch >= 128 on sm_90a
-    assert pg.choose_path(2, 64, 1024, "float16", h100)[0] == "persistent_wgmma"    # bidirectional, H >= 1024
-    assert pg.choose_path(1, 256, 1024, "float16", h100, cell="rnn")[0] == "persistent_mma"   # RNN: not timed
+    assert paths.choose_path(1, 64, 1024, "float16", h100)[0] == "persistent_mma"
+    assert paths.choose_path(2, 32, 1024, "float16", h100)[0] == "persistent_mma"
+    assert paths.choose_path(2, 256, 1024, "float16", h100)[0] == "persistent_wgmma"   # batch >= 128 on sm_90a
+    assert paths.choose_path(2, 64, 1024, "float16", h100)[0] == "persistent_wgmma"    # bidirectional, H >= 1024
+    assert paths.choose_path(1, 256, 1024, "float16", h100, cell="rnn")[0] == "persistent_mma"   # RNN: not timed
     sm80 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
-    assert pg.choose_path(1, 256, 1024, "float16", sm80)[0] != "persistent_wgmma"   # no wgmma before sm_90a
-    assert pg.choose_path(1, 64, 1024, "float32", h100)[0] == "per_step"   # float32: FMA product, measured slower
-    assert pg.choose_path(1, 64, 512, "float32", h100)[0] == "persistent_mma"    # ... and faster here
-    assert pg.choose_path(1, 256, 512, "float32", h100)[0] == "per_step"
-    assert pg.choose_path(1, 8, 1024, "float16", h100)[0] == "persistent"         # below MMA_MIN_BATCH
-    assert pg.choose_path(1, 64, 1024, "float16", h100, lbr=0)[0] != "persistent_mma"
-    assert pg.choose_path(1, 64, 1024, "float16", h100, cell="rnn")[0] == "persistent_mma"
-    assert pg.choose_path(1, 64, 1024, "float16", "llvm")[0] == "per_step"
+    assert paths.choose_path(1, 256, 1024, "float16", sm80)[0] != "persistent_wgmma"   # no wgmma before sm_90a
+    assert paths.choose_path(1, 64, 1024, "float32", h100)[0] == "per_step"   # float32: FMA product, measured slower
+    assert paths.choose_path(1, 64, 512, "float32", h100)[0] == "persistent_mma"    # ... and faster here
+    assert paths.choose_path(1, 256, 512, "float32", h100)[0] == "per_step"
+    assert paths.choose_path(1, 8, 1024, "float16", h100)[0] == "persistent"         # below MMA_MIN_BATCH
+    assert paths.choose_path(1, 64, 1024, "float16", h100, lbr=0)[0] != "persistent_mma"
+    assert paths.choose_path(1, 64, 1024, "float16", h100, cell="rnn")[0] == "persistent_mma"
+    assert paths.choose_path(1, 64, 1024, "float16", "llvm")[0] == "per_step"
     ok, why = pm.supported(1, 64, 1024, "float16", 1, tvm.target.Target({"kind": "cuda", "arch": "sm_75"}))
     assert not ok and "sm_80" in why
     ok, why = pm.supported(2, 64, 8192, "float16", 1, h100)   # 2 x 1024 blocks of 8 units
@@ -176,11 +176,11 @@ def test_rejects_bad_arguments():
         pm.persistent_mma_func(1, 16, 64, "float16", "forward", None, None, False, "llvm", pm.MmaConfig(12, 8, 64))
     with pytest.raises(TvmseqError, match="not all resident"):
         pm.persistent_mma_func(1, 16, 4096, "float16", "forward", None, None, False, "cuda", pm.MmaConfig(8, 8, 16))
-    from tvmseq.kernels import gru
+    from tvmseq.kernels.recurrent import gru
 
     spec = gru.GruSpec(1, 32, 64, 64, "float16", 0, "forward")
     with pytest.raises(TvmseqError, match="linear_before_reset=1"):
-        pg.recurrence_func_auto(spec, "llvm", path="persistent_mma")
+        paths.recurrence_func_auto(spec, "llvm", path="persistent_mma")
 
 
 @needs_compiler
@@ -200,7 +200,7 @@ def test_cuda_codegen(D, B, H, cell):
         assert needle in src, needle
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -352,7 +352,7 @@ def _case_name(case):
 
 
 def build_gpu_cases(out_dir):
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
 
     tgt = resolve("cuda")
     out = Path(out_dir)
@@ -403,7 +403,7 @@ def gpu_case_problem(D, B, H, direction, cell, acts, clip, lens, dtype, seq=23):
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")
@@ -433,7 +433,7 @@ def test_prebuilt_short_sequences(seq, name):
     for a zero-length sequence."""
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")
@@ -476,7 +476,7 @@ def test_importer_picks_the_path_for_a_gpu_target(dtype, batch, path):
     mod = tvmseq.from_onnx(model, target="cuda")
     names = [gv.name_hint for gv in mod.get_global_vars()]
     assert any("recurrence" in n for n in names)
-    spec_dtype = pg.choose_path(1, batch, 256, dtype, "cuda")[0]
+    spec_dtype = paths.choose_path(1, batch, 256, dtype, "cuda")[0]
     assert spec_dtype == path
 
 

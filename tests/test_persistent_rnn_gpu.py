@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tvmseq.bench import persistent_rnn as prnn
-from tvmseq.bench.common import PrebuiltModules
+from tvmseq.measure import PrebuiltModules
 
 PREBUILT = Path(os.environ.get("TVMSEQ_PRNN_PREBUILT", Path(__file__).resolve().parents[1] / "out" / "prnn"))
 

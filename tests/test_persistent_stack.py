@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 tvm = pytest.importorskip("tvm")
-from tvmseq.errors import TvmseqError  # noqa: E402
 from tvmseq.bench.gru_stack import numpy_stack, stack_inputs as make_inputs  # noqa: E402
-from tvmseq.kernels import persistent_rows as pr  # noqa: E402
-from tvmseq.kernels import persistent_stack as ps  # noqa: E402
+from tvmseq.errors import TvmseqError  # noqa: E402
+from tvmseq.kernels.recurrent import rows as pr  # noqa: E402
+from tvmseq.kernels.recurrent import stack as ps  # noqa: E402
 
 
 @pytest.mark.parametrize("L,B,H,T_", [(1, 3, 5, 4), (2, 1, 13, 7), (3, 5, 7, 6), (4, 2, 9, 5)])
@@ -55,7 +55,7 @@ def test_stack_cuda_builds_without_spills():
     """CUDA codegen for the H100 without a GPU: cooperative launch, the LL and progress primitives, and
     (when nvcc is installed) ptxas reports no spills for sm_90a. The source is compiled by nvcc here,
     not through TVM's compile callback (registering that in the test process breaks later CUDA builds)."""
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
@@ -72,7 +72,7 @@ def test_stack_cuda_builds_without_spills():
 
 
 # ----------------------------------------------------------------------------------------------------
-# Row-split schedule (kernels/persistent_rows.py): same interface, warps own units, lanes split k
+# Row-split schedule (kernels/recurrent/rows.py): same interface, warps own units, lanes split k
 # ----------------------------------------------------------------------------------------------------
 _RS = pr.RowSplitConfig
 
@@ -117,7 +117,7 @@ def pr_facts(target):
 
 @pytest.mark.parametrize("L,B,H", [(4, 8, 512), (1, 8, 1024)])
 def test_rows_cuda_builds_without_spills(L, B, H):
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
     from tvmseq.targets import resolve
 
     tgt = resolve("cuda")
@@ -142,8 +142,8 @@ STACK_PREBUILT = Path(os.environ.get("TVMSEQ_STACK_PREBUILT", Path(__file__).res
 def test_prebuilt_odd_stacks_on_gpu():
     import json
 
-    from tvmseq.bench.common import PrebuiltModules
     from tvmseq.bench.gru_stack import NAME, check_kernels
+    from tvmseq.measure import PrebuiltModules
 
     if not (STACK_PREBUILT / "index.json").exists():
         pytest.skip(f"no prebuilt payload in {STACK_PREBUILT}")

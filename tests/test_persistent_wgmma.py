@@ -1,9 +1,9 @@
-"""Persistent GRU/RNN on warpgroup tensor cores (kernels/persistent_wgmma.py): the CPU variant (same seeding,
+"""Persistent GRU/RNN on warpgroup tensor cores (kernels/recurrent/wgmma.py): the CPU variant (same seeding,
 image-layout state, accumulator-layout items, gate math; the product as serial float32 sums) against a float64
 numpy GRU/RNN on odd sizes, every direction, sequence_lens, clip, several chunks and batch splits; the
 geometry checks; CUDA code generation (wgmma, bulk copies, no spills); (marked gpu) the prebuilt kernels on the
 GPU, where the descriptors, the swizzle and the accumulator layout are exercised. gate_dtype="float16" (half gate_i,
-as projection_wgmma can write it) on the CPU variant and, with the fp16 projection itself, on the GPU.
+as kernels/projection/wgmma.py can write it) on the CPU variant and, with the fp16 projection itself, on the GPU.
 
 GPU kernels: `python tests/test_persistent_wgmma.py out/pwg` builds them here (sm_90a); run
 `pytest -m gpu tests/test_persistent_wgmma.py` there with out/pwg carried (or TVMSEQ_PWG_PREBUILT)."""
@@ -25,9 +25,9 @@ from tvmseq.errors import TvmseqError  # noqa: E402
 try:
     import tvm
 
-    from tvmseq.kernels import persistent_wgmma as pw
-    from tvmseq.kernels import projection_wgmma as pwg
     from tvmseq.kernels.activations import Activation
+    from tvmseq.kernels.projection import wgmma as pwg
+    from tvmseq.kernels.recurrent import wgmma as pw
     from tvmseq.targets import resolve
 except ImportError:
     pw = None
@@ -163,7 +163,7 @@ def test_cuda_codegen(D, B, H, cell, gate_dtype):
         assert needle in src, needle
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     (info,) = ptxas_report(src).values()
     assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
@@ -238,7 +238,7 @@ def _proj_name(case):
 
 
 def build_gpu_cases(out_dir):
-    from tvmseq.bench.common import compile_for_gpu
+    from tvmseq.measure import compile_for_gpu
 
     tgt = resolve("cuda")
     out = Path(out_dir)
@@ -276,7 +276,7 @@ def _gpu_index(key="cases"):
 def test_prebuilt_on_gpu(case):
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")
@@ -299,11 +299,12 @@ def test_prebuilt_on_gpu(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _gpu_index("proj16"), ids=lambda c: _proj_name(c))
 def test_prebuilt_half_projection_on_gpu(case):
-    """projection_wgmma with gate_dtype float16 (poisoned output, partial last row tile) against a float64 einsum:
-    the float32 sum rounded once (2^-11 of a value at most, plus the fp32 sum order): 1e-3 of the largest value."""
+    """The wgmma projection (kernels/projection/wgmma.py) with gate_dtype float16 (poisoned output, partial last row
+    tile) against a float64 einsum: the float32 sum rounded once (2^-11 of a value at most, plus the fp32 sum order):
+    1e-3 of the largest value."""
     import tvm as tvm_rt
 
-    from tvmseq.bench.common import cuda_available
+    from tvmseq.measure import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA GPU")

@@ -103,7 +103,7 @@ if getattr(tvm.base, "_RUNTIME_ONLY", False):
 else:
     _COMPILER = True
 
-from tvmseq import artifacts, reference  # noqa: E402
+from tvmseq import artifacts, cuda_toolchain, reference  # noqa: E402
 from tvmseq.artifacts import ArtifactWarning  # noqa: E402
 from tvmseq.errors import TvmseqError  # noqa: E402
 
@@ -136,7 +136,7 @@ def _no_env_artifacts(monkeypatch):
 
 
 def _entries(root):
-    return artifacts.read_manifest(Path(root) / artifacts.cpu_arch())
+    return artifacts.read_manifest(Path(root) / cuda_toolchain.cpu_arch())
 
 
 def _kinds(mod) -> tuple[int, int]:
@@ -166,7 +166,7 @@ def test_build_writes_the_kernels_the_models_need(built, capsys):
     entries = _entries(root)
     assert sorted(e.op for e in entries) == ["spmm", "spmm_t", "topk"]
     for e in entries:
-        assert e.arch == artifacts.cpu_arch() and e.device_code == "llvm" and e.tvm == tvm.__version__
+        assert e.arch == cuda_toolchain.cpu_arch() and e.device_code == "llvm" and e.tvm == tvm.__version__
         assert e.schedule_hash.startswith("tir:") and (root / e.arch / e.file).exists()
     spmm_t = next(e for e in entries if e.op == "spmm_t")
     assert spmm_t.shapes == {"rows": 96, "cols": 40} and spmm_t.attrs["dynamic"] == ["n"]
@@ -232,7 +232,7 @@ np.save({str(tmp_path / 'y.npy')!r}, y)
 
 
 def _edit(root, op, **changes):
-    path = Path(root) / artifacts.cpu_arch() / MANIFEST
+    path = Path(root) / cuda_toolchain.cpu_arch() / MANIFEST
     data = json.loads(path.read_text())
     for e in data["entries"]:
         if e["op"] == op:
@@ -241,7 +241,7 @@ def _edit(root, op, **changes):
 
 
 def _damage(root, kind):
-    arch_dir = Path(root) / artifacts.cpu_arch()
+    arch_dir = Path(root) / cuda_toolchain.cpu_arch()
     entry = next(e for e in _entries(root) if e.op == "topk")
     so = arch_dir / entry.file
     if kind == "corrupt-so":
@@ -294,12 +294,12 @@ def test_cli_build_errors_are_one_line(tmp_path, capsys):
 _CHECK_ALL = r"""
 import json, sys
 import numpy as np
-from tvmseq import artifacts, reference
+from tvmseq import artifacts, cuda_toolchain, reference
 from tvmseq.sparse import CSR
 from pathlib import Path
 
 root = sys.argv[1]
-arch = artifacts.present_arch()
+arch = cuda_toolchain.present_arch()
 rng = np.random.default_rng(0)
 results = []
 for arch_dir in artifacts._candidate_dirs(Path(root), arch):

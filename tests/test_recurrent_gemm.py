@@ -236,7 +236,7 @@ def test_cuda_codegen(H, B, config):
         assert needle in src
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
-    from tvmseq.bench.recurrent_gemm import ptxas_report
+    from tvmseq.cuda_toolchain import ptxas_report
 
     report = ptxas_report(src)
     (info,) = report.values()

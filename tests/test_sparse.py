@@ -266,7 +266,7 @@ def test_symbolic_columns_kernel():
     """A kernel built for any number of D columns (what ONNX models with a dynamic batch get)."""
     import tvm
 
-    from tvmseq.kernels.spmm import SpmmShape, spmm_func
+    from tvmseq.kernels.sparse.spmm import SpmmShape, spmm_func
 
     S = random_csr(37, 29, 0.2)
     target = tvm.target.Target("llvm")
@@ -283,7 +283,7 @@ def test_symbolic_columns_kernel():
 def test_schedules_are_checked():
     import tvm
 
-    from tvmseq.kernels.spmm import SpmmSchedule, SpmmShape, default_schedule, spmm_func
+    from tvmseq.kernels.sparse.spmm import SpmmSchedule, SpmmShape, default_schedule, spmm_func
 
     gpu = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
     with pytest.raises(TvmseqError, match="does not divide"):
@@ -301,7 +301,7 @@ def test_cuda_kernels_generate():
     """The CUDA schedule builds (the source is compiled where a GPU is: see tests marked gpu)."""
     import tvm
 
-    from tvmseq.kernels.spmm import SpmmShape, spmm_func
+    from tvmseq.kernels.sparse.spmm import SpmmShape, spmm_func
 
     gpu = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
     for shape in (SpmmShape(True, 300, 200, 64, "float16"), SpmmShape(False, 300, 200, 7),
@@ -386,7 +386,7 @@ def test_prebuilt_kernels_run_under_runtime_only_tvm(tmp_path):
 
     import tvm
 
-    from tvmseq.kernels.spmm import SpmmShape, spmm_func
+    from tvmseq.kernels.sparse.spmm import SpmmShape, spmm_func
 
     target = tvm.target.Target("llvm")
     shapes = [SpmmShape(transposed, 37, 29, 5) for transposed in (False, True)]
@@ -460,7 +460,7 @@ def test_benchmark_code_runs_on_the_cpu(tmp_path):
 def test_gpu_payload_index(tmp_path):
     """What `--build-only` would export: every kernel the benchmark and the GPU tests look up."""
     from tvmseq.bench import spmm as bench
-    from tvmseq.kernels.spmm import SpmmShape
+    from tvmseq.kernels.sparse.spmm import SpmmShape
 
     _, index, _ = bench.kernel_module(quick=True)
     names = set(index["kernels"])
@@ -570,7 +570,7 @@ def emulator_dir(tmp_path_factory):
 def test_cuda_schedule_emulated_on_cpu(emulator_dir, rows, cols, n, dtype, op, density, schedule):
     import tvm
 
-    from tvmseq.kernels.spmm import SpmmSchedule, SpmmShape, default_schedule, spmm_func
+    from tvmseq.kernels.sparse.spmm import SpmmSchedule, SpmmShape, default_schedule, spmm_func
 
     gpu = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
     transposed = op == "spmm_t"
@@ -592,7 +592,7 @@ def test_scatter_variant_emulated_on_cpu(emulator_dir):
     """The benchmark's atomic scatter alternative to spmm_t (row order, not deterministic on a GPU)."""
     import tvm
 
-    from tvmseq.kernels.spmm import SpmmShape, default_schedule, spmm_t_scatter_func
+    from tvmseq.kernels.sparse.spmm import SpmmShape, default_schedule, spmm_t_scatter_func
 
     gpu = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
     S = random_csr(70, 45, 0.3, empty_rows=[0], empty_cols=[44])

@@ -218,17 +218,17 @@ def h100():
 
 def expected_plan(op, kw) -> dict:
     """{bucket: path} the node's chooser answers at each candidate bucket (per_step ones left out), asked here
-    directly: persistent_gru.choose_path for GRU/RNN, persistent_lstm.choose_path for LSTM."""
-    from tvmseq.kernels import persistent_gru, persistent_lstm
+    directly: paths.choose_path for GRU/RNN, paths.choose_lstm_path for LSTM."""
+    from tvmseq.kernels.recurrent import paths
     from tvmseq.onnx import batch_dispatch
 
     D = 2 if kw.get("direction") == "bidirectional" else 1
     plan = {}
     for b in batch_dispatch.candidates("auto"):
         if op == "LSTM":
-            path = persistent_lstm.choose_path(D, b, HIDDEN, "float32", h100())[0]
+            path = paths.choose_lstm_path(D, b, HIDDEN, "float32", h100())[0]
         else:
-            path = persistent_gru.choose_path(D, b, HIDDEN, "float32", h100(), None, op.lower(),
+            path = paths.choose_path(D, b, HIDDEN, "float32", h100(), None, op.lower(),
                                               kw.get("linear_before_reset", 1))[0]
         plan[b] = path
     return {b: p for b, p in plan.items() if p != "per_step"}
@@ -276,7 +276,7 @@ def test_cuda_module_dispatches_on_the_batch(op):
 
     import tvm
     import tvm_ffi
-    from tvmseq.kernels import gru as gru_k, lstm as lstm_k, rnn as rnn_k
+    from tvmseq.kernels.recurrent import gru as gru_k, lstm as lstm_k, rnn as rnn_k
     from tvmseq.onnx import batch_dispatch
     from tvmseq.onnx.gru import build_kernels
     from tvmseq.onnx.lstm import lstm_recurrence_for
@@ -435,7 +435,7 @@ def build(out_dir) -> None:
     batches."""
     import re
 
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
     from tvmseq.build import compile_onnx, export
     from tvmseq.onnx import from_onnx
 
@@ -450,7 +450,7 @@ def build(out_dir) -> None:
                          if (m := re.fullmatch(rf"{cell}_b(\d+)", gv.name_hint)))
         assert buckets, f"{name}: no batch dispatch in the CUDA module"
         batches = sorted(set(GPU_BATCHES) | {max(buckets) + 37})
-        with artifacts.device_binaries(("sm_90a",)):
+        with cuda_toolchain.device_binaries(("sm_90a",)):
             compiled = compile_onnx(model, target=H100, artifacts=None, batch_buckets="auto")
         export(compiled, out / f"{name}.so")
         data = {}

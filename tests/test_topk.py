@@ -1,4 +1,4 @@
-"""tvmseq.kernels.topk (hierarchical top-k) and tvmseq.beam_search_step against numpy.
+"""tvmseq.kernels.topk.topk (hierarchical top-k) and tvmseq.beam_search_step against numpy.
 
 CPU tests build the kernels for llvm: the same block program as on CUDA (threads emulated by a serial
 loop), including the GPU-sized configurations and the exact fallback. GPU tests (`-m gpu`) load the
@@ -38,7 +38,7 @@ class _Lazy:
         return getattr(self._mod, name)
 
 
-tk = _Lazy("tvmseq.kernels.topk")
+tk = _Lazy("tvmseq.kernels.topk.topk")
 beam = _Lazy("tvmseq.beam")
 
 

@@ -1,6 +1,8 @@
 """tvmseq: GPU kernels for sequence models in Apache TVM TensorIR, with an ONNX importer.
 
-Pipeline, one module each: kernels/ (compute + schedules) -> tune/ -> build -> runtime (load) -> onnx/.
+Pipeline: kernels/ (compute + default schedules, one package per kernel family; schedule_gpu / schedule_cpu for
+the stock ops) -> tune/ (timing on the GPU: measure) -> build / prebuild (device code: cuda_toolchain; prebuilt
+kernels: artifacts) -> runtime (load) -> onnx/ (import).
 """
 from .errors import TvmseqError, UnsupportedOnnxError
 
@@ -30,7 +32,7 @@ def load(path, device=None, weights=None, cuda_graph=None):
     return load_model(path, device=device, weights=weights, cuda_graph=cuda_graph)
 
 
-_SUBMODULES = ("reference", "sparse", "artifacts", "build", "runtime", "targets", "beam", "models")
+_SUBMODULES = ("reference", "sparse", "artifacts", "cuda_toolchain", "build", "runtime", "targets", "beam", "models")
 
 
 def __getattr__(name):

@@ -1,6 +1,6 @@
 """One beam-search step, fused: log-softmax of the logits + each beam's running score, then the k
 best (beam, token) pairs over beam x vocab, in one pass over the logits (see
-`tvmseq.kernels.topk.beam_step_func` for the kernels).
+`tvmseq.kernels.topk.topk.beam_step_func` for the kernels).
 
     scores, beam_ids, token_ids = tvmseq.beam_search_step(logits, beam_scores, beam=4)
 
@@ -19,7 +19,7 @@ import tvm
 
 from . import targets
 from .errors import TvmseqError
-from .kernels import topk as _tk
+from .kernels.topk import topk as _tk
 
 
 def validate_beam_step(logits_shape, logits_dtype: str, scores_shape, scores_dtype: str, beam: int,

@@ -10,7 +10,7 @@ The build/export step of the pipeline (compute -> schedule -> tune -> **build/ex
   (`tune.metaschedule.compile_tuned`, as `best_schedule` / `tuned_func` do).
 
 For a CUDA architecture (default sm_90a) the modules carry device code compiled by nvcc for it
-(`artifacts.enable_device_binaries`): built on a machine without a GPU, they load on the GPU machine
+(`cuda_toolchain.enable_device_binaries`): built on a machine without a GPU, they load on the GPU machine
 without any compiler. That loads TVM's CUDA runtime against a driver stub, which cannot be undone, so
 CUDA builds run in one spawned worker process. `--arch cpu` builds for this CPU (llvm).
 """
@@ -47,14 +47,15 @@ def resolve_arch(arch: str | None):
     "cpu" / "llvm" / "cpu-<machine>" (this CPU)."""
     import tvm
 
-    from . import artifacts, targets
+    from . import cuda_toolchain, targets
 
     arch = (arch or "sm_90a").strip()
     if arch in ("cpu", "llvm") or arch.startswith("cpu-"):
-        if arch.startswith("cpu-") and arch != artifacts.cpu_arch():
-            raise TvmseqError(f"--arch {arch}: CPU artifacts can only be built for this machine ({artifacts.cpu_arch()})")
-        return artifacts.cpu_arch(), json.loads(str(tvm.target.Target("llvm")))
-    if artifacts._sm(arch) is None:
+        if arch.startswith("cpu-") and arch != cuda_toolchain.cpu_arch():
+            raise TvmseqError(f"--arch {arch}: CPU artifacts can only be built for this machine "
+                              f"({cuda_toolchain.cpu_arch()})")
+        return cuda_toolchain.cpu_arch(), json.loads(str(tvm.target.Target("llvm")))
+    if cuda_toolchain._sm(arch) is None:
         raise TvmseqError(f"--arch {arch!r}: expected a CUDA architecture such as sm_90a or sm_80, or cpu")
     base = arch.rstrip("af")
     tag = targets._ARCH_TAGS.get(base, targets.DEFAULT_GPU_TAG)
@@ -127,14 +128,14 @@ def _run(job: dict) -> BuildReport:
     """The whole build (runs in a spawned worker for CUDA)."""
     import tvm
 
-    from . import artifacts
+    from . import cuda_toolchain
 
     target = tvm.target.Target(job["target"])
     arch, root = job["arch"], Path(job["root"])
     report = BuildReport(arch, str(root))
     gpu = target.kind.name == "cuda"
     if gpu:
-        if not artifacts.enable_device_binaries((arch,)):
+        if not cuda_toolchain.enable_device_binaries((arch,)):
             print(f"warning: no nvcc: the {arch} artifacts carry CUDA source (compiled where they are loaded)")
     todo, names = [], set()     # (label, build function)
     for model, model_name in job["models"]:

@@ -24,6 +24,7 @@ import tvm_ffi
 from tvm.runtime.vm import VirtualMachine
 
 from .errors import TvmseqError
+from .tensors import on_device
 
 # run-time checks compiled into models (tvmseq.onnx.checks) raise errors of this kind: the VM raises them
 # as TvmseqError (one line, naming the ONNX node)
@@ -128,8 +129,6 @@ def resolve_artifacts(executable, recorded: list[dict] | None = None) -> list[di
 
 
 OUTPUT_KINDS = ("numpy", "device")
-_ALIGNMENT = 64          # TVM's compiled code assumes 64-byte aligned, compact inputs
-_KDL_CPU = 1
 _KDL_CUDA = 2
 
 
@@ -187,7 +186,7 @@ class Model:
         # created on first use, so a model compiled for CUDA on a machine without a GPU can be exported
         if self._vm_instance is None:
             if self.target_kind == "cuda":
-                from .artifacts import ensure_cuda_runtime
+                from .cuda_toolchain import ensure_cuda_runtime
 
                 ensure_cuda_runtime()  # runtime-only TVM does not load its CUDA backend by itself
             if self.target_kind == "cuda" and not self.device.exist:
@@ -438,49 +437,6 @@ def _as_host_or_tensor(value, spec, name):
         return np.asarray(value), None
     except Exception as err:  # noqa: BLE001
         raise TvmseqError(f"input {name!r}: not an array, scalar or DLPack tensor ({type(value).__name__})") from err
-
-
-def dlpack_view(value):
-    """A zero-copy TVM tensor view of a DLPack tensor (any alignment, any strides: `on_device` fixes both)."""
-    import tvm_ffi
-
-    return value if isinstance(value, tvm.runtime.Tensor) else tvm_ffi.from_dlpack(value)
-
-
-def on_device(tensor, original, device, name):
-    """`tensor` (a zero-copy view of the DLPack input `original`) as a compact, 64-byte aligned tensor on
-    `device`, as TVM's compiled code assumes: itself when it already is one, else one copy (never refused)."""
-    if not tensor.is_contiguous():
-        tensor = _contiguous_copy(tensor, original, name)
-    same_device = (tensor.device.dlpack_device_type(), tensor.device.index) == \
-        (device.dlpack_device_type(), device.index)
-    if same_device and tensor.data_ptr() % _ALIGNMENT == 0:
-        return tensor
-    out = tvm.runtime.empty(tuple(tensor.shape), str(tensor.dtype), device)
-    tensor.copyto(out)
-    return out
-
-
-def _contiguous_copy(tensor, original, name):
-    """A compact copy of a strided device tensor, made by the library that owns it (TVM copies only
-    compact tensors)."""
-    if tensor.device.dlpack_device_type() == _KDL_CPU:
-        import tvm_ffi
-
-        return tvm_ffi.from_dlpack(np.array(np.from_dlpack(original), order="C"))
-    maker = getattr(original, "contiguous", None)            # torch
-    if maker is None and hasattr(original, "__array_namespace__"):   # CuPy, JAX, array-API libraries
-        xp = original.__array_namespace__()
-        maker = lambda: xp.asarray(original, copy=True)    # noqa: E731
-    if maker is None:
-        raise TvmseqError(f"input {name!r} is a strided device tensor and its library offers no compact copy: "
-                          "pass a contiguous tensor")
-    import tvm_ffi
-
-    copy = tvm_ffi.from_dlpack(maker())
-    if not copy.is_contiguous():
-        raise TvmseqError(f"input {name!r} is a strided device tensor that could not be made contiguous")
-    return copy
 
 
 def _check_shape_dtype(name, spec, shape, dtype, symbols) -> None:

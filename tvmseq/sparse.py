@@ -455,7 +455,7 @@ def _cuda_present() -> bool:
 
 
 def _kernel(shape, target, schedule=None, kind=None):
-    """Callable for `shape` (a tvmseq.kernels.spmm.SpmmShape): prebuilt if registered, else compiled.
+    """Callable for `shape` (a tvmseq.kernels.sparse.spmm.SpmmShape): prebuilt if registered, else compiled.
     `target` is a tvm Target, or None under runtime-only TVM (then `kind` names the target kind)."""
     kind = kind or target.kind.name
     prebuilt = _PREBUILT.get((shape.name, kind))
@@ -473,7 +473,7 @@ def _kernel(shape, target, schedule=None, kind=None):
                                   "tvmseq.bench.spmm --build-only DIR) and call "
                                   "tvmseq.sparse.load_kernels(DIR)")
 
-            from .kernels.spmm import spmm_func
+            from .kernels.sparse.spmm import spmm_func
 
             func = spmm_func(shape, target, schedule)
             _COMPILED[key] = tvm.compile(tvm.IRModule({shape.name: func}), target=target)[shape.name]
@@ -507,7 +507,7 @@ def _run(transposed: bool, S, D, target, schedule):
     if min(rows, cols, n) == 0:  # nothing to sum: zeros (no kernel takes empty extents)
         zeros = np.zeros((out_rows, n), dtype=S.dtype)
         return zeros if as_numpy else tvm.runtime.tensor(zeros, device)
-    from .kernels.spmm import SpmmShape
+    from .kernels.sparse.spmm import SpmmShape
 
     shape = SpmmShape(transposed, rows, cols, n, S.dtype, S.index_dtype,
                       S.transpose_map.dtype if transposed else "int32")

@@ -1,34 +1,18 @@
-"""Benchmark plumbing shared by every operator: CUDA-event timing (median after warm-up), environment
-record, a printed table with the ratio against the peer, JSON + plot under artifacts/bench/."""
+"""Benchmark plumbing shared by every operator: environment record, a printed table with the ratio against the
+peer, JSON + plot under artifacts/bench/, the --build / --prebuilt halves of a run. Building, loading and timing
+kernels on the GPU is `tvmseq.measure` (shared with tuning)."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import platform
+import statistics
 from pathlib import Path
 from typing import Callable, Sequence
 
 BENCH_DIR = Path(os.environ.get("TVMSEQ_BENCH_DIR", Path(__file__).resolve().parents[2] / "artifacts" / "bench"))
-
-
-def time_cuda(fn: Callable[[], object], warmup: int = 10, iters: int = 50, rotate: Sequence[Callable] = ()) -> float:
-    """Median milliseconds of `fn()` over `iters` runs, each bracketed by its own CUDA events.
-    Everything runs on the legacy default stream, which TVM's runtime and torch share."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return times[len(times) // 2]
 
 
 def environment() -> dict:
@@ -124,61 +108,53 @@ def ratio_bar_plot(rows: list[dict], label_keys: Sequence[str], ratio_key: str, 
     return plot
 
 
-def compile_for_gpu(funcs: dict, tgt):
-    """tvm.compile of prim_funcs with nvcc-compiled sm_90a SASS embedded (the GPU machine then loads the
-    module in well under a second instead of compiling CUDA source); returns (executable, ptxas report per
-    kernel). A CPU target (smoke tests of the benchmark scripts) compiles plainly, with no report."""
-    import tvm
-
-    from .. import artifacts
-
-    if tgt.kind.name != "cuda":
-        return tvm.compile(tvm.IRModule(funcs), target=tgt), {}
-    with artifacts.device_binaries(("sm_90a",)) as binary:
-        ex = tvm.compile(tvm.IRModule(funcs), target=tgt)
-        report = dict(artifacts.NVCC.last_report) if binary else {}
-    if not binary:
-        from .recurrent_gemm import ptxas_report
-
-        report = ptxas_report(ex.mod.imports[0].inspect_source())
-    return ex, report
+def grid_configs(hidden, batch, quick_cells, quick: bool = False):
+    """The grid of the single-layer recurrent benchmarks (persistent_gru, persistent_lstm): float32 and float16 x
+    uni- and bidirectional x hidden x batch, or only the (hidden, batch) cells of `quick_cells` with --quick."""
+    for dtype, bidir in itertools.product(("float32", "float16"), (False, True)):
+        for h, b in (quick_cells if quick else itertools.product(hidden, batch)):
+            yield {"dtype": dtype, "bidirectional": bidir, "hidden": h, "batch": b}
 
 
-def cuda_available() -> bool:
-    """Whether torch sees a CUDA GPU (False without torch)."""
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+def config_suffix(c) -> str:
+    """A grid config's name in kernel and file names: dtype, direction, hidden, batch."""
+    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
 
 
-class PrebuiltModules:
-    """The modules a benchmark's --build wrote to `root`, each loaded once. With cuda=True TVM's CUDA
-    runtime is made loadable first (runtime-only TVM does not load it by itself)."""
+def config_group(c) -> str:
+    """The module a grid config's kernels are built into: one per dtype and direction."""
+    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}"
 
-    def __init__(self, root, cuda: bool = True):
-        self.root, self.cuda, self.loaded = Path(root), cuda, {}
 
-    def get(self, file: str):
-        import time
+def time_against_peer(ours: Callable, peer: Callable, seq: int, rounds: int, iters: int,
+                      timer: Callable | None = None) -> dict:
+    """tvmseq and its peer timed in alternating rounds, the medians kept (us per step of a seq-step run):
+    {"tvmseq_us_step", "cudnn_us_step", "tvmseq_us_range", "cudnn_us_range"}. cuDNN's time for one config moved
+    up to 2x between runs (H100, 2026-11-22), so a single round each could compare a fast round with a slow one.
+    `timer`: milliseconds of fn(warmup=, iters=), CUDA events by default."""
+    if timer is None:
+        from ..measure import time_cuda as timer
+    ours_us, peer_us = [], []
+    for _ in range(rounds):
+        ours_us.append(timer(ours, warmup=3, iters=iters) * 1e3 / seq)
+        peer_us.append(timer(peer, warmup=3, iters=iters) * 1e3 / seq)
+    return {"tvmseq_us_step": statistics.median(ours_us), "cudnn_us_step": statistics.median(peer_us),
+            "tvmseq_us_range": [min(ours_us), max(ours_us)], "cudnn_us_range": [min(peer_us), max(peer_us)]}
 
-        import tvm
 
-        if file not in self.loaded:
-            if self.cuda:
-                from .. import artifacts
-
-                artifacts.ensure_cuda_runtime()
-            t0 = time.time()
-            self.loaded[file] = tvm.runtime.load_module(str(self.root / file))
-            print(f"loaded {file} in {time.time() - t0:.1f}s", flush=True)
-        return self.loaded[file]
-
-    def func(self, entry: dict):
-        """entry {"file", "func"} of an index.json -> the function."""
-        return self.get(entry["file"])[entry["func"]]
+def run_and_report(name: str, entries, run_one: Callable, columns: Sequence[str], plot_labels: Sequence[str],
+                   plot_title: str, meta: dict | None = None, out=None) -> list[dict]:
+    """`run_one(entry)` for each entry of a prebuilt benchmark, the rows printed and saved after each (a later
+    hang or crash keeps what ran), then the whole table and the plot of the speedup over running the same
+    layers one by one (`vs_sequential`)."""
+    rows = []
+    for e in entries:
+        rows.append(run_one(e))
+        print_table(rows[-1:], columns)
+        save(name, rows, meta, out_dir=out)
+    print_table(rows, columns)
+    save(name, rows, meta, out_dir=out, plot=ratio_bar_plot(rows, plot_labels, "vs_sequential", plot_title))
+    return rows
 
 
 def add_build_run_arguments(parser) -> None:

@@ -3,7 +3,7 @@
 Grid: hidden {256, 512, 1024} x batch {1, 8, 64, 256} x seq 100, unidirectional and bidirectional,
 fp32 and fp16, linear_before_reset=1 (PyTorch's GRU). Both run on the same inputs; outputs are compared
 with each other and with a float64 GRU, and the TF32 setting of the peer is recorded. Batch >= 16 runs
-the tiled step GEMM (kernels/step_gemm.py), smaller batches the warp-per-row one.
+the tiled step GEMM (kernels/recurrent/step_gemm.py), smaller batches the warp-per-row one.
 
 Kernels are built where TVM's compiler is (no GPU needed), with sm_90a SASS embedded, into one .so per
 (dtype, direction) group, plus a tile sweep (the step-GEMM tiles the cost model ranks next for a few
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import statistics
 import time
 from pathlib import Path
 
 
-from .common import PrebuiltModules, compile_for_gpu, print_table, ratio_bar_plot, save, time_cuda
+from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from .common import print_table, ratio_bar_plot, save, time_against_peer
 
 NAME = "gru"
 # alternating timing rounds of tvmseq and the peer a config (medians reported)
@@ -75,7 +75,7 @@ def _group(c) -> str:
 
 
 def _spec(c):
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
 
     D = 2 if c["bidirectional"] else 1
     return gru.GruSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"], linear_before_reset=1,
@@ -91,7 +91,7 @@ TEST_INPUT_SIZE = 19
 
 
 def _test_spec(case):
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
 
     D, B, H, dtype, lbr, direction = case
     return gru.GruSpec(D, B, H, TEST_INPUT_SIZE, dtype, lbr, direction, has_seq_lens=True)
@@ -103,7 +103,7 @@ def _tile_key(tile) -> str:
 
 def step_gemm_info(spec, target) -> dict:
     """Which step GEMM a spec's recurrence runs, its tile and the cost model's estimate (lbr=1: one GEMM)."""
-    from ..kernels import gru, step_gemm
+    from ..kernels.recurrent import gru, step_gemm
 
     sched = gru.StepSchedule.for_batch(spec.batch)
     if not sched.use_tiled(True, spec.batch):
@@ -124,7 +124,7 @@ def _tile_json(tile) -> dict:
 def sweep_tiles(c, target, count: int = SWEEP_TILES, by_split: bool = False):
     """The cost model's `count` best tile shapes for a config's step GEMM (the best bk and split of each; with
     by_split, of each shape and split), cheapest first: what the sweep measures to check the model's ranking."""
-    from ..kernels import step_gemm as sg
+    from ..kernels.recurrent import step_gemm as sg
 
     H, B, D = c["hidden"], c["batch"], 2 if c["bidirectional"] else 1
     r_bytes = 2 if c["dtype"] == "float16" else 4
@@ -141,7 +141,7 @@ def sweep_tiles(c, target, count: int = SWEEP_TILES, by_split: bool = False):
 
 
 def _bench_funcs(c, target) -> dict:
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
 
     spec, sfx = _spec(c), _suffix(c)
     proj = gru.schedule_input_projection(gru.input_projection_func(spec), target)["main"]
@@ -153,7 +153,7 @@ def build_module(c, target):
     """One module holding both kernels of the config (input projection + recurrence)."""
     import tvm
 
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
 
     spec = _spec(c)
     proj = gru.schedule_input_projection(gru.input_projection_func(spec), target)["main"]
@@ -172,7 +172,7 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
     group, index.json with each config's file, step GEMM, tile and ptxas numbers of its recurrence."""
     import tvm
 
-    from ..kernels import gru
+    from ..kernels.recurrent import gru
     from ..targets import resolve
 
     tgt = resolve(target)
@@ -212,7 +212,7 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
             index["tests"].append(dict(file=f"{NAME}_tests.so", name=name, op="GRU", D=D, B=B, H=H, dtype=dtype,
                                        lbr=lbr, direction=direction, input_size=TEST_INPUT_SIZE,
                                        proj=f"proj_{name}", rec=f"rec_{name}", **step_gemm_info(spec, tgt)))
-        from ..kernels import rnn
+        from ..kernels.recurrent import rnn
 
         for D, B, H, dtype, direction in GPU_RNN_TEST_CASES:
             spec = rnn.RnnSpec(D, B, H, TEST_INPUT_SIZE, dtype, direction, has_seq_lens=True)
@@ -294,7 +294,7 @@ def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
     import torch
     import tvm
 
-    from ..kernels.input_projection import FLAT
+    from ..kernels.projection.gemm import FLAT
 
     if not tile:
         return lambda: proj(tv[0], tv[1], tv[2], tv[3])
@@ -381,14 +381,7 @@ def run_one(c, prebuilt=None, seq: int = SEQ, module=None) -> dict:
     row.update(seq=seq, err_tvmseq=err(ours_y, ref_y), err_peer=err(peer_y.double(), ref_y),
                max_diff_vs_peer=float((ours_y - peer_y.double()).abs().max().item()),
                peer_tf32=bool(torch.backends.cudnn.allow_tf32) and c["dtype"] == "float32")
-    # tvmseq and cuDNN timed in alternating rounds, medians kept: cuDNN's time for one config moved up to 2x
-    # between runs (H100, 2026-11-22), so a single round each could compare a fast round with a slow one
-    ours, peer = [], []
-    for _ in range(ROUNDS):
-        ours.append(time_cuda(tvmseq_run, warmup=3, iters=20) * 1e3 / seq)
-        peer.append(time_cuda(peer_run, warmup=3, iters=20) * 1e3 / seq)
-    row["tvmseq_us_step"], row["cudnn_us_step"] = statistics.median(ours), statistics.median(peer)
-    row["tvmseq_us_range"], row["cudnn_us_range"] = [min(ours), max(ours)], [min(peer), max(peer)]
+    row.update(time_against_peer(tvmseq_run, peer_run, seq, ROUNDS, iters=20))
     row["recurrence_us_step"] = time_cuda(lambda: rec(*tv[3:]), warmup=2, iters=10) * 1e3 / seq
     row["speedup"] = row["cudnn_us_step"] / row["tvmseq_us_step"]
     tol = 2e-2 if c["dtype"] == "float16" else 1e-3

@@ -1,5 +1,5 @@
 """`tvmseq bench gru_stack`: a stack of GRU layers pipelined in one persistent kernel
-(`kernels.persistent_stack`) against the same layers run one after the other (per layer: tvmseq's input
+(`kernels.recurrent.stack`) against the same layers run one after the other (per layer: tvmseq's input
 projection GEMM + the persistent single-layer recurrence) and against cuDNN's multi-layer torch.nn.GRU,
 all in one process, all checked against a float64 GRU.
 
@@ -13,12 +13,12 @@ import json
 import time
 from pathlib import Path
 
-from .common import (PrebuiltModules, add_build_run_arguments, build_or_run, compile_for_gpu, print_table,
-                     ratio_bar_plot, save, time_cuda)
+from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from .common import add_build_run_arguments, build_or_run, run_and_report
 
 NAME = "gru_stack"
 # (layers, hidden, batch, seq, dtype[, schedule knobs]); the first is the issue's target (>= 2x over layer
-# by layer). KSPLIT: the k-split engine (persistent_stack's own schedule), its default and (not built by
+# by layer). KSPLIT: the k-split engine (`stack`'s own schedule), its default and (not built by
 # default: all slower on the H100, 2026-11-22) 64 blocks per layer (two per SM) and other chunkings
 KSPLIT = [(4, 512, 8, 200, "float32"), (4, 512, 8, 200, "float16"), (4, 512, 1, 200, "float32"),
           (4, 512, 64, 200, "float32"), (2, 256, 8, 200, "float32"), (4, 256, 8, 200, "float32")]
@@ -27,7 +27,7 @@ KSPLIT_VARIANTS = [
            (4, 512, 8, 200, "float32", dict(num_blocks=64, num_warps=8, batch_chunk=1, smem_rows=27)),
            (4, 512, 8, 200, "float32", dict(num_blocks=32, num_warps=16, batch_chunk=1, smem_rows=84)),
            (4, 512, 1, 200, "float32", dict(num_blocks=64, num_warps=8, batch_chunk=1, smem_rows=27))]
-# the row-split schedule (kernels/persistent_rows.py): warps own units, lanes split k; {} = its default
+# the row-split schedule (kernels/recurrent/rows.py): warps own units, lanes split k; {} = its default
 _ROWS = dict(rows=True)
 ROWS_CONFIGS = [(4, 512, 8, 200, "float32", _ROWS), (4, 512, 8, 200, "float16", _ROWS),
                 (4, 512, 8, 200, "float32", dict(rows=True, blocks_per_layer=32, num_warps=8, batch_chunk=8, reg_rows=4)),
@@ -124,7 +124,7 @@ def _suffix(c) -> str:
 
 def _config(c, target):
     """The schedule of a config: None (the k-split default), a PersistentConfig or a RowSplitConfig."""
-    from ..kernels.persistent_rows import RowSplitConfig, default_rows_config
+    from ..kernels.recurrent.rows import RowSplitConfig, default_rows_config
     from ..kernels.recurrent_gemm import PersistentConfig
 
     knobs = dict(c[5]) if len(c) > 5 else {}
@@ -136,9 +136,8 @@ def _config(c, target):
 
 def build(out_dir, target: str = "cuda", configs=None) -> Path:
     """Stack kernel + (input projection, single-layer persistent recurrence) per config, one .so."""
-    from ..kernels import gru
-    from ..kernels import persistent_gru as pg
-    from ..kernels import persistent_stack as ps
+    from ..kernels.recurrent import gru, paths
+    from ..kernels.recurrent import stack as ps
     from ..targets import resolve
 
     tgt = resolve(target)
@@ -154,7 +153,7 @@ def build(out_dir, target: str = "cuda", configs=None) -> Path:
             continue
         sfx = _suffix(c)
         spec = gru.GruSpec(1, B, H, H, dtype, linear_before_reset=1, direction="forward")
-        rec, path, _ = pg.recurrence_func_auto(spec, tgt)
+        rec, path, _ = paths.recurrence_func_auto(spec, tgt)
         funcs[f"stack_{sfx}"] = ps.stacked_gru_func(L, B, H, dtype, tgt, config=cfg).with_attr(
             "global_symbol", f"stack_{sfx}")
         funcs[f"proj_{sfx}"] = gru.schedule_input_projection(gru.input_projection_func(spec), tgt)["main"].with_attr(
@@ -276,15 +275,9 @@ def run_prebuilt(prebuilt, out=None) -> list[dict]:
     root = Path(prebuilt)
     index = json.loads((root / "index.json").read_text())
     mod = PrebuiltModules(root).get(f"{NAME}.so")
-    rows = []
-    for e in index["configs"]:
-        rows.append(run_one(mod, e))
-        print_table(rows[-1:], COLUMNS)
-        save(NAME, rows, out_dir=out)
-    print_table(rows, COLUMNS)
-    save(NAME, rows, out_dir=out, plot=ratio_bar_plot(rows, ("layers", "hidden", "batch", "dtype", "schedule"), "vs_sequential",
-                                                      "GRU stack: pipelined kernel vs the same layers one by one"))
-    return rows
+    return run_and_report(NAME, index["configs"], lambda e: run_one(mod, e), COLUMNS,
+                          ("layers", "hidden", "batch", "dtype", "schedule"),
+                          "GRU stack: pipelined kernel vs the same layers one by one", out=out)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """`tvmseq bench input_projection`: the GRU/RNN input projection (one GEMM over all steps, float32 out)
-scheduled by the tiled SGEMM template (`kernels/input_projection.py`) against dlight's Matmul rule (the
+scheduled by the tiled SGEMM template (`kernels/projection/gemm.py`) against dlight's Matmul rule (the
 schedule it replaced) and torch (cuBLAS, TF32 off) in the same process, checked against float64. float16 rows
-also time the tensor-core kernel the importer picks for the target (`input_projection.projection_for` on the
+also time the tensor-core kernel the importer picks for the target (`projection.gemm.projection_for` on the
 flat rows: wgmma on sm_90a), column `tc`.
 
   python3 -m tvmseq.bench.input_projection --build out/proj      # here (TVM compiler, sm_90a SASS)
@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import (PrebuiltModules, add_build_run_arguments, build_or_run, compile_for_gpu, print_table,
-                     ratio_bar_plot, save, time_cuda)
+from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
 
 NAME = "input_projection"
 # (directions, batch, input size, gates * hidden, seq, dtype): the GRU of the persistent_gru grid at H1024
@@ -35,7 +35,8 @@ def _suffix(c) -> str:
 def build(out_dir, target: str = "cuda") -> Path:
     import tvm
 
-    from ..kernels import gru, input_projection as ip
+    from ..kernels.projection import gemm as ip
+    from ..kernels.recurrent import gru
     from ..targets import resolve
 
     tgt = resolve(target)

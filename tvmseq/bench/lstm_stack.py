@@ -1,7 +1,7 @@
 """`tvmseq bench lstm_stack`: a stack of forward LSTM layers pipelined in one persistent kernel
-(`kernels.persistent_stack.stacked_lstm_func`, row-split schedule) against the same layers run one after the
+(`kernels.recurrent.stack.stacked_lstm_func`, row-split schedule) against the same layers run one after the
 other (per layer: tvmseq's input projection, the importer's, + the single-layer LSTM recurrence that
-`persistent_lstm.lstm_recurrence_auto` picks) and against cuDNN's multi-layer torch.nn.LSTM (TF32 off), all
+`paths.lstm_recurrence_auto` picks) and against cuDNN's multi-layer torch.nn.LSTM (TF32 off), all
 in one process, all checked against a float64 torch LSTM.
 
   python3 -m tvmseq.bench.lstm_stack --build out/lstm_stack       # here (TVM compiler, sm_90a SASS via nvcc)
@@ -18,8 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
-from .common import (PrebuiltModules, add_build_run_arguments, build_or_run, compile_for_gpu, print_table,
-                     ratio_bar_plot, save, time_cuda)
+from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from .common import add_build_run_arguments, build_or_run, run_and_report
 
 NAME = "lstm_stack"
 ROUNDS, ITERS = 3, 10   # alternating timing rounds (pipelined, layer by layer, cuDNN), CUDA-event runs per round
@@ -128,13 +128,12 @@ def _suffix(c) -> str:
 def _layer_funcs(B, H, seq, dtype, target, sfx) -> tuple[dict, str, str, object]:
     """The single-layer kernels of the layer-by-layer side ({name: prim_func}, recurrence path, why, projection
     row tile): the importer's input projection and the recurrence `lstm_recurrence_auto` picks."""
-    from ..kernels import input_projection
-    from ..kernels import lstm
-    from ..kernels import persistent_lstm as pl
+    from ..kernels.projection import gemm as ip
+    from ..kernels.recurrent import lstm, paths
 
     spec = lstm.LstmSpec(1, B, H, H, dtype, direction="forward")
-    proj, tile = input_projection.projection_for(spec, target, seq)
-    rec, path, why = pl.lstm_recurrence_auto(spec, target)
+    proj, tile = ip.projection_for(spec, target, seq)
+    rec, path, why = paths.lstm_recurrence_auto(spec, target)
     if rec is None:
         rec = lstm.recurrence_func(spec, target)
     return ({f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
@@ -143,7 +142,7 @@ def _layer_funcs(B, H, seq, dtype, target, sfx) -> tuple[dict, str, str, object]
 
 def build(out_dir, target: str = "cuda", configs=None) -> Path:
     """Stack kernel per config; for the timed configs also the layer's projection and recurrence. One .so."""
-    from ..kernels import persistent_stack as ps
+    from ..kernels.recurrent import stack as ps
     from ..targets import resolve
 
     tgt = resolve(target)
@@ -295,18 +294,9 @@ def run_prebuilt(prebuilt, out=None) -> list[dict]:
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    rows = []
-    for e in index["configs"]:
-        if e.get("odd"):
-            continue
-        rows.append(run_one(mod, e))
-        print_table(rows[-1:], COLUMNS)
-        save(NAME, rows, meta, out_dir=out)
-    print_table(rows, COLUMNS)
-    plot = ratio_bar_plot(rows, ("layers", "hidden", "batch", "dtype"), "vs_sequential",
-                          "LSTM stack: pipelined kernel vs the same layers one by one")
-    save(NAME, rows, meta, out_dir=out, plot=plot)
-    return rows
+    return run_and_report(NAME, [e for e in index["configs"] if not e.get("odd")], lambda e: run_one(mod, e), COLUMNS,
+                          ("layers", "hidden", "batch", "dtype"),
+                          "LSTM stack: pipelined kernel vs the same layers one by one", meta, out)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -49,7 +49,7 @@ def run(args) -> None:
     if getattr(args, "unavailable", None):
         raise TvmseqError(f"tvmseq bench model needs {args.unavailable}")
     if not args.build:
-        from .common import cuda_available
+        from ..measure import cuda_available
 
         if not cuda_available():
             raise TvmseqError("tvmseq bench model runs on a GPU and needs PyTorch with CUDA (build here with "
@@ -64,12 +64,12 @@ def run(args) -> None:
 # ---- build (no GPU needed) -----------------------------------------------------------------------------
 def _compile(onnx_bytes, out: Path, stem: str, *, graph: bool, bounds: dict, expose: bool, weights: str,
              shapes: dict | None = None, suffix: str = "") -> str:
-    from .. import artifacts
+    from .. import cuda_toolchain
     from ..build import compile_onnx, export
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with artifacts.device_binaries(("sm_90a",)):
+        with cuda_toolchain.device_binaries(("sm_90a",)):
             model = compile_onnx(onnx_bytes, target="cuda", shape_dict=shapes, cuda_graph=graph,
                                  cuda_graph_bounds=bounds if graph else None, expose_state=expose, weights=weights)
     name = f"{stem}{'_graph' if graph else ''}{suffix}.so"
@@ -193,7 +193,7 @@ def run_prebuilt(root, out_dir, args) -> list[dict]:
     import torch
 
     from ..runtime import load_model
-    from .common import time_cuda
+    from ..measure import time_cuda
 
     root = Path(root)
     index = json.loads((root / "index.json").read_text())

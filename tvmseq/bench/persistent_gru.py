@@ -15,7 +15,6 @@ group plus the GPU test kernels, and run where only TVM's runtime is:
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -24,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import PrebuiltModules, compile_for_gpu, cuda_available, print_table, ratio_bar_plot, save
+from ..measure import PrebuiltModules, compile_for_gpu, cuda_available
+from .common import config_group, config_suffix, grid_configs, print_table, ratio_bar_plot, save
 
 NAME = "persistent_gru"
 HIDDEN, BATCH, SEQ = (256, 512, 1024), (1, 8, 64, 256), 100
@@ -46,17 +46,7 @@ GPU_TEST_CASES = [
 
 
 def configs(quick: bool = False):
-    for dtype, bidir in itertools.product(("float32", "float16"), (False, True)):
-        for hidden, batch in (QUICK if quick else itertools.product(HIDDEN, BATCH)):
-            yield {"dtype": dtype, "bidirectional": bidir, "hidden": hidden, "batch": batch}
-
-
-def _suffix(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
-
-
-def _group(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}"
+    return grid_configs(HIDDEN, BATCH, QUICK, quick)
 
 
 def _test_name(case) -> str:
@@ -71,30 +61,30 @@ def _test_name(case) -> str:
 
 def _bench_funcs(c, target) -> dict:
     """The two prim_funcs of a benchmark config (input projection + persistent recurrence), renamed."""
-    from ..kernels import gru, input_projection
-    from ..kernels import persistent_gru as pg
+    from ..kernels.projection import gemm as ip
+    from ..kernels.recurrent import gru, paths
 
     D = 2 if c["bidirectional"] else 1
     spec = gru.GruSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"], linear_before_reset=1,
                        direction="bidirectional" if D == 2 else "forward")
-    proj, tile = input_projection.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
-    rec, path, why = pg.recurrence_func_auto(spec, target)
-    sfx = _suffix(c)
+    proj, tile = ip.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
+    rec, path, why = paths.recurrence_func_auto(spec, target)
+    sfx = config_suffix(c)
     return {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
             f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why, tile
 
 
 def _test_func(case, target):
-    from ..kernels import persistent_gru as pg
     from ..kernels.activations import Activation
+    from ..kernels.recurrent import engine
     from ..kernels.recurrent_gemm import PersistentConfig
 
     D, B, H, dtype, lbr, direction, acts, clip, lens, cfg = case
     acts_ = [Activation.make(a) for a in acts] if acts else None
     if acts_ is not None and len(acts_) == 2 and D == 2:
         acts_ = acts_ * 2
-    func = pg.persistent_gru_func(D, B, H, dtype, lbr, direction, acts_, clip, lens, target,
-                                  PersistentConfig(**cfg) if cfg else None)
+    func = engine.persistent_gru_func(D, B, H, dtype, lbr, direction, acts_, clip, lens, target,
+                                      PersistentConfig(**cfg) if cfg else None)
     return func.with_attr("global_symbol", _test_name(case))
 
 
@@ -116,9 +106,9 @@ def residency(report: dict, threads: int, dyn_smem: int, blocks: int, num_sms: i
 
 def _rec_launch(c, target, path: str = "persistent"):
     """(threads, dynamic shared bytes, blocks) of a config's persistent recurrence (SIMT or tensor-core)."""
-    from ..kernels import persistent_gru as pg
-    from ..kernels import persistent_mma as pm
-    from ..kernels import persistent_wgmma as pw
+    from ..kernels.recurrent import engine
+    from ..kernels.recurrent import mma as pm
+    from ..kernels.recurrent import wgmma as pw
 
     D = 2 if c["bidirectional"] else 1
     if path == "persistent_wgmma":
@@ -128,8 +118,8 @@ def _rec_launch(c, target, path: str = "persistent"):
         cfg = pm.default_config(D, c["batch"], c["hidden"], target, dtype=c["dtype"])
         geo = pm.MmaGeometry(D, c["batch"], c["hidden"], 3, cfg, c["dtype"])
         return geo.NT, geo.smem_bytes(), geo.BLOCKS
-    cfg = pg.default_gru_config(D, c["batch"], c["hidden"], c["dtype"], target)
-    geo = pg._geometry(D, c["batch"], c["hidden"], cfg, True)
+    cfg = engine.default_gru_config(D, c["batch"], c["hidden"], c["dtype"], target)
+    geo = engine._geometry(D, c["batch"], c["hidden"], cfg, True)
     return geo.NT, 4 * geo.R_smem * geo.Hp, cfg.num_blocks * D
 
 
@@ -152,8 +142,9 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
         if dtypes and c["dtype"] not in dtypes:
             continue
         funcs, path, why, tile = _bench_funcs(c, tgt)
-        groups.setdefault(_group(c), {}).update(funcs)
-        entry = dict(c, file=f"{NAME}_{_group(c)}.so", suffix=_suffix(c), path=path, reason=why, proj_rows=tile)
+        groups.setdefault(config_group(c), {}).update(funcs)
+        entry = dict(c, file=f"{NAME}_{config_group(c)}.so", suffix=config_suffix(c), path=path, reason=why,
+                     proj_rows=tile)
         if path.startswith("persistent"):
             entry["threads"], entry["dyn_smem"], entry["blocks"] = _rec_launch(c, tgt, path)
         index["configs"].append(entry)
@@ -169,7 +160,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
         ex, report = compile_for_gpu(funcs, tgt)
         retry = []
         for e in index["configs"]:
-            if _group(e) != group or not e["path"].startswith("persistent"):
+            if config_group(e) != group or not e["path"].startswith("persistent"):
                 continue
             info = report.get(f"rec_{e['suffix']}_kernel", {})
             e["ptxas"] = info
@@ -177,7 +168,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
             if info and not e["residency"]["resident"]:
                 retry.append(e)
         for e in retry:  # fall back to the per-step path for these configs
-            from ..kernels import gru
+            from ..kernels.recurrent import gru
 
             c = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch")}
             D = 2 if c["bidirectional"] else 1
@@ -220,7 +211,7 @@ def _recurrence_only_us(mod, c, seq) -> float:
     import torch
     import tvm
 
-    from .common import time_cuda
+    from ..measure import time_cuda
 
     H, B, D = c["hidden"], c["batch"], 2 if c["bidirectional"] else 1
     dev, tdt = "cuda", getattr(torch, c["dtype"])
@@ -335,8 +326,7 @@ def _supervise(index, root, args) -> list[dict]:
     rows_file, progress = work / "rows.jsonl", work / "progress"
     t_start = time.time()
     for _ in range(len(wanted) + 3):  # each round finishes or records at least one config
-        done = {f"{r['dtype']}_{'bi' if r['bidirectional'] else 'uni'}_h{r['hidden']}_b{r['batch']}"
-                for r in _read_rows(rows_file)}
+        done = {config_suffix(r) for r in _read_rows(rows_file)}
         todo = [s for s in wanted if s not in done]
         if not todo:
             break
@@ -381,8 +371,7 @@ def _supervise(index, root, args) -> list[dict]:
             if proc.returncode not in (0, 4):
                 print(f"worker exited with {proc.returncode}", flush=True)
                 sfx = progress.read_text().split()[0]
-                if sfx not in {f"{r['dtype']}_{'bi' if r['bidirectional'] else 'uni'}_h{r['hidden']}_b{r['batch']}"
-                               for r in _read_rows(rows_file)}:
+                if sfx not in {config_suffix(r) for r in _read_rows(rows_file)}:
                     e = by_suffix[sfx]
                     row = {k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch", "path")}
                     row.update(seq=SEQ, status="crash", reason=f"worker exit code {proc.returncode}")
@@ -399,7 +388,7 @@ def _run_cpu(args) -> list[dict]:
     """No GPU: the llvm variant on tiny sizes against a numpy GRU (exercises the code path)."""
     import tvm
 
-    from ..kernels import persistent_gru as pg
+    from ..kernels.recurrent import engine
 
     rows = []
     for D, B, H, lbr in ((1, 2, 9, 1), (2, 3, 7, 0)):
@@ -410,8 +399,8 @@ def _run_cpu(args) -> list[dict]:
         rb_h = rng.uniform(-0.5, 0.5, (D, H)).astype(np.float32)
         h0 = rng.standard_normal((D, B, H)).astype(np.float32)
         lens = np.full(B, seq, np.int32)
-        func = pg.persistent_gru_func(D, B, H, "float32", lbr, "bidirectional" if D == 2 else "forward",
-                                      None, None, False, "llvm")
+        func = engine.persistent_gru_func(D, B, H, "float32", lbr, "bidirectional" if D == 2 else "forward",
+                                          None, None, False, "llvm")
         f = tvm.compile(tvm.IRModule({"gru_recurrence": func}), target="llvm")["gru_recurrence"]
         Y = tvm.runtime.tensor(np.zeros((seq, D, B, H), np.float32))
         Yh = tvm.runtime.tensor(np.zeros((D, B, H), np.float32))

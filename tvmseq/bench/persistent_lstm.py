@@ -1,11 +1,11 @@
 """`tvmseq bench persistent_lstm`: tvmseq's LSTM (input projection + the persistent recurrence where
-`persistent_lstm.lstm_recurrence_auto` takes it, else the per-step kernel of `kernels/lstm.py`) against
+`paths.lstm_recurrence_auto` takes it, else the per-step kernel of `kernels/recurrent/lstm.py`) against
 torch.nn.LSTM (cuDNN, TF32 off) in the same process.
 
 Grid: hidden {128, 256, 512, 1024} x batch {1, 8, 64, 256} x seq 100, unidirectional and bidirectional, fp32
 and fp16. Per config: both sides on the same weights and inputs, medians of CUDA-event timings after warm-up
 in alternating rounds, both sides' relative error against a float64 LSTM (torch's, in double), the ratio; the
-recurrence alone is timed too. tvmseq's input projection is the importer's (`input_projection.projection_for`
+recurrence alone is timed too. tvmseq's input projection is the importer's (`projection.gemm.projection_for`
 with 4 gates, run through the GRU benchmark's plumbing).
 
 Kernels are built here (TVM compiler, CUDA target, no GPU needed) into one .so per (dtype, direction) group plus
@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import itertools
 import json
 import os
 import statistics
 import time
 from pathlib import Path
 
-from .common import PrebuiltModules, compile_for_gpu, cuda_available, print_table, ratio_bar_plot, save, time_cuda
+from ..measure import PrebuiltModules, compile_for_gpu, cuda_available, time_cuda
+from .common import (config_group, config_suffix, grid_configs, print_table, ratio_bar_plot, save,
+                     time_against_peer)
 
 NAME = "persistent_lstm"
 HIDDEN, BATCH, SEQ = (128, 256, 512, 1024), (1, 8, 64, 256), 100
@@ -61,22 +62,12 @@ GPU_TEST_CASES = [
 
 
 def configs(quick: bool = False):
-    for dtype, bidir in itertools.product(("float32", "float16"), (False, True)):
-        for hidden, batch in (QUICK if quick else itertools.product(HIDDEN, BATCH)):
-            yield {"dtype": dtype, "bidirectional": bidir, "hidden": hidden, "batch": batch}
-
-
-def _suffix(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
-
-
-def _group(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}"
+    return grid_configs(HIDDEN, BATCH, QUICK, quick)
 
 
 def _selected(c, cells) -> bool:
     """Whether config c is one of --cells (fnmatch patterns on its suffix; None: every config)."""
-    return cells is None or any(fnmatch.fnmatchcase(_suffix(c), pattern) for pattern in cells)
+    return cells is None or any(fnmatch.fnmatchcase(config_suffix(c), pattern) for pattern in cells)
 
 
 PERSISTENT_PATHS = ("persistent", "persistent_mma", "persistent_wgmma")   # one kernel for all steps: launch facts and residency
@@ -106,9 +97,9 @@ def mma_test_name(case) -> str:
 
 def mma_test_func(case, target):
     """The staged-state LSTM kernel of an MMA_TEST_CASES case, named `mma_test_name(case)`."""
-    from ..kernels import persistent_mma as pm
     from ..kernels.activations import Activation
-    from ..kernels.persistent_lstm import LstmCell
+    from ..kernels.recurrent import mma as pm
+    from ..kernels.recurrent.cells import LstmCell
 
     D, B, H, dtype, direction, acts, clip, lens, input_forget, peep, knobs = case
     names = [Activation.make(a) for a in acts] * D if acts else None
@@ -144,7 +135,7 @@ def gpu_test_name(case) -> str:
 
 
 def _spec(c):
-    from ..kernels import lstm
+    from ..kernels.recurrent import lstm
 
     D = 2 if c["bidirectional"] else 1
     return lstm.LstmSpec(D, c["batch"], c["hidden"], c["hidden"], c["dtype"],
@@ -152,9 +143,9 @@ def _spec(c):
 
 
 def _per_step(spec, target):
-    """The per-step kernel of kernels/lstm.py, or None where it is not there."""
+    """The per-step kernel of kernels/recurrent/lstm.py, or None where it is not there."""
     try:
-        from ..kernels import lstm
+        from ..kernels.recurrent import lstm
     except ImportError:
         return None
     factory = getattr(lstm, "recurrence_func", None)
@@ -163,17 +154,17 @@ def _per_step(spec, target):
 
 def _bench_funcs(c, target, path: str = "auto"):
     """({name: prim_func}, path, why, projection row tile) of a config: the projection and the recurrence
-    (path: `persistent_lstm.lstm_recurrence_auto`'s option; a forced path that cannot run falls back to auto)."""
+    (path: `paths.lstm_recurrence_auto`'s option; a forced path that cannot run falls back to auto)."""
     from ..errors import TvmseqError
-    from ..kernels import input_projection
-    from ..kernels import persistent_lstm as pl
+    from ..kernels.projection import gemm as ip
+    from ..kernels.recurrent import paths
 
-    spec, sfx = _spec(c), _suffix(c)
-    proj, tile = input_projection.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
+    spec, sfx = _spec(c), config_suffix(c)
+    proj, tile = ip.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
     try:
-        rec, path, why = pl.lstm_recurrence_auto(spec, target, path)
+        rec, path, why = paths.lstm_recurrence_auto(spec, target, path)
     except TvmseqError as err:
-        rec, path, why = pl.lstm_recurrence_auto(spec, target)
+        rec, path, why = paths.lstm_recurrence_auto(spec, target)
         why = f"{err}; auto: {why}"
     if rec is None:
         rec = _per_step(spec, target)
@@ -185,35 +176,34 @@ def _bench_funcs(c, target, path: str = "auto"):
 
 def _rec_launch(c, target, path: str = "persistent") -> tuple[int, int, int]:
     """(threads, dynamic shared bytes, blocks) of a config's persistent recurrence (engine or staged-state)."""
-    from ..kernels import persistent_gru as pg
-    from ..kernels import persistent_lstm as pl
-    from ..kernels import persistent_mma as pm
+    from ..kernels.recurrent import cells, engine
+    from ..kernels.recurrent import mma as pm
 
     D = 2 if c["bidirectional"] else 1
     if path == "persistent_wgmma":
-        from ..kernels import persistent_wgmma as pw
+        from ..kernels.recurrent import wgmma as pw
 
-        cfg = pw.default_config(D, c["batch"], c["hidden"], target, pl.CELL)
-        geo = pw.WgmmaRecGeometry(D, c["batch"], c["hidden"], pl.GATES, cfg)
+        cfg = pw.default_config(D, c["batch"], c["hidden"], target, "lstm")
+        geo = pw.WgmmaRecGeometry(D, c["batch"], c["hidden"], cells.CELL_GATES["lstm"], cfg)
         return pw.NT, geo.smem_bytes(), geo.BLOCKS
     if path == "persistent_mma":
-        cfg = pm.default_config(D, c["batch"], c["hidden"], target, pl.CELL, dtype=c["dtype"])
-        geo = pm.MmaGeometry(D, c["batch"], c["hidden"], pl.GATES, cfg, c["dtype"])
+        cfg = pm.default_config(D, c["batch"], c["hidden"], target, "lstm", dtype=c["dtype"])
+        geo = pm.MmaGeometry(D, c["batch"], c["hidden"], cells.CELL_GATES["lstm"], cfg, c["dtype"])
         return geo.NT, geo.smem_bytes(), geo.BLOCKS
-    cfg = pl.default_config(D, c["batch"], c["hidden"], c["dtype"], target)
-    geo = pg._geometry(D, c["batch"], c["hidden"], cfg, True, pl.CELL)
+    cfg = engine.default_lstm_config(D, c["batch"], c["hidden"], c["dtype"], target)
+    geo = engine._geometry(D, c["batch"], c["hidden"], cfg, True, "lstm")
     return geo.NT, 4 * geo.R_smem * geo.Hp, cfg.num_blocks * D
 
 
 def gpu_test_func(case, target):
     """The persistent kernel of a GPU test case, named `gpu_test_name(case)`."""
-    from ..kernels import persistent_lstm as pl
+    from ..kernels.recurrent import engine
     from ..kernels.recurrent_gemm import PersistentConfig
 
     D, B, H, dtype, direction, acts, clip, lens, input_forget, peep, cfg = case
     names = list(acts) * (D if acts and len(acts) == 3 else 1) if acts else None
-    func = pl.persistent_lstm_func(D, B, H, dtype, direction, names, clip, lens, input_forget, peep, target,
-                                   PersistentConfig(**cfg) if cfg else None)
+    func = engine.persistent_lstm_func(D, B, H, dtype, direction, names, clip, lens, input_forget, peep, target,
+                                       PersistentConfig(**cfg) if cfg else None)
     return func.with_attr("global_symbol", gpu_test_name(case))
 
 
@@ -229,7 +219,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, bench: bool 
     path, reason, ptxas numbers and residency. A config whose persistent kernel could not be resident is rebuilt
     on the per-step path. cells (fnmatch patterns on config suffixes): only those configs, each into its own
     module, added to the directory's existing index (the others' entries and modules kept); path: their
-    recurrence path option (`persistent_lstm.lstm_recurrence_auto`)."""
+    recurrence path option (`paths.lstm_recurrence_auto`)."""
     import tvm
 
     from ..targets import resolve
@@ -240,7 +230,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, bench: bool 
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = [c for c in (configs(quick) if bench else ()) if (not dtypes or c["dtype"] in dtypes)
                 and _selected(c, cells)]
-    rebuilt = {_suffix(c) for c in selected}
+    rebuilt = {config_suffix(c) for c in selected}
     index_path = out_dir / "index.json"
     old = json.loads(index_path.read_text()) if index_path.exists() else {}
     if cells is None:   # a full build: every module of an earlier one goes
@@ -256,8 +246,8 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, bench: bool 
     groups: dict[str, dict] = {}
     for c in selected:
         funcs, rec_path, why, tile = _bench_funcs(c, tgt, path)
-        group = _group(c) if cells is None else f"cell_{_suffix(c)}"
-        entry = dict(c, file=f"{NAME}_{group}.so", suffix=_suffix(c), path=rec_path, reason=why, proj_rows=tile)
+        group = config_group(c) if cells is None else f"cell_{config_suffix(c)}"
+        entry = dict(c, file=f"{NAME}_{group}.so", suffix=config_suffix(c), path=rec_path, reason=why, proj_rows=tile)
         if funcs:
             groups.setdefault(group, {}).update(funcs)
         if rec_path in PERSISTENT_PATHS:
@@ -403,12 +393,7 @@ def run_one(c, proj, rec, seq: int = SEQ, device: str = "cuda") -> dict:
     row = dict(c, seq=seq, err_tvmseq=err(ours_y, ref_y), err_peer=err(peer_y.double(), ref_y),
                err_tvmseq_h=err(Y_h.double(), ref_h), err_tvmseq_c=err(Y_c.double(), ref_c),
                peer_tf32=bool(torch.backends.cudnn.allow_tf32) and c["dtype"] == "float32")
-    ours, peer = [], []
-    for _ in range(ROUNDS):
-        ours.append(timer(tvmseq_run, warmup=3, iters=ITERS) * 1e3 / seq)
-        peer.append(timer(peer_run, warmup=3, iters=ITERS) * 1e3 / seq)
-    row["tvmseq_us_step"], row["cudnn_us_step"] = statistics.median(ours), statistics.median(peer)
-    row["tvmseq_us_range"], row["cudnn_us_range"] = [min(ours), max(ours)], [min(peer), max(peer)]
+    row.update(time_against_peer(tvmseq_run, peer_run, seq, ROUNDS, ITERS, timer))
     row["recurrence_us_step"] = timer(recurrence, warmup=2, iters=ITERS) * 1e3 / seq
     row["speedup"] = row["cudnn_us_step"] / row["tvmseq_us_step"]
     tol = 2e-2 if c["dtype"] == "float16" else 1e-3
@@ -489,7 +474,7 @@ def _supervise(index, root, args) -> list[dict]:
     import tempfile
 
     cells = args.cells.split(",") if args.cells else None
-    wanted_keys = {_suffix(c) for c in configs(args.quick) if _selected(c, cells)}
+    wanted_keys = {config_suffix(c) for c in configs(args.quick) if _selected(c, cells)}
     wanted = [e["suffix"] for e in index["configs"] if e["suffix"] in wanted_keys
               and (not args.dtype or e["dtype"] in args.dtype.split(","))
               and (args.bidirectional is None or e["bidirectional"] == (args.bidirectional == "bi"))]
@@ -498,7 +483,7 @@ def _supervise(index, root, args) -> list[dict]:
     t_start = time.time()
     by_suffix = {e["suffix"]: e for e in index["configs"]}
     for _ in range(len(wanted) + 3):  # each round finishes or records at least one config
-        todo = [s for s in wanted if s not in {_suffix(r) for r in _read_rows(rows_file)}]
+        todo = [s for s in wanted if s not in {config_suffix(r) for r in _read_rows(rows_file)}]
         if not todo or time.time() - t_start > args.budget:
             if todo:
                 print(f"budget of {args.budget}s spent: not run: {todo}", flush=True)
@@ -531,7 +516,7 @@ def _supervise(index, root, args) -> list[dict]:
         else:
             if proc.returncode not in (0, 4):
                 sfx = progress.read_text().split()[0]
-                if sfx not in {_suffix(r) for r in _read_rows(rows_file)}:
+                if sfx not in {config_suffix(r) for r in _read_rows(rows_file)}:
                     e = by_suffix[sfx]
                     _append(rows_file, dict({k: e[k] for k in ("dtype", "bidirectional", "hidden", "batch", "path")},
                                             seq=SEQ, status="crash", reason=f"worker exit code {proc.returncode}"))

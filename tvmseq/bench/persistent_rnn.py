@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import PrebuiltModules, compile_for_gpu, cuda_available, print_table, ratio_bar_plot, save, time_cuda
+from ..measure import PrebuiltModules, compile_for_gpu, cuda_available, time_cuda
+from .common import config_suffix, print_table, ratio_bar_plot, save
 from .gru import _kernels_of
 from .persistent_gru import residency
 
@@ -59,10 +60,6 @@ AGREE = {"float32": 1e-3, "float16": 2e-2}  # relative error (norm) vs float64 f
 def configs():
     for bidir, hidden, batch in itertools.product((False, True), HIDDEN, BATCH):
         yield {"dtype": "float32", "bidirectional": bidir, "hidden": hidden, "batch": batch}
-
-
-def _suffix(c) -> str:
-    return f"{c['dtype']}_{'bi' if c['bidirectional'] else 'uni'}_h{c['hidden']}_b{c['batch']}"
 
 
 def _test_name(case) -> str:
@@ -215,17 +212,16 @@ def _kernels(D, B, H, I, dtype, direction, acts, clip, lens, target, name, path=
     """{proj_<name>, rec_<name>}: the RNN input projection and the recurrence (cell="rnn"): the SIMT engine
     (path "persistent", the test kernels) or what the importer picks (path "auto": the engine or, at batch
     32-64 and hidden <= 512 in fp32, the staged-state kernel)."""
-    from ..kernels import gru, rnn
-    from ..kernels import persistent_gru as pg
     from ..kernels.activations import Activation
+    from ..kernels.recurrent import engine, gru, paths, rnn
 
     acts_ = tuple(Activation.make(a) for a in acts)
     spec = rnn.RnnSpec(D, B, H, I, dtype, direction, acts_, clip, lens)
     proj = gru.schedule_input_projection(gru.input_projection_func(spec), target)["main"]
     if path == "auto":
-        rec, _, _ = pg.recurrence_func_auto(spec, target)
+        rec, _, _ = paths.recurrence_func_auto(spec, target)
     else:
-        rec = pg.persistent_gru_func(D, B, H, dtype, 1, direction, list(acts_), clip, lens, target, cell="rnn")
+        rec = engine.persistent_gru_func(D, B, H, dtype, 1, direction, list(acts_), clip, lens, target, cell="rnn")
     return {f"proj_{name}": proj.with_attr("global_symbol", f"proj_{name}"),
             f"rec_{name}": rec.with_attr("global_symbol", f"rec_{name}")}
 
@@ -241,8 +237,8 @@ def _add(funcs, *args) -> tuple[bool, str]:
 
 def _launch(D, B, H, dtype, target, path="persistent") -> dict:
     """threads, dynamic shared bytes and blocks of a persistent RNN launch (for `residency`)."""
-    from ..kernels import persistent_gru as pg
-    from ..kernels import persistent_mma as pm
+    from ..kernels.recurrent import engine
+    from ..kernels.recurrent import mma as pm
 
     if path == "persistent_mma":
         cfg = pm.default_config(D, B, H, target, "rnn", dtype=dtype)
@@ -250,8 +246,8 @@ def _launch(D, B, H, dtype, target, path="persistent") -> dict:
         return {"threads": geo.NT, "dyn_smem": geo.smem_bytes(), "blocks": geo.BLOCKS, "config": str(cfg),
                 "path": path}
 
-    cfg = pg.default_gru_config(D, B, H, dtype, target, "rnn")
-    geo = pg._geometry(D, B, H, cfg, True, "rnn")
+    cfg = engine.default_gru_config(D, B, H, dtype, target, "rnn")
+    geo = engine._geometry(D, B, H, cfg, True, "rnn")
     return {"threads": geo.NT, "dyn_smem": 4 * geo.R_smem * geo.Hp, "blocks": cfg.num_blocks * D,
             "config": str(cfg)}
 
@@ -261,7 +257,7 @@ def build_for_gpu(out_dir, target: str = "cuda", bench: bool = True, tests=TEST_
     kernel's ptxas registers/spills, the recurrence's launch and residency on a 132-SM H100)."""
     import tvm
 
-    from ..kernels import persistent_gru as pg
+    from ..kernels.recurrent import engine, paths
     from ..targets import resolve
 
     tgt = resolve(target)
@@ -274,13 +270,13 @@ def build_for_gpu(out_dir, target: str = "cuda", bench: bool = True, tests=TEST_
     for c in (configs() if bench else ()):
         D, B, H = 2 if c["bidirectional"] else 1, c["batch"], c["hidden"]
         # the staged-state kernel where the importer picks it, else the SIMT engine (where it fits)
-        path, why = pg.choose_path(D, B, H, c["dtype"], tgt, cell="rnn")
+        path, why = paths.choose_path(D, B, H, c["dtype"], tgt, cell="rnn")
         if path != "persistent_mma":
             path = "persistent"
-            ok, why = pg.fits_on_chip(D, B, H, c["dtype"], tgt, cell="rnn")
+            ok, why = engine.fits_on_chip(D, B, H, c["dtype"], tgt, cell="rnn")
         else:
             ok = True
-        sfx = _suffix(c)
+        sfx = config_suffix(c)
         if ok:
             ok, why2 = _add(funcs, D, B, H, H, c["dtype"], "bidirectional" if D == 2 else "forward", ("Tanh",) * D,
                             None, False, tgt, sfx, "auto" if path == "persistent_mma" else "persistent")

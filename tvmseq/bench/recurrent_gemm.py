@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..reference.recurrent import recurrent_gemm as reference
-from .common import PrebuiltModules, cuda_available, print_table, ratio_bar_plot, save
+from ..measure import PrebuiltModules, cuda_available
+from .common import print_table, ratio_bar_plot, save
 
 NAME = "recurrent_gemm"
 STEPS = 100
@@ -94,40 +95,6 @@ def _func_name(group, H, B, steps, dtype, activation, return_sequences, path, cf
     return name
 
 
-def ptxas_report(cuda_source: str, arch: str = "sm_90a") -> dict[str, dict]:
-    """Compile CUDA source with nvcc (no GPU needed) and return per-kernel ptxas numbers:
-    {kernel: {"registers", "spill_stores", "spill_loads", "stack", "smem"}}."""
-    import re
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "k.cu"
-        src.write_text(cuda_source)
-        res = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "-w", "-Xptxas", "-v", "-o",
-                              str(Path(d) / "k.cubin"), str(src)], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"nvcc failed:\n{res.stderr[-4000:]}")
-    report, kernel = {}, None
-    for line in (res.stdout + res.stderr).splitlines():
-        m = re.search(r"Compiling entry function '(\w+)'", line) or re.search(r"Function properties for (\w+)", line)
-        if m:
-            kernel = m.group(1)
-            report.setdefault(kernel, {})
-            continue
-        if kernel is None:
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m:
-            report[kernel].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
-        m = re.search(r"Used (\d+) registers", line)
-        if m:
-            report[kernel]["registers"] = int(m.group(1))
-            sm = re.search(r"(\d+) bytes smem", line)
-            report[kernel]["smem"] = int(sm.group(1)) if sm else 0
-    return report
-
-
 def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool = True,
                   dtypes=("float32", "float16"), steps: int = STEPS, target: str = "cuda",
                   activation: str = "tanh", ptxas: bool = False) -> Path:
@@ -136,6 +103,7 @@ def build_for_gpu(out_dir, quick: bool = False, sweep: bool = True, tests: bool 
     ptxas=True also compiles each group's CUDA source with the local nvcc and prints registers/spills."""
     import tvm
 
+    from ..cuda_toolchain import ptxas_report
     from ..kernels import recurrent_gemm as rg
     from ..targets import is_gpu, resolve
 
@@ -227,7 +195,7 @@ def _run_gpu(entries, mods, args) -> list[dict]:
     import torch
     import tvm
 
-    from .common import time_cuda
+    from ..measure import time_cuda
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -276,7 +244,7 @@ def _torch_peers(A, bias, x0, steps, want, iters) -> dict:
     """Per-step times of (1) a CUDA graph of `steps` x (addmm + tanh) and (2) cuDNN RNN-tanh."""
     import torch
 
-    from .common import time_cuda
+    from ..measure import time_cuda
 
     B, H = x0.shape
     out = {}

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import print_table, save, time_cuda
+from ..measure import time_cuda
+from .common import print_table, save
 
 SHAPES = ((4096, 4096), (16384, 4096))
 DENSITIES = (0.005, 0.01, 0.05, 0.2)
@@ -49,7 +50,7 @@ def grid(quick: bool = False, smoke: bool = False) -> dict:
 
 def variants(shape, target, quick: bool = False) -> dict:
     """Schedule variants timed for one kernel: the default and a few neighbours (tag -> schedule)."""
-    from ..kernels.spmm import default_schedule
+    from ..kernels.sparse.spmm import default_schedule
 
     d = default_schedule(shape, target)
     replace = dataclasses.replace
@@ -82,14 +83,14 @@ def kernel_name(shape, tag: str) -> str:
 
 
 def _bench_shapes(g: dict):
-    from ..kernels.spmm import SpmmShape
+    from ..kernels.sparse.spmm import SpmmShape
 
     for (rows, cols), n, dtype, transposed in itertools.product(g["shapes"], g["ncols"], g["dtypes"], (True, False)):
         yield SpmmShape(transposed, rows, cols, n, dtype)
 
 
 def _test_shapes():
-    from ..kernels.spmm import SpmmShape
+    from ..kernels.sparse.spmm import SpmmShape
 
     for (rows, cols, n), dtype, transposed in itertools.product(TEST_SHAPES, DTYPES, (True, False)):
         yield SpmmShape(transposed, rows, cols, n, dtype)
@@ -100,7 +101,7 @@ def kernel_module(quick: bool = False, with_tests: bool = True, target_name: str
     import tvm
 
     from .. import targets
-    from ..kernels.spmm import spmm_func, spmm_t_scatter_func
+    from ..kernels.sparse.spmm import spmm_func, spmm_t_scatter_func
     from ..targets import is_gpu
 
     target = targets.resolve(target_name)
@@ -127,7 +128,7 @@ def build_for_gpu(out_dir, quick: bool = False) -> Path:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from .common import compile_for_gpu
+    from ..measure import compile_for_gpu
 
     mod, index, target = kernel_module(quick)
     start = time.time()
@@ -190,7 +191,7 @@ def run_pattern(rows, cols, density, kernels, index, g, seed=0, device="cuda") -
     import tvm
 
     from .. import sparse
-    from ..kernels.spmm import SpmmShape
+    from ..kernels.sparse.spmm import SpmmShape
 
     timer = time_cuda if device == "cuda" else time_host
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)

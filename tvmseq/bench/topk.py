@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import print_table, save, time_cuda
+from ..measure import time_cuda
+from .common import print_table, save
 
 GRID = dict(rows=(1, 32, 256), vocab=(32000, 50257, 128256), k=(1, 4, 8, 64))
 QUICK = dict(rows=(1, 32, 256), vocab=(32000, 128256), k=(1, 8, 64))
@@ -72,7 +73,7 @@ def kernel_module(quick=False, smoke=False, fp16=False, with_tests=True, target_
     import tvm
 
     from .. import targets
-    from ..kernels import topk as tk
+    from ..kernels.topk import topk as tk
 
     target = targets.resolve(target_name)
     kind = target.kind.name

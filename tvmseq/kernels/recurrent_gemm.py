@@ -3,7 +3,7 @@
 Layout: the state is stored batch-major, `X_n = C_n^T` of shape [B, H], so a step is
 `X_n = f(X_{n-1} A^T + b)`; outputs are every X_n ([steps, B, H]) or only the last ([B, H]).
 
-The persistent engine (shared with `persistent_gru`):
+The persistent engine (shared with `recurrent.engine`):
 * A (or the recurrent weights of a GRU) is split by rows over `num_blocks` thread blocks, one per SM,
   all resident (cooperative launch guarantees it or fails); each block keeps its row slice in
   registers (optionally part of it in shared memory) for all steps. Inside a block every thread owns

@@ -3,7 +3,7 @@ persistent recurrence built for a batch bucket when the batch fits one, else the
 
 Buckets. The candidates are 1, 2, 4, ... up to `MAX_BUCKET` (importer option `batch_buckets`: "auto", the default;
 an int, the largest candidate; a list of ints, the candidates; "off", 0 or [] for no dispatch). Batch n runs on the
-smallest candidate b >= n, where the node's chooser (`persistent_gru.choose_path` / `persistent_lstm.choose_path`,
+smallest candidate b >= n, where the node's chooser (`kernels.recurrent.paths.choose_path` / `choose_lstm_path`,
 so the measured databases and the fit checks) answers for the static batch b; a candidate where it answers
 'per_step' (or whose kernel cannot be built) sends its batches to the per-step kernels, as does a batch above the
 largest candidate. On a CPU target the chooser always answers 'per_step': nothing changes there. The importer option

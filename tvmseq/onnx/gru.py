@@ -9,8 +9,8 @@ import tvm
 from tvm import relax, tirx
 
 from ..errors import TvmseqError, UnsupportedOnnxError
-from ..kernels import gru as gru_kernels
 from ..kernels.activations import parse_onnx_activations
+from ..kernels.recurrent import gru as gru_kernels
 from .importer import OnnxOpConverter, add_input_check, register_converter
 
 # output_sequence (opset 1 only) merely says whether Y is wanted; tvmseq always computes Y
@@ -90,30 +90,30 @@ def match_state_shape(bb, state, want: list, name: str, node: str, op: str):
 def build_kernels(spec, target_json: str, path: str = "auto"):
     """(recurrence, path) for a GruSpec or an RnnSpec, built once per spec/target/path. path 'auto': the
     persistent kernel (weights on chip, one launch for all steps) on a GPU when the weights fit and the batch
-    is one where it was measured faster, else the per-step kernels (`persistent_gru.choose_path`); on a CPU
+    is one where it was measured faster, else the per-step kernels (`paths.choose_path`); on a CPU
     always the per-step kernels. Any batch (spec.batch None): the per-step kernels (the persistent ones are
     built for one batch)."""
-    from ..kernels import persistent_gru
+    from ..kernels.recurrent import paths
 
     if spec.batch is None:
         if path not in ("auto", "per_step"):
             raise TvmseqError(f"recurrence path {path!r} needs a static batch; this node's batch is symbolic "
                               "(use 'auto' or 'per_step', or pin the batch with --shape)")
-        from ..kernels import gru, rnn
+        from ..kernels.recurrent import gru, rnn
 
         per_step = rnn.recurrence_func if isinstance(spec, rnn.RnnSpec) else gru.recurrence_func
         return per_step(spec, tvm.target.Target(target_json)), "per_step"
-    rec, path, _why = persistent_gru.recurrence_func_auto(spec, tvm.target.Target(target_json), path=path)
+    rec, path, _why = paths.recurrence_func_auto(spec, tvm.target.Target(target_json), path=path)
     return rec, path
 
 
 @functools.lru_cache(maxsize=64)
 def projection_kernel(spec, target_json: str, seq=None):
-    """`input_projection.projection_for`, built once per spec/target/length (an int when static, else None):
+    """`projection.gemm.projection_for`, built once per spec/target/length (an int when static, else None):
     (prim_func, row tile or None)."""
-    from ..kernels import input_projection
+    from ..kernels.projection import gemm as ip
 
-    return input_projection.projection_for(spec, tvm.target.Target(target_json), seq)
+    return ip.projection_for(spec, tvm.target.Target(target_json), seq)
 
 
 # seq * batch (both static) at or below which a GPU input projection is a stock matmul: dlight's GEMV rule
@@ -141,7 +141,7 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
     artifact when one matches, see `importer.emit_kernel`). With a row tile: X's rows are padded to whole
     tiles by `pad_rows`, projected as a [tiles, tile] batch, and the valid rows sliced back; with FLAT (fp16
     on tensor cores) X is viewed as [seq * B, I] rows."""
-    from ..kernels import input_projection
+    from ..kernels.projection import gemm as ip
     from .importer import KernelKey, emit_kernel
 
     D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
@@ -152,7 +152,7 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
             tvm.target.Target(str(target)).kind.name == "cuda":
         return _gemv_projection(bb, c, bias_i, D, G, seq, B, I)
     proj, tile = projection_kernel(spec, str(target), static_seq)
-    if tile == input_projection.FLAT:   # tensor cores, on the seq * B rows as one matrix
+    if tile == ip.FLAT:   # tensor cores, on the seq * B rows as one matrix
         sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
         x_rows = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
         op = f"{cell}_input_projection_flat"
@@ -161,7 +161,7 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
                              name_hint=op + suffix)
         return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
     sizes = {"directions": D, "batch": tile or B, "hidden": H, "input_size": I, "gates": spec.gates}
-    few = tile and input_projection.padded_rows_genes(spec, static_seq, target) is input_projection.FEW_BLOCKS_GENES
+    few = tile and ip.padded_rows_genes(spec, static_seq, target) is ip.FEW_BLOCKS_GENES
     key = recurrent_key(sizes, c["dtype"], {"genes": "few_blocks"} if few else {})
     op = f"{cell}_input_projection"
     if not tile:
@@ -169,7 +169,7 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
                            relax.TensorType([D, seq, B, G], "float32"), name_hint=op + suffix)
     rows = seq * B
     tiles = (rows + tile - 1) // tile
-    pad = input_projection.pad_rows_func(B, I, tile, c["dtype"]).without_attr("global_symbol")
+    pad = ip.pad_rows_func(B, I, tile, c["dtype"]).without_attr("global_symbol")
     gv = bb.add_func(pad, f"{cell}_pad_rows{suffix}")
     x_tiles = bb.emit(relax.call_tir(gv, [c["x"]], relax.TensorType([tiles, tile, I], c["dtype"])))
     g_tiles = emit_kernel(bb, op, key, lambda: proj, [x_tiles, c["w"], bias_i],
@@ -331,7 +331,7 @@ def fold_biases(bb, bias, H: int, lbr: int):
 def dispatch_plan(spec, target, path_option: str, choose, build) -> list:
     """`batch_dispatch.plan` for a node whose batch is symbolic (spec.batch None) on `target`: [] (the per-step
     kernels for any batch, as before) unless the path is 'auto' and the target a GPU. `choose(spec_b)` is the
-    node's path at a static batch (`persistent_gru.choose_path` / `persistent_lstm.choose_path`: the measured
+    node's path at a static batch (`paths.choose_path` / `paths.choose_lstm_path`: the measured
     databases and the fit checks, as path 'auto' asks them), `build(spec_b, path)` its kernel (`build_kernels`,
     `lstm_recurrence_for`, cached: the bucket's branch takes the same one); a bucket whose kernel cannot be built
     goes to the per-step kernels."""
@@ -356,13 +356,13 @@ def dispatch_plan(spec, target, path_option: str, choose, build) -> list:
 
 
 def choose_gru_path(spec, target) -> str:
-    """The path `persistent_gru.recurrence_func_auto` takes for a GruSpec or an RnnSpec at its static batch."""
-    from ..kernels import persistent_gru, rnn
+    """The path `paths.recurrence_func_auto` takes for a GruSpec or an RnnSpec at its static batch."""
+    from ..kernels.recurrent import paths, rnn
 
     cell = "rnn" if isinstance(spec, rnn.RnnSpec) else "gru"
-    return persistent_gru.choose_path(spec.num_directions, spec.batch, spec.hidden, spec.dtype,
-                                      tvm.target.Target(str(target)), None, cell,
-                                      getattr(spec, "linear_before_reset", 1))[0]
+    return paths.choose_path(spec.num_directions, spec.batch, spec.hidden, spec.dtype,
+                             tvm.target.Target(str(target)), None, cell,
+                             getattr(spec, "linear_before_reset", 1))[0]
 
 
 def _emit_gru_kernels(bb, c, spec, target, path_option: str = "auto"):

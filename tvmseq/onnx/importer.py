@@ -145,12 +145,12 @@ def _signature(func, args, out_ty) -> dict:
 def _find_artifact(op: str, key: KernelKey, root: Path, target, make_func: Callable[[], object]):
     """A loaded, current artifact for this kernel, or None (with an ArtifactWarning when one was found
     but cannot be used)."""
-    from .. import artifacts, targets
+    from .. import artifacts, cuda_toolchain, targets
 
     gpu = target.kind.name == "cuda"
     if gpu and not targets.has_gpu():
         return None, None       # nothing to load a GPU artifact on here: compile
-    arch = artifacts.present_arch() if gpu else artifacts.cpu_arch()
+    arch = cuda_toolchain.present_arch() if gpu else cuda_toolchain.cpu_arch()
     kernel = artifacts.find_kernel(op, key.manifest_shapes(), key.dtype, key.manifest_attrs(), root=root, arch=arch)
     if kernel is None:
         return None, None

@@ -1,5 +1,5 @@
 """ONNX LSTM (opsets 1-22) -> tvmseq kernels: the shared input-projection GEMM (4 gates, every bias folded
-in) + an LSTM recurrence chosen by `lstm_recurrence_for` (today the per-step kernels of kernels/lstm.py)."""
+in) + an LSTM recurrence chosen by `lstm_recurrence_for` (today the per-step kernels of kernels/recurrent/lstm.py)."""
 from __future__ import annotations
 
 import functools
@@ -9,10 +9,10 @@ import tvm
 from tvm import relax
 
 from ..errors import TvmseqError, UnsupportedOnnxError
-from ..kernels import gru as gru_kernels
-from ..kernels import lstm as lstm_kernels
 from ..kernels.activations import parse_onnx_activations
 from . import batch_dispatch
+from ..kernels.recurrent import gru as gru_kernels
+from ..kernels.recurrent import lstm as lstm_kernels
 from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, dispatch_plan, emit_input_projection, finish_outputs,
                   match_state_shape, prepare_common, recurrence_path_option, recurrent_key, spec_batch, zeros)
 from .importer import OnnxOpConverter, emit_kernel, register_converter
@@ -26,20 +26,20 @@ def lstm_recurrence_for(spec: lstm_kernels.LstmSpec, target, path_option: str = 
     """(prim_func, path) of the recurrence for `spec` on `target` (a Target or its JSON), built once per
     spec/target/option. Every path takes the same arguments (`lstm_kernels.recurrence_func`'s signature),
     so the choice changes nothing around the call. 'auto': the persistent kernel on a GPU where it fits and is
-    expected to be faster (`persistent_lstm.lstm_recurrence_auto`), else the per-step kernels."""
+    expected to be faster (`paths.lstm_recurrence_auto`), else the per-step kernels."""
     return _lstm_recurrence_cached(spec, str(target), path_option)
 
 
 @functools.lru_cache(maxsize=64)
 def _lstm_recurrence_cached(spec, target_json: str, path_option: str):
-    from ..kernels import persistent_lstm
+    from ..kernels.recurrent import paths
 
     target = tvm.target.Target(target_json)
-    if path_option not in persistent_lstm.PATHS:
+    if path_option not in paths.PATHS:
         raise TvmseqError(f"LSTM recurrence path {path_option!r} is not available "
-                          f"(use one of {persistent_lstm.PATHS})")
+                          f"(use one of {paths.PATHS})")
     if path_option != "per_step":   # on a CPU 'auto' picks per_step; 'persistent' runs the engine's serial variant
-        func, path, _why = persistent_lstm.lstm_recurrence_auto(spec, target, path_option)
+        func, path, _why = paths.lstm_recurrence_auto(spec, target, path_option)
         if func is not None:
             return func, path
     return lstm_kernels.recurrence_func(spec, target), "per_step"
@@ -111,12 +111,12 @@ def emit_lstm_layer(bb, c, spec, c0, peep, target, path_option: str = "auto"):
     """One LSTM node's kernels on the inputs `c` prepared by `prepare_common`: the (Y, Y_h, Y_c) call, layout 0.
     A symbolic batch on a GPU: the persistent kernels of the batch buckets where the batch fits one, else the
     per-step kernels, chosen at run time (`batch_dispatch`)."""
-    from ..kernels import persistent_lstm
+    from ..kernels.recurrent import paths
 
     def plan():
         return dispatch_plan(spec, target, path_option,
-                             lambda s: persistent_lstm.choose_path(s.num_directions, s.batch, s.hidden, s.dtype,
-                                                                   tvm.target.Target(str(target)))[0],
+                             lambda s: paths.choose_lstm_path(s.num_directions, s.batch, s.hidden, s.dtype,
+                                                              tvm.target.Target(str(target)))[0],
                              lambda s, path: lstm_recurrence_for(s, target, path))
 
     outs = batch_dispatch.emit(

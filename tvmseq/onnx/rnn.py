@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ..kernels import rnn as rnn_kernels
-from ..kernels.activations import parse_onnx_activations
 from ..errors import TvmseqError, UnsupportedOnnxError
 from . import batch_dispatch
+from ..kernels.activations import parse_onnx_activations
+from ..kernels.recurrent import rnn as rnn_kernels
 from .gru import (_SUPPORTED_ATTRS, build_kernels, choose_gru_path, dispatch_plan, emit_recurrent_kernels,
                   finish_outputs, prepare_common, recurrence_path_option, spec_batch, zeros)
 from .importer import OnnxOpConverter, register_converter

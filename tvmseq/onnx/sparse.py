@@ -258,7 +258,7 @@ def _is(dim, value: int) -> bool:
 def _emit(bb, S: CSR, dense, transposed: bool, target, node: str, op: str):
     """The spmm / spmm_t call (importer.emit_kernel) on S and the 2-D relax expression `dense` (its columns may be
     symbolic: the kernel is then built for any number of columns)."""
-    from ..kernels.spmm import SpmmShape, spmm_func
+    from ..kernels.sparse.spmm import SpmmShape, spmm_func
 
     n = _dims(dense)[1]
     shape = SpmmShape(transposed, S.shape[0], S.shape[1], n if isinstance(n, int) else None, S.dtype,
@@ -280,7 +280,7 @@ def _emit(bb, S: CSR, dense, transposed: bool, target, node: str, op: str):
 
 def _kernel_signature(shape) -> dict:
     """What the spmm / spmm_t kernels take (any nnz; any number of D columns when n_cols is None), in
-    the artifact manifest's form (tvmseq.kernels.spmm.spmm_func's parameter order)."""
+    the artifact manifest's form (tvmseq.kernels.sparse.spmm.spmm_func's parameter order)."""
     n = "n" if shape.n_cols is None else shape.n_cols
     idx, mdt, dt = shape.index_dtype, shape.map_dtype, shape.dtype
     spec = lambda name, dims, dtype: {"name": name, "shape": list(dims), "dtype": dtype}  # noqa: E731

@@ -5,7 +5,7 @@ layer unidirectional (forward), linear_before_reset=1, layout 0, default activat
 sequence_lens, the same hidden size, and W, R, B initializers. `fuse_gru_stacks` (run by `from_onnx`
 before TVM's importer) replaces such a chain by one `TvmseqGruStack` node with every layer's inputs and
 outputs (the Squeeze nodes stay: they read the layers' Y). Its converter runs the chain through
-`kernels/persistent_stack.py` (layer l+1 on step t while layer l is on step t+1) where that was measured
+`kernels/recurrent/stack.py` (layer l+1 on step t while layer l is on step t+1) where that was measured
 faster, i.e. on a GPU at batch <= STACK_MAX_BATCH when the weights fit on chip, and layer by layer
 (`gru.emit_gru_layer`, the same kernels as separate GRU nodes) otherwise.
 
@@ -15,7 +15,7 @@ runs its serial variant: for tests), "off".
 LSTM stacks (LSTM -> Squeeze(Y, axes=[1]) -> LSTM ..., every layer forward, layout 0, default activations, no
 clip, input_forget 0, no sequence_lens, no peepholes, W, R, B initializers) fuse the same way, under the same
 option, into one `TvmseqLstmStack` node (inputs X, then W, R, B, initial_h, initial_c per layer; outputs Y,
-Y_h, Y_c per layer), run by `persistent_stack.stacked_lstm_func` where it fits and the batch is static,
+Y_h, Y_c per layer), run by `kernels.recurrent.stack.stacked_lstm_func` where it fits and the batch is static,
 else layer by layer (`lstm.emit_lstm_layer`).
 """
 from __future__ import annotations
@@ -29,9 +29,9 @@ from onnx import helper, numpy_helper
 from tvm import relax
 
 from ..errors import UnsupportedOnnxError
-from ..kernels import gru as gru_kernels
-from ..kernels import persistent_stack
 from ..kernels.activations import Activation
+from ..kernels.recurrent import gru as gru_kernels
+from ..kernels.recurrent import stack as stack_kernels
 from ..targets import is_gpu
 from .gru import emit_gru_layer, emit_input_projection, fold_biases, prepare_common, spec_batch
 from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converter
@@ -175,7 +175,7 @@ def fuse_gru_stacks(model: onnx.ModelProto, options: dict) -> onnx.ModelProto:
 
 @functools.lru_cache(maxsize=16)
 def _stack_kernel(L: int, B: int, H: int, dtype: str, target_json: str):
-    return persistent_stack.stacked_gru_func(L, B, H, dtype, tvm.target.Target(target_json))
+    return stack_kernels.stacked_gru_func(L, B, H, dtype, tvm.target.Target(target_json))
 
 
 def pipelined(L: int, B, H: int, dtype: str, target, mode: str) -> bool:
@@ -185,7 +185,7 @@ def pipelined(L: int, B, H: int, dtype: str, target, mode: str) -> bool:
         return False
     if mode == "auto" and (not is_gpu(target) or B > STACK_MAX_BATCH):
         return False
-    return persistent_stack.fits_on_chip(L, B, H, dtype, target)[0]
+    return stack_kernels.fits_on_chip(L, B, H, dtype, target)[0]
 
 
 @register_converter(STACK_OP)
@@ -262,7 +262,7 @@ def _lstm_stack_node(chain, graph):
 
 @functools.lru_cache(maxsize=16)
 def _lstm_stack_kernel(L: int, B: int, H: int, dtype: str, target_json: str):
-    return persistent_stack.stacked_lstm_func(L, B, H, dtype, tvm.target.Target(target_json))
+    return stack_kernels.stacked_lstm_func(L, B, H, dtype, tvm.target.Target(target_json))
 
 
 # Measured on the H100 (2026-11-26, `tvmseq bench lstm_stack`, seq 200, fp32; pipelined / layer by layer us a step):
@@ -281,7 +281,7 @@ def lstm_pipelined(L: int, B, H: int, dtype: str, target, mode: str) -> bool:
         return False
     if mode == "auto" and (not is_gpu(target) or B > LSTM_STACK_MAX_BATCH or L * H > LSTM_STACK_MAX_LAYERS_X_HIDDEN):
         return False
-    return persistent_stack.lstm_fits_on_chip(L, B, H, dtype, target)[0]
+    return stack_kernels.lstm_fits_on_chip(L, B, H, dtype, target)[0]
 
 
 @register_converter(LSTM_STACK_OP)
@@ -290,7 +290,7 @@ class LstmStack(OnnxOpConverter):
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
-        from ..kernels import lstm as lstm_kernels
+        from ..kernels.recurrent import lstm as lstm_kernels
         from .lstm import _initial_c, emit_lstm_layer, fold_lstm_biases
 
         node = cls.node_name(attr)
@@ -332,7 +332,7 @@ class LstmStack(OnnxOpConverter):
     @staticmethod
     def _layer_by_layer(bb, cs, acts, target, emit_lstm_layer):
         """The same kernels as separate LSTM nodes, each layer's Y (squeezed) feeding the next."""
-        from ..kernels import lstm as lstm_kernels
+        from ..kernels.recurrent import lstm as lstm_kernels
 
         result, x = [], cs[0][0]["x"]
         for c, c0 in cs:

@@ -19,7 +19,7 @@ from tvm import relax, tirx
 from tvm.relax.frontend.onnx.onnx_frontend import get_constant
 
 from ..errors import UnsupportedOnnxError
-from ..kernels import topk as topk_kernels
+from ..kernels.topk import topk as topk_kernels
 from .checks import checked_topk_k, emit_shape_values
 from .importer import KernelKey, OnnxOpConverter, add_input_check, emit_kernel, register_converter
 

@@ -308,10 +308,10 @@ def problem_from_json(data: dict):
 
 
 def _init_build_worker(arches: tuple[str, ...]) -> None:
-    from .. import artifacts
+    from .. import cuda_toolchain
 
     if arches:
-        artifacts.enable_device_binaries(arches)
+        cuda_toolchain.enable_device_binaries(arches)
 
 
 def _build_one(job: tuple) -> dict:
@@ -319,23 +319,23 @@ def _build_one(job: tuple) -> dict:
     problem_json, genes, target_json, out_dir = job
     import tvm
 
-    from .. import artifacts
+    from .. import cuda_toolchain
 
     problem = problem_from_json(problem_json)
     key = space.genes_key(genes)
     record = {"key": key, "genes": genes, "file": f"{key}.so", "error": None}
-    start, nvcc_before = time.perf_counter(), artifacts.NVCC.seconds
+    start, nvcc_before = time.perf_counter(), cuda_toolchain.NVCC.seconds
     try:
         target = tvm.target.Target(target_json)
         executable = space.build(genes, problem, target)
         executable.export_library(str(Path(out_dir) / record["file"]))
-        record["device_code"] = artifacts.device_code_of(executable)
-        record["ptxas"] = artifacts.NVCC.last_report.get("main_kernel") or next(
-            iter(artifacts.NVCC.last_report.values()), None)
+        record["device_code"] = cuda_toolchain.device_code_of(executable)
+        record["ptxas"] = cuda_toolchain.NVCC.last_report.get("main_kernel") or next(
+            iter(cuda_toolchain.NVCC.last_report.values()), None)
     except Exception as err:  # noqa: BLE001 - a failed candidate is a result (+inf), not a crash
         record["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"[:500]
     record["build_s"] = round(time.perf_counter() - start, 3)
-    record["nvcc_s"] = round(artifacts.NVCC.seconds - nvcc_before, 3)
+    record["nvcc_s"] = round(cuda_toolchain.NVCC.seconds - nvcc_before, 3)
     return record
 
 
@@ -477,12 +477,12 @@ def _measure_in_process(pool_dir: Path, keys: list[str], number: int, repeat: in
     import numpy as np
     import tvm
 
-    from .. import artifacts
+    from .. import cuda_toolchain
 
     index = json.loads((pool_dir / "index.json").read_text())
     problem = problem_from_json(index["problem"])
     if index["target"]["kind"] == "cuda":
-        if not artifacts.ensure_cuda_runtime():
+        if not cuda_toolchain.ensure_cuda_runtime():
             raise RuntimeError("no usable CUDA device for measuring")
         dev = tvm.cuda(0)
     else:
@@ -546,7 +546,7 @@ def _peer_time(problem, number: int, repeat: int) -> dict | None:
         return None
     if not torch.cuda.is_available():
         return None
-    from ..bench.common import time_cuda
+    from ..measure import time_cuda
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dt = getattr(torch, problem.dtype)
@@ -564,10 +564,10 @@ def _environment(gpu: bool) -> dict:
     try:
         import tvm
 
-        from .. import artifacts
+        from .. import cuda_toolchain
 
         if gpu:
-            artifacts.ensure_cuda_runtime()
+            cuda_toolchain.ensure_cuda_runtime()
         env["tvm"] = tvm.__version__
         if tvm.cuda(0).exist:
             env["gpu"] = tvm.cuda(0).device_name

@@ -10,7 +10,7 @@ itself takes 0.07 s a candidate, the device compile 1.5 s (nvcc) / 2.3 s (NVRTC)
 candidates are explicitly unrolled (up to ~2000 lines of CUDA). With 16 workers importing at once and
 a 30 s timeout, many first candidates of a batch fail as "Timeout". `make_builder` uses `fast_build`
 (no tensor_intrin import: SIMT candidates need none), raises the timeout, picks the CUDA compiler, and
-can embed SASS on a machine without a GPU (tvmseq.artifacts), so builds can also run here.
+can embed SASS on a machine without a GPU (tvmseq.cuda_toolchain), so builds can also run here.
 
 Databases: `schedules/<op>/` holds `database_workload.json` + `database_tuning_record.json`. A
 workload is `workload_mod(problem)` (the normalised IRModule of `space.gemm_func`); records carry
@@ -38,7 +38,7 @@ class BuilderSettings:
     workers: int | None = None          # default: all cores
     timeout_s: float = 300.0            # MetaSchedule's default 30 s kills slow (large-tile) candidates
     compile_mode: str = "nvcc"          # TVM_CUDA_COMPILE_MODE in the workers: "nvcc" or "nvrtc"
-    device_code_arches: tuple = ()      # e.g. ("sm_90a",): embed SASS via tvmseq.artifacts (no GPU needed)
+    device_code_arches: tuple = ()      # e.g. ("sm_90a",): embed SASS via tvmseq.cuda_toolchain (no GPU needed)
 
 
 @dataclass
@@ -51,13 +51,13 @@ class RunnerSettings:
 
 def _builder_init(compile_mode: str, arches: tuple) -> None:
     """Runs once in every LocalBuilder worker."""
-    from tvmseq import artifacts
+    from tvmseq import cuda_toolchain
 
-    if compile_mode == "nvcc" and artifacts.find_nvcc() is None:
+    if compile_mode == "nvcc" and cuda_toolchain.find_nvcc() is None:
         compile_mode, arches = "nvrtc", ()     # no nvcc on this machine: TVM's NVRTC path
     os.environ["TVM_CUDA_COMPILE_MODE"] = compile_mode
     if arches:
-        artifacts.enable_device_binaries(arches)
+        cuda_toolchain.enable_device_binaries(arches)
     else:
         import tvm.support.nvcc  # noqa: F401 - registers tvm_callback_cuda_compile
 
@@ -311,10 +311,10 @@ def export_tuned(problems, target, root: Path | None = None, arch: str | None = 
     import concurrent.futures
     import multiprocessing
 
-    from .. import artifacts
+    from .. import cuda_toolchain
 
     work_dir = Path(work_dir or SCHEDULES_ROOT / "gemm")
-    arch = arch or artifacts.arch_of_target(target)
+    arch = arch or cuda_toolchain.arch_of_target(target)
     jobs = [(problem, json.loads(str(target)), root, arch, work_dir) for problem in problems]
     if target.kind.name != "cuda":
         return [_export_one(job) for job in jobs]
@@ -328,12 +328,12 @@ def _export_one(job):
     """Compile and export one problem (an ArtifactEntry back); runs in the export worker for CUDA."""
     import tvm
 
-    from .. import artifacts
+    from .. import artifacts, cuda_toolchain
 
     problem, target_json, root, arch, work_dir = job
     target = tvm.target.Target(target_json)
     if target.kind.name == "cuda":
-        artifacts.enable_device_binaries((arch,))
+        cuda_toolchain.enable_device_binaries((arch,))
     executable, how = compile_tuned(problem, target, work_dir)
     return artifacts.export_artifact(
         executable, root, op="gemm", name=problem.key, arch=arch, dtype=problem.dtype,
@@ -451,7 +451,7 @@ def profile_build(problem: space.GemmProblem, target, count: int = 8, workers: i
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from .. import artifacts
+    from .. import cuda_toolchain
 
     mods = sample_candidates(problem, target, count)
     report: dict = {"problem": problem.key, "candidates": len(mods), "stages": []}
@@ -463,7 +463,7 @@ def profile_build(problem: space.GemmProblem, target, count: int = 8, workers: i
         src = ex.mod.imports[0].inspect_source("cuda") if ex.mod.imports else ""
         sources.append(src)
         report["stages"].append({"lower_codegen_s": round(lower_s, 3), "cuda_lines": src.count("\n")})
-    nvcc = artifacts.find_nvcc()
+    nvcc = cuda_toolchain.find_nvcc()
     for i, src in enumerate(sources):     # (2) device compile
         if "nvcc" in modes and nvcc:
             with tempfile.TemporaryDirectory() as tmp:

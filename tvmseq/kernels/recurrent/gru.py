@@ -1,7 +1,7 @@
 """GRU in TensorIR, the per-step path (the Ingenic patent's structure).
 
 Pipeline of one GRU node (both directions in every launch):
-1. `input_projection_func` (input_projection.py): ONE GEMM for all time steps,
+1. `input_projection_func` (projection/gemm.py): ONE GEMM for all time steps,
    gate_i[d, t, b, :] = X[t, b, :] W[d]^T + bias[d] with W = [W_z, W_r, W_h] stored together and the
    biases that do not depend on r folded in; on CUDA the tiled SGEMM template where it applies.
 2. `recurrence_func`: a host loop over the (symbolic) time steps; per step one GEMM kernel for
@@ -30,9 +30,9 @@ try:
 except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules still import, no building
     T = None
 
-from ..errors import TvmseqError
-from .activations import Activation
-from .input_projection import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
+from ...errors import TvmseqError
+from ..activations import Activation
+from ..projection.gemm import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
 from .step_gemm import (TILED_MIN_BATCH, GemmTile, choose_tile, cpu_gemm_macro, cpu_lanes, normalized,
                         tiled_gemm_macro)
 
@@ -121,7 +121,7 @@ class StepSchedule:
 # ---------------------------------------------------------------------------------------------------
 # 1. the input projection: one GEMM over all time steps
 # ---------------------------------------------------------------------------------------------------
-# input_projection_func / schedule_input_projection live in input_projection.py (imported above): the
+# input_projection_func / schedule_input_projection live in projection/gemm.py (imported above): the
 # GEMM block over (d, t, b, j, k) and, on CUDA, the tiled SGEMM template of tvmseq.tune.space where an
 # M tile divides the batch (dlight's Matmul rule otherwise).
 

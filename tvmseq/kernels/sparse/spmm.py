@@ -39,8 +39,8 @@ try:
 except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules still import, no building
     T = None
 
-from ..errors import TvmseqError
-from ..targets import is_gpu
+from ...errors import TvmseqError
+from ...targets import is_gpu
 
 SUPPORTED_DTYPES = ("float32", "float16")
 INDEX_DTYPES = ("int32", "int64")
@@ -100,7 +100,7 @@ def default_schedule(shape: "SpmmShape", target: tvm.target.Target, measured: bo
     columns: scalar accesses in column tiles of 128 (GPU) / 16 (CPU) columns."""
     gpu, n_cols = is_gpu(target), shape.n_cols
     if measured and gpu:  # a measured winner (schedules/tune_spmm.py -> schedules/measured/spmm.json)
-        from ..tune import measured as db
+        from ...tune import measured as db
 
         config = db.lookup("spmm", **dataclasses.asdict(shape))
         if config:

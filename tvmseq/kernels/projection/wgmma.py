@@ -1,7 +1,7 @@
 """The float16 input projection on Hopper's warpgroup tensor cores (wgmma), hand-scheduled in TIRx.
 
 gate_i[d, m, n] = sum_k X[m, k] W[d, n, k] + bias[d, n] over the flat m = (t, b) rows (symbolic): the
-interface of `projection_mma` (mma.sync), which reached 250 TFLOP/s, 0.40x cuBLAS, at the GRU input GEMM's
+interface of `mma` (mma.sync), which reached 250 TFLOP/s, 0.40x cuBLAS, at the GRU input GEMM's
 shapes. wgmma reads both operands straight from shared memory (no ldmatrix, no fragment registers) and runs
 64 x BN x 16 per instruction for a whole warpgroup.
 
@@ -15,7 +15,7 @@ a thread, the m16n8 C-fragment layout per 8 columns; the epilogue adds the bias 
 or with gate_dtype="float16" rounded once to half (half the bytes written here and read by the recurrence a step).
 
 Needs N % BN == 0 and K % 64 == 0 (`supports`); sm_90a only (the caller checks the target). The CPU variant
-is `projection_mma`'s loop nest (the interface's numerics; with float16 gate_i `projection_cpu_func`); the layouts
+is `mma`'s loop nest (the interface's numerics; with float16 gate_i `projection_cpu_func`); the layouts
 are checked on the GPU by the float16 whole-model tests (`tests/test_gpu_models.py`) and the float16-gate_i case
 of `tests/test_persistent_wgmma.py`.
 """
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import TvmseqError
-from .projection_mma import projection_mma_func, weight_misfit
+from ...errors import TvmseqError
+from .mma import projection_mma_func, weight_misfit
 
 BK = 64            # k per stage: one 128-byte swizzle row of fp16
 CPR = BK // 8      # 16-byte chunks a tile row (the swizzle permutes them within 8-row atoms)
@@ -124,7 +124,7 @@ GATE_DTYPES = ("float32", "float16")   # gate_i storage; float16 halves the epil
 
 def projection_cpu_func(D: int, N: int, K: int, gate_dtype: str):
     """The CPU variant with a gate_i of gate_dtype: the float32 sum plus the bias, rounded once (the epilogue's
-    numerics). float32 is `projection_mma`'s loop nest, as before."""
+    numerics). float32 is `mma`'s loop nest, as before."""
     from tvm.script import tirx as T
 
     if gate_dtype == "float32":

@@ -31,8 +31,8 @@ try:
 except ImportError:  # runtime-only TVM: nothing is built here
     T = None
 
-from ..errors import TvmseqError
-from .activations import Activation
+from ...errors import TvmseqError
+from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, batch_extent, check_batch, cpu_weights_fp32, partial_sum,
                   reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops)
 

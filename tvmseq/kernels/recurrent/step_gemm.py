@@ -35,7 +35,7 @@ try:
 except ImportError:  # runtime-only TVM: nothing is built here
     T = None
 
-from ..errors import TvmseqError
+from ...errors import TvmseqError
 
 # Batch sizes from which the per-step path uses this tiled GEMM (below it the warp-per-row kernel wins:
 # with batch <= 8 every R row is read once per step anyway and the GEMM is latency-bound).
@@ -141,7 +141,7 @@ def _machine(target=None) -> _Machine:
     if target is None:
         return _Machine()
     try:
-        from .recurrent_gemm import gpu_facts
+        from ..recurrent_gemm import gpu_facts
 
         return _Machine(sms=gpu_facts(target).num_sms)
     except Exception:  # noqa: BLE001 - a target without an arch: the H100 numbers
@@ -193,7 +193,7 @@ def choose_tile(M: int, N: int, K: int, D: int = 1, dtype: str = "float32", targ
     """On a GPU target the measured winner (`schedules/measured/step_gemm.json`, `schedules/tune_step_gemm.py`)
     where there is one, else the cheapest tile of TILE_SHAPES x BK_CHOICES x SPLITS by `estimate_cycles`."""
     if measured and target is not None:
-        from ..tune import measured as db
+        from ...tune import measured as db
 
         config = db.lookup("step_gemm", M=M, N=N, K=K, D=D, dtype=dtype)
         if config:

@@ -2,7 +2,7 @@
 fp32), ldmatrix fragments, a multi-stage cp.async pipeline.
 
 gate_i[d, m, n] = sum_k X[m, k] W[d, n, k] + bias[d, n] over the flat m = (t, b) rows (symbolic), the
-interface of `input_projection.flat_projection_func`. Why not the wmma rule (`TensorCoreProjection`, dlight's
+interface of `gemm.flat_projection_func`. Why not the wmma rule (`TensorCoreProjection`, dlight's
 MatmulTensorization with its tiles as data): its nine tiles measured 150-207 TFLOP/s on the H100, 0.25-0.32x
 cuBLAS, at the GRU input GEMM's shapes (H100, 2026-11-22; notes/persistent.md); wmma fragments go
 through shared memory on the way out and the rule's pipeline is fixed.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import TvmseqError
+from ...errors import TvmseqError
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def supports(N: int, K: int, tile: MmaGemmTile = MmaGemmTile()) -> str | None:
 
 def weight_misfit(N: int, K: int, bn: int, bk: int) -> str | None:
     """Why an N x K weight does not split into whole bn-row, bk-column tiles (None: it does); the tensor-core
-    projections (this one and `projection_wgmma`) take whole tiles only."""
+    projections (this one and `wgmma`) take whole tiles only."""
     if N % bn or K % bk:
         return f"N={N} (gate rows) must be a multiple of {bn} and K={K} (input size) of {bk}"
     return None

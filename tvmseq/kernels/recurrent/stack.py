@@ -13,12 +13,12 @@ Interface:
 
 Work split: layer l runs on blocks [l*G, (l+1)*G); block g owns units [g*U, (g+1)*U) and keeps their 3U
 rows of R and (l >= 1) 3U rows of W on chip (registers, then shared memory: the engine's smem_rows). A
-step of layer l >= 1 is two passes of the engine (`persistent_gru.make_engine_pass`): the input pass
+step of layer l >= 1 is two passes of the engine (`engine.make_engine_pass`): the input pass
 reads layer l-1's state after the same step (LL words with flag s+1), the recurrent pass its own state
 (flag s); then the gate math is local, as in the single-layer kernel.
 
 Hand-off between layers: each layer's state goes through a ring of S LL slots. Within a layer two slots
-suffice (see persistent_gru), but layer l does not wait for layer l+1, so it could lap it; before
+suffice (see `engine`), but layer l does not wait for layer l+1, so it could lap it; before
 layer l publishes step s+1 into slot (s+1) % S, which held step s+1-S, it waits until every block of
 layer l+1 has finished iteration (s-S, c), the one that read that step. Blocks publish their progress
 (iterations finished) with st.release after the passes' barrier; the wait polls it with ld.acquire.
@@ -29,42 +29,12 @@ from __future__ import annotations
 import functools
 import math
 
-from ..errors import TvmseqError
-from ..targets import is_gpu, resolve
-from .activations import Activation
+from ...errors import TvmseqError
+from ...targets import is_gpu, resolve
+from ..activations import Activation
 
 _DTYPES = ("float32", "float16")
 DEFAULT_SLOTS = 8
-
-_PROGRESS_STORE_SRC = r"""
-// Progress of a block (iterations finished), published after the barrier that ends its passes.
-__forceinline__ __device__ void tvmseq_progress_store(int* p, int n) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(p), "r"(n) : "memory");
-}
-"""
-_PROGRESS_WAIT_SRC = r"""
-// Warp 0 of a block waits until blocks [0, count) of the next layer (progress words at p) have each
-// finished at least `need` iterations. Warp-uniform (__all_sync): the warp leaves together.
-__forceinline__ __device__ void tvmseq_progress_wait(const int* p, int count, int need) {
-  if (need <= 0) return;
-  for (int base = 0; base < count; base += 32) {  // the same trip count in every lane
-    const int i = base + (threadIdx.x & 31);
-    bool ok;
-    unsigned spins = 0;
-    do {
-      int v = need;
-      if (i < count) asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p + i) : "memory");
-      ok = __all_sync(0xffffffffu, v >= need);
-      if (!ok && ++spins == (1u << 22)) {
-        if ((threadIdx.x & 31) == 0)
-          printf("tvmseq progress timeout: block %d needs %d iterations of the next layer\n", (int)blockIdx.x, need);
-        break;
-      }
-    } while (!ok);
-  }
-}
-"""
-
 
 def stack_fits(geo, facts, L: int) -> str | None:
     """Why a stack geometry cannot run resident, or None. The engine's own check counts accumulators for
@@ -88,7 +58,7 @@ def default_stack_config(L: int, B: int, H: int, dtype: str, target):
     """Schedule of a stack: G = 128 // L blocks per layer, then the (warps, batch chunk, shared-memory rows)
     with the fewest iterations per step (each costs two hand-offs) and, among those, the fewest rows in
     shared memory. On CPU a small config that still has several blocks, threads and chunks."""
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     target = resolve(target)
     if not is_gpu(target):
@@ -115,10 +85,10 @@ def default_stack_config(L: int, B: int, H: int, dtype: str, target):
 
 def default_config(L: int, B: int, H: int, dtype: str, target):
     """The schedule `stacked_gru_func` uses when none is given: for two or more layers the row-split one
-    (persistent_rows; on the H100 4 x H512 B8 took 6.1 us a step against 14.9 for this module's k-split
+    (`rows`; on the H100 4 x H512 B8 took 6.1 us a step against 14.9 for this module's k-split
     engine) when it fits, else the k-split engine's `default_stack_config`. One layer keeps the k-split
     engine, which is what the single-layer persistent GRU measured faster with."""
-    from .persistent_rows import default_rows_config
+    from .rows import default_rows_config
 
     if L >= 2:
         try:
@@ -129,15 +99,15 @@ def default_config(L: int, B: int, H: int, dtype: str, target):
 
 
 def _geometry(B, H, cfg, gpu):
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     return rg.EngineGeometry(6 * H, H, B, cfg, 32 if gpu else 1, rows_per_unit=6)
 
 
 def fits_on_chip(L: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[bool, str]:
     """Whether the R and W weights of all L layers stay on chip for the pipelined kernel, and why not."""
-    from . import recurrent_gemm as rg
-    from .persistent_rows import RowGeometry, RowSplitConfig
+    from .. import recurrent_gemm as rg
+    from .rows import RowGeometry, RowSplitConfig
 
     def why_not(cfg, facts):
         if isinstance(cfg, RowSplitConfig):
@@ -152,12 +122,12 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
     """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) for a pipelined stack of L GRU layers (module doc).
     acts: (f, g) Activations shared by every layer (default sigmoid, tanh); clip: shared cell clip.
     config: a recurrent_gemm.PersistentConfig (this module's k-split engine) or a
-    persistent_rows.RowSplitConfig (the row-split schedule, same interface)."""
+    rows.RowSplitConfig (the row-split schedule, same interface)."""
     from tvm.script import tirx as T
 
-    from . import recurrent_gemm as rg
-    from .persistent_gru import make_engine_pass
-    from .persistent_rows import RowSplitConfig, stacked_gru_rows_func
+    from .. import recurrent_gemm as rg
+    from .engine import make_engine_pass
+    from .rows import _PROGRESS_STORE_SRC, _PROGRESS_WAIT_SRC, RowSplitConfig, stacked_gru_rows_func
 
     target = resolve(target)
     gpu = is_gpu(target)
@@ -358,7 +328,7 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
 
 
 # ---- LSTM stacks -------------------------------------------------------------------------------------
-# A stack of forward LSTM layers runs on the row-split schedule only (persistent_rows, cell "lstm"): for
+# A stack of forward LSTM layers runs on the row-split schedule only (`rows`, cell "lstm"): for
 # GRU stacks it was measured 2.4x faster a step than this module's k-split engine at 4 x H512 B8, and an
 # LSTM unit's 8 rows (R and W, gates i, o, f, c) would cost the k-split reduction even more.
 #
@@ -369,15 +339,15 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
 #   ->  Y [L, T, B, H], Y_h [L, B, H], Y_c [L, B, H] (dtype)
 
 def default_lstm_config(L: int, B: int, H: int, target):
-    """The row-split schedule of an LSTM stack (`persistent_rows.default_rows_config`, cell 'lstm')."""
-    from .persistent_rows import default_rows_config
+    """The row-split schedule of an LSTM stack (`rows.default_rows_config`, cell 'lstm')."""
+    from .rows import default_rows_config
 
     return default_rows_config(L, B, H, target, "lstm")
 
 
 def lstm_fits_on_chip(L: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[bool, str]:
     """Whether the R and W weights of all L LSTM layers stay on chip for the pipelined kernel, and why not."""
-    from .persistent_rows import rows_fit
+    from .rows import rows_fit
 
     if dtype not in _DTYPES:
         return False, f"dtype {dtype} is not one of {_DTYPES}"
@@ -388,10 +358,10 @@ def stacked_lstm_func(L: int, B: int, H: int, dtype: str, target, acts=None, cli
                       has_peepholes: bool = False, config=None, slots: int = DEFAULT_SLOTS):
     """prim_func(gate_i0, R, W, bias_i, P, h0, c0, Y, Y_h, Y_c) named "lstm_stack" for a pipelined stack of L
     forward LSTM layers (interface above). acts: [f, g, h] Activations shared by every layer (default sigmoid,
-    tanh, tanh); clip: shared cell clip; input_forget / has_peepholes: `persistent_lstm.LstmCell`'s options,
-    shared by every layer. config: a persistent_rows.RowSplitConfig (None: `default_lstm_config`)."""
-    from .persistent_lstm import LstmCell
-    from .persistent_rows import RowSplitConfig, stacked_lstm_rows_func
+    tanh, tanh); clip: shared cell clip; input_forget / has_peepholes: `cells.LstmCell`'s options,
+    shared by every layer. config: a rows.RowSplitConfig (None: `default_lstm_config`)."""
+    from .cells import LstmCell
+    from .rows import RowSplitConfig, stacked_lstm_rows_func
 
     if dtype not in _DTYPES:
         raise TvmseqError(f"stacked LSTM: dtype must be one of {_DTYPES}, got {dtype}")
@@ -400,7 +370,7 @@ def stacked_lstm_func(L: int, B: int, H: int, dtype: str, target, acts=None, cli
     if slots < 2:
         raise TvmseqError(f"stacked LSTM: needs at least 2 LL slots, got {slots}")
     if config is not None and not isinstance(config, RowSplitConfig):
-        raise TvmseqError(f"stacked LSTM: config must be a persistent_rows.RowSplitConfig (the k-split engine has "
+        raise TvmseqError(f"stacked LSTM: config must be a rows.RowSplitConfig (the k-split engine has "
                           f"no LSTM stack), got {type(config).__name__}")
     if acts is not None and len(acts) != 3:
         raise TvmseqError(f"stacked LSTM: needs 3 activations (f, g, h), got {len(acts)}")

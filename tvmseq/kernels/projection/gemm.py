@@ -26,9 +26,9 @@ try:
 except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules still import, no building
     T = None
 
-from ..tune import space
-from .projection_mma import MmaGemmTile
-from .projection_wgmma import WgmmaTile
+from ...tune import space
+from .mma import MmaGemmTile
+from .wgmma import WgmmaTile
 
 # Measured on the H100 (artifacts/bench/search_compare.json, the pool of
 # gemm_m6400_n3072_k1024_f32_nk_bias = the GRU input GEMM of batch 64, seq 100, H = I = 1024): the
@@ -225,7 +225,7 @@ def padded_rows_genes(spec, seq, target) -> dict:
     """The genes of the padded-rows projection of `spec` at `seq` steps: FEW_BLOCKS_GENES when seq is known
     (an int) and PROJECTION_GENES' tiles would give fewer than FEW_BLOCKS_WAVES blocks an SM of the target,
     else PROJECTION_GENES (a symbolic seq: any length, so the tile that wins on long inputs)."""
-    from .recurrent_gemm import gpu_facts
+    from ..recurrent_gemm import gpu_facts
 
     if not isinstance(seq, int) or spec.dtype != "float32":   # float16 was not measured on this path
         return PROJECTION_GENES
@@ -310,7 +310,7 @@ TENSOR_CORE_TILE = TensorCoreTile()
 
 
 MMA_TILE = MmaGemmTile(bm=128, bn=128, bk=64, warps_m=2, warps_n=4, stages=3)
-# sm_90a: the warpgroup kernel (`projection_wgmma`), the first tile whose bn divides N. Measured on the H100
+# sm_90a: the warpgroup kernel (`wgmma`), the first tile whose bn divides N. Measured on the H100
 # (a tile sweep, 2026-11-23, notes/persistent.md: GRU input
 # GEMMs of batch 37/64/256, H = I = 1024): 128 x 256, 4 stages, a wgmma group kept in flight 428-495 TFLOP/s,
 # 0.69-0.73x cuBLAS; 128 x 128, 3 stages 409-462 (the mma.sync kernel: 245-262)
@@ -428,21 +428,21 @@ class TensorCoreProjection:
 
 def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> tirx.PrimFunc | None:
     """float16 on a GPU: the flat projection on tensor cores, fp16 inputs, fp32 accumulation: the hand-scheduled
-    warpgroup kernel (`projection_wgmma`, sm_90a) or mma.sync kernel (`projection_mma`, sm_80+) where its
+    warpgroup kernel (`wgmma`, sm_90a) or mma.sync kernel (`mma`, sm_80+) where its
     tile divides N and K, else `TensorCoreProjection` (wmma 16x16x16; always with an explicit `tile`); None
     elsewhere or when the rule declines. The SIMT template runs fp16 at fp32 FMA speed (1.25 ms at batch 64,
     H = I = 1024, against cuBLAS's 0.20 ms)."""
-    from . import projection_mma, projection_wgmma
+    from . import mma, wgmma
 
     if spec.dtype != "float16" or target is None or target.kind.name != "cuda" or sm_version(target) < 70:
         return None
     D, N, K = spec.num_directions, spec.gates * spec.hidden, spec.input_size
     if tile is None and str(target.attrs.get("arch", "")) == "sm_90a":   # wgmma exists on sm_90a only
         for wg_tile in WGMMA_TILES:
-            if projection_wgmma.supports(N, K, wg_tile) is None:
-                return projection_wgmma.projection_wgmma_func(D, N, K, True, wg_tile)
-    if tile is None and sm_version(target) >= 80 and projection_mma.supports(N, K, MMA_TILE) is None:
-        return projection_mma.projection_mma_func(D, N, K, True, MMA_TILE)
+            if wgmma.supports(N, K, wg_tile) is None:
+                return wgmma.projection_wgmma_func(D, N, K, True, wg_tile)
+    if tile is None and sm_version(target) >= 80 and mma.supports(N, K, MMA_TILE) is None:
+        return mma.projection_mma_func(D, N, K, True, MMA_TILE)
     try:
         sch = TensorCoreProjection(tile or TENSOR_CORE_TILE).apply(flat_projection_func(spec), target)
     except RuntimeError as err:   # a schedule error: fall back to the SIMT template / dlight
@@ -503,7 +503,7 @@ def cpu_projection_func(spec, target=None) -> tirx.PrimFunc:
     gate_i[d, m, j] = sum_k X[m, k] W[d, j, k] + bias[d, j], the step GEMM's SIMD loop
     (`step_gemm.cpu_gemm_macro`: k in vector lanes, W rows as stored, row blocks over threads) with the
     bias added as the sums are stored; X and W float32 or float16 (converted as loaded)."""
-    from .step_gemm import cpu_gemm_macro, cpu_lanes
+    from ..recurrent.step_gemm import cpu_gemm_macro, cpu_lanes
 
     D, I, G, dt = spec.num_directions, spec.input_size, spec.gates * spec.hidden, spec.dtype
     rows = tirx.Var("rows", "int32")

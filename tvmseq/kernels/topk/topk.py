@@ -38,7 +38,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..errors import TvmseqError
+from ...errors import TvmseqError
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -158,7 +158,7 @@ def choose_config(rows: int, n: int, k: int, gpu: bool, measured: bool = True,
     (rows x chunks >= ~2 per SM), big chunks when k is large (the per-block selection costs ~k ln k
     regardless of chunk size)."""
     if gpu and measured:
-        from ..tune import measured as db
+        from ...tune import measured as db
 
         config = db.lookup("topk", rows=rows, n=n, k=k, dtype=dtype)
         if config:
@@ -793,14 +793,14 @@ def _is_gpu_name(target) -> bool:
 
 
 def _target_obj(target):
-    from .. import targets
+    from ... import targets
 
     return targets.resolve(target)
 
 
 def target_key(target) -> str:
     """A hashable cache key for a target name or tvm Target (Targets hash by identity)."""
-    from .. import targets
+    from ... import targets
 
     return str(targets.resolve(target))
 
@@ -823,7 +823,7 @@ def topk(x, k: int, axis: int = -1, largest: bool = True, sorted: bool = True,  
     """Top-k of a numpy array (or anything np.asarray takes) along `axis`, ONNX semantics: values
     sorted best first, equal values by lower index, int64 indices. Returns (values, indices) numpy.
     `sorted=False` is accepted; the result is sorted anyway."""
-    from .. import targets
+    from ... import targets
 
     x = np.asarray(x)
     axis = validate_topk(x.shape, str(x.dtype), k, axis)

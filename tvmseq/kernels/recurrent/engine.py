@@ -1,5 +1,8 @@
-"""Persistent GRU: all time steps of a GRU node (one or both directions) in ONE CUDA kernel, on the
-engine of `recurrent_gemm` (weights on chip, LL {value, step} word hand-off, no per-step barrier).
+"""The persistent SIMT engine: all time steps of a GRU, RNN or LSTM node (one or both directions) in ONE CUDA
+kernel, on the engine of `recurrent_gemm` (weights on chip, LL {value, step} word hand-off, no per-step barrier).
+Which path runs a node (this engine, the staged-state kernels, the per-step kernels) is `paths`.
+
+GRU (`persistent_gru_func`; an RNN is the same kernel with one weight row a unit, cell 'rnn'):
 
 Interface (identical to the per-step `gru.recurrence_func`, so the ONNX converter can pick either):
   gate_i f32 [D, T, B, 3H] (X W^T + biases folded in), R [D, 3H, H] (dtype), rb_h f32 [D, H],
@@ -25,16 +28,26 @@ Y_h is the state after the last valid step, 0 for a zero-length row (onnxruntime
 
 The CPU variant is the same per-thread code with serial loops (step loop outermost, passes of all
 blocks before the next pass), so CI checks indexing and numerics on llvm. When the weights do not fit
-on chip (`fits_on_chip`), `recurrence_func_auto` returns the per-step kernel of `gru.py` instead.
+on chip (`fits_on_chip`), `paths.recurrence_func_auto` returns the per-step kernel of `gru.py` instead.
+
+LSTM (`persistent_lstm_func`): a cell of the same engine (`engine_func`), not a kernel of its own: block g of a
+direction keeps rows i, o, f, c of its U units (4U rows of R) in registers / shared memory, a step is one pass of
+those rows over h_{n-1}, and the thread that finishes (unit, batch column) holds that item's h AND its cell state c
+in float32 registers for all steps (c never leaves the chip; only h is handed off). The update math is
+`cells.LstmCell`. Interface (the same on every LSTM path, so the converter can take either):
+  gate_i f32 [D, T, B, 4H] (X W^T + Wb + Rb, gates i, o, f, c), R [D, 4H, H] (dtype), P f32 [D, 3H] (peepholes
+  i, o, f; zeros when none), seq_lens i32 [B], h0 f32 [D, B, H], c0 f32 [D, B, H]
+  -> Y [T, D, B, H], Y_h [D, B, H], Y_c [D, B, H] (dtype), T symbolic.
 """
 from __future__ import annotations
 
 import functools
 import math
 
-from ..errors import TvmseqError
-from ..targets import is_gpu, resolve
-from .activations import Activation
+from ...errors import TvmseqError
+from ...targets import is_gpu, resolve
+from .cells import (CELL_GATES, GATES, LstmCell, cell_math, check_acts, direction_activations, lstm_activations,
+                    row_length)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 _DTYPES = ("float32", "float16")
@@ -46,20 +59,12 @@ def _num_directions(directions: str) -> int:
     return 2 if directions == "bidirectional" else 1
 
 
-GATES = {"gru": 3, "rnn": 1}
-# Weight rows per hidden unit of every cell the engine runs: GATES (`persistent_gru_func`) and the LSTM's rows
-# i, o, f, c (`persistent_lstm.persistent_lstm_func`, which brings the LSTM's update math to `engine_func`)
-CELL_GATES = {**GATES, "lstm": 4}
-# default activations of one direction, as ONNX defines them
-DEFAULT_ACTS = {"gru": ("Sigmoid", "Tanh"), "rnn": ("Tanh",), "lstm": ("Sigmoid", "Tanh", "Tanh")}
-
-
 def default_gru_config(D: int, B: int, H: int, dtype: str, target, cell: str = "gru", measured: bool = True):
     """Engine schedule for a GRU (3 weight rows per unit) or an RNN (1), D recurrences on disjoint block
     subsets: the measured winner (`schedules/measured/persistent_gru.json`, `schedules/tune_persistent_gru.py`)
     where there is one, else the cost model's pick."""
-    from ..tune import measured as db
-    from . import recurrent_gemm as rg
+    from ...tune import measured as db
+    from .. import recurrent_gemm as rg
 
     ng = CELL_GATES[cell]
     if measured and is_gpu(resolve(target)):
@@ -80,7 +85,7 @@ STEP_FIT_US = (0.305, 0.332, 0.651, 0.052, 0.205)
 
 def step_features(geo) -> list[float]:
     """1, passes a step (NC), NC x one pass's issue cycles / 1000, NC x k-values a thread, NC x blocks / 64."""
-    from .recurrent_gemm import pass_issue_cycles
+    from ..recurrent_gemm import pass_issue_cycles
 
     return [1.0, geo.NC, geo.NC * pass_issue_cycles(geo) / 1000, geo.NC * geo.KT, geo.NC * geo.G / 64]
 
@@ -90,7 +95,7 @@ def fitted_step_us(geo) -> float:
 
 
 def _geometry(D, B, H, cfg, gpu, cell: str = "gru"):
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     return rg.EngineGeometry(CELL_GATES[cell] * H, H, B, cfg, 32 if gpu else 1, rows_per_unit=CELL_GATES[cell])
 
@@ -98,7 +103,7 @@ def _geometry(D, B, H, cfg, gpu, cell: str = "gru"):
 def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru") -> tuple[bool, str]:
     """Whether the recurrent weights of all D directions (3H x H each) stay on chip for the persistent
     kernel on the target's GPU (registers + shared memory of resident blocks), and why not."""
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     def why_not(cfg, facts):
         geo = _geometry(D, B, H, cfg, True, cell)
@@ -110,79 +115,13 @@ def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None, c
     return rg.fit_report(target, config, lambda tgt: default_gru_config(D, B, H, dtype, tgt, cell), why_not)
 
 
-def _check_acts(acts, D, cell="gru"):
-    per_dir = [Activation.make(name) for name in DEFAULT_ACTS[cell]]
-    acts = list(acts) if acts else per_dir * D
-    if len(acts) != len(per_dir) * D or not all(isinstance(a, Activation) for a in acts):
-        raise TvmseqError(f"persistent {cell.upper()}: needs {len(per_dir) * D} Activation objects "
-                          f"({len(per_dir)} per direction), got {acts!r}")
-    return acts
-
-
-def direction_activations(acts, D: int) -> list:
-    """[fn(d, x)] for each activation slot of a direction (GRU f, g; RNN f; LSTM f, g, h): the activation of
-    direction d applied to x (an if_then_else when the two directions differ)."""
-    from tvm.script import tirx as T
-
-    def per_dir(which):
-        fns = [acts[(len(acts) // D) * d + which] for d in range(D)]
-        if len(set(fns)) == 1:
-            return lambda d, x: fns[0].expr(x)
-        return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
-
-    return [per_dir(which) for which in range(len(acts) // D)]
-
-
-def clip_fn(clip):
-    """clip(x): the ONNX clip of a pre-activation (identity without one)."""
-    from tvm.script import tirx as T
-
-    if clip is None:
-        return lambda x: x
-    c_ = float(clip)
-    return lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))
-
-
-def cell_math(acts, D: int, NG: int, clip):
-    """(f, g, clip) of a GRU (NG = 3) / RNN (NG = 1) kernel body: f(d, x) and g(d, x) the activations of
-    direction d (an if_then_else when the two directions differ; g None for an RNN), clip(x) the ONNX clip."""
-    fns = direction_activations(acts, D)
-    return fns[0], (fns[1] if NG == 3 else None), clip_fn(clip)
-
-
-def time_index_fn(directions: str):
-    """time_index(d, L, s): the time step direction d handles at step s of a row of length L."""
-    from tvm.script import tirx as T
-
-    def time_index(d, L, s):
-        if directions == "forward":
-            return s
-        if directions == "reverse":
-            return L - 1 - s
-        return T.if_then_else(d == 1, L - 1 - s, s)
-
-    return time_index
-
-
-def row_length(has_seq_lens: bool, B: int):
-    """length(Lens, b, seq): row b's sequence length clamped to [0, seq] (seq without sequence_lens)."""
-    from tvm.script import tirx as T
-
-    def length(Lens, b, seq):
-        if not has_seq_lens:
-            return seq
-        return T.max(T.min(Lens[T.min(b, B - 1)], seq), 0)
-
-    return length
-
-
 def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
     """(do_pass macro, vp): a pass of the engine over local weight rows [r0, r0 + nr): poll the LL words of
     one state vector (this thread's k-slice of batch chunk c), multiply by the rows (registers first,
     then shared memory) and reduce over the block's threads into red[warp, bb * nr + row]."""
     from tvm.script import tirx as T
 
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     BC, KT, Hp, R_reg, WS = geo.BC, geo.KT, geo.Hp, geo.R_reg, geo.warp_size
     unroll = T.unroll if gpu else T.serial
@@ -240,7 +179,7 @@ def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
 def weight_row_of_slot(passes, WS: int, BC: int):
     """slot_row(s, lane): the local weight row a lane keeps in row slot s, given the passes [(r0, nr)] (rows of a
     pass in the XOR layout of `recurrent_gemm.xor_layout` are permuted per lane; other rows stay in place)."""
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     layouts = [(r0, nr, rg.xor_layout(nr, BC, WS)) for r0, nr in passes]
 
@@ -272,12 +211,12 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
                 target, config=None, slots: int = 2, poll=None, paired_buffers: bool = True,
                 syncwarp_before_barrier: bool = False, cell: str = "gru", lstm=None):
     """The engine's kernel for a cell of CELL_GATES: `persistent_gru_func`'s for a GRU or an RNN; for an LSTM
-    (cell 'lstm', `lstm` the cell's update math: `persistent_lstm.LstmCell`) prim_func(gate_i [D, T, B, 4H],
+    (cell 'lstm', `lstm` the cell's update math: `cells.LstmCell`) prim_func(gate_i [D, T, B, 4H],
     R [D, 4H, H], P [D, 3H], seq_lens, h0, c0, Y, Y_h, Y_c): one pass of the 4U rows (i, o, f, c) of a block's
     units a step, the cell state c kept in float32 in the finishing thread's registers next to h."""
     from tvm.script import tirx as T
 
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     target = resolve(target)
     gpu = is_gpu(target)
@@ -293,7 +232,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
         raise TvmseqError(f"persistent recurrence: cell must be one of {tuple(CELL_GATES)} (an LSTM with its "
                           f"update math), got {cell!r}")
     NG = CELL_GATES[cell]        # weight rows per hidden unit: z, r, h gates (GRU), one (RNN), i, o, f, c (LSTM)
-    acts = _check_acts(acts, D, cell)
+    acts = check_acts(acts, D, cell)
     lbr = bool(lbr) or cell != "gru"  # an RNN or LSTM step is the one-pass path (its NG rows in one pass)
     config = config or default_gru_config(D, B, H, dtype, target, cell)
     geo = _geometry(D, B, H, config, gpu, cell)
@@ -754,77 +693,41 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
 
 
 # ----------------------------------------------------------------------------------------------------
-# The automatic choice between the persistent kernel and the per-step path
+# The LSTM on the engine
 # ----------------------------------------------------------------------------------------------------
 
 
-# Where the weights fit, the persistent kernel wins at small batch (H100, 2026-11-22, recurrence alone,
-# us a step: B8 H1024 3.5 vs 12.9 per-step) but not at large batch, where its per-thread accumulators
-# force many batch chunks (hand-offs) per step and the per-step path's tiled GEMM wins (B64 H1024 27.9
-# vs 20.9, B64 H512 10.9 vs 10.2, B64 H256 5.2 vs 8.2). Persistent when B <= PERSISTENT_MAX_BATCH or
-# B x H <= PERSISTENT_MAX_BATCH_X_HIDDEN.
-PERSISTENT_MAX_BATCH = 16
-PERSISTENT_MAX_BATCH_X_HIDDEN = 64 * 256
+def persistent_lstm_func(D: int, B: int, H: int, dtype: str, directions: str, acts=None, clip=None,
+                         has_seq_lens: bool = False, input_forget: bool = False, has_peepholes: bool = False,
+                         target=None, config=None, slots: int = 2, poll=None):
+    """prim_func(gate_i, R, P, seq_lens, h0, c0, Y, Y_h, Y_c) for all steps of an LSTM node (see module doc):
+    the CUDA kernel on a GPU target, its serial variant (same per-thread code) on a CPU one."""
+    return engine_func(D, B, H, dtype, 1, directions, lstm_activations(acts, D), clip, has_seq_lens, target,
+                       config, slots, poll, cell="lstm", lstm=LstmCell(bool(input_forget), bool(has_peepholes)))
 
 
-def choose_path(D: int, B: int, H: int, dtype: str, target=None, config=None, cell: str = "gru",
-                lbr=1) -> tuple[str, str]:
-    """'persistent_wgmma' for a float16 GRU on sm_90a at large batch (`persistent_wgmma.supported`); else
-    'persistent_mma' for a float16 recurrence at batch >= 16 that the tensor-core kernel runs
-    (`persistent_mma.supported`: lbr=1 or RNN, sm_80+, fits); else 'persistent' when the recurrent weights of
-    all directions stay on chip and the batch is one where the SIMT engine was measured faster; else
-    'per_step' (per step a GEMM launch + a gate launch, R re-read from L2)."""
-    from . import persistent_mma, persistent_wgmma
+def lstm_spec_func(spec, target, config=None):
+    """`persistent_lstm_func` for an `lstm.LstmSpec`."""
+    return persistent_lstm_func(spec.num_directions, spec.batch, spec.hidden, spec.dtype, spec.direction,
+                                list(spec.activations), spec.clip, spec.has_seq_lens, spec.input_forget,
+                                spec.has_peepholes, target, config)
 
+
+def default_lstm_config(D: int, B: int, H: int, dtype: str, target):
+    """The engine's schedule for 4H x H weights per direction. No LSTM timings are measured yet, so this is
+    the GRU/RNN step-time fit (`STEP_FIT_US`, per pass: a 4-row pass is a pass like a 3-row one) on the LSTM's
+    geometry, or a measured winner once `schedules/measured/persistent_gru.json` holds cell 'lstm' entries."""
+    return default_gru_config(D, B, H, dtype, resolve(target), "lstm")
+
+
+def lstm_fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None) -> tuple[bool, str]:
+    """Whether the 4H x H recurrent weights of all D directions stay on chip (registers + shared memory of
+    resident blocks), and why not."""
+    return fits_on_chip(D, B, H, dtype, target, config, "lstm")
+
+
+def estimated_lstm_step_us(D: int, B: int, H: int, dtype: str, target=None, config=None) -> float:
+    """The cost model's time of one LSTM step (us) on the engine (the GRU/RNN fit, see `default_lstm_config`)."""
     target = resolve(target)
-    if not is_gpu(target):
-        return "per_step", "CPU target: the per-step kernels (the persistent variant is a serial check only)"
-    if config is None:
-        ok, why_wg = persistent_wgmma.supported(D, B, H, dtype, lbr, target, cell)
-        if ok:
-            return "persistent_wgmma", why_wg
-        ok, why_mma = persistent_mma.supported(D, B, H, dtype, lbr, target, cell)
-        if ok:
-            return "persistent_mma", why_mma
-    ok, why = fits_on_chip(D, B, H, dtype, target, config, cell)
-    if ok and B > PERSISTENT_MAX_BATCH and B * H > PERSISTENT_MAX_BATCH_X_HIDDEN and config is None:
-        return "per_step", (f"batch {B} x hidden {H}: the per-step path's tiled step GEMM was measured faster "
-                            "there than the persistent kernel")
-    return ("persistent" if ok else "per_step"), why
-
-
-PATHS = ("auto", "persistent", "persistent_mma", "persistent_wgmma", "per_step")
-
-
-def recurrence_func_auto(spec, target=None, config=None, path: str = "auto"):
-    """The recurrence kernel for a `gru.GruSpec` or an `rnn.RnnSpec` (same interface either way, except that
-    the persistent RNN takes a zero rb_h [D, H] after R): (prim_func, path, reason).
-    path: 'auto' (`choose_path`), 'persistent' or 'per_step'."""
-    from . import gru, rnn
-
-    target = resolve(target)
-    cell = "rnn" if isinstance(spec, rnn.RnnSpec) else "gru"
-    D, B, H = spec.num_directions, spec.batch, spec.hidden
-    lbr = getattr(spec, "linear_before_reset", 1)
-    if path == "auto":
-        path, why = choose_path(D, B, H, spec.dtype, target, config, cell, lbr)
-    elif path in PATHS:
-        why = f"{path} requested"
-    else:
-        raise TvmseqError(f"persistent {cell.upper()}: path must be one of {PATHS}, got {path!r}")
-    if path in ("persistent_mma", "persistent_wgmma"):
-        from . import persistent_mma, persistent_wgmma
-
-        if cell == "gru" and not lbr:  # dtype, sizes and the fit are checked by the factory
-            raise TvmseqError(f"{path} GRU: needs linear_before_reset=1")
-        factory = persistent_mma.persistent_mma_func if path == "persistent_mma" else \
-            persistent_wgmma.persistent_wgmma_func
-        func = factory(D, B, H, spec.dtype, spec.direction, list(spec.activations), spec.clip, spec.has_seq_lens,
-                       target, config, cell)
-        return func, path, why
-    if path == "persistent":
-        func = persistent_gru_func(D, B, H, spec.dtype, getattr(spec, "linear_before_reset", 1), spec.direction,
-                                   list(spec.activations), spec.clip, spec.has_seq_lens, target, config, cell=cell)
-        return func, path, why
-    per_step = rnn.recurrence_func if cell == "rnn" else gru.recurrence_func
-    return per_step(spec, target), path, why
+    config = config or default_lstm_config(D, B, H, dtype, target)
+    return fitted_step_us(_geometry(D, B, H, config, True, "lstm"))

@@ -3,18 +3,18 @@ of R on chip, the whole state h_s staged into shared memory every step. float16:
 (mma.sync m16n8k16, fp16 x fp16 -> fp32 accumulation, R as B fragments in registers); float32: the same
 kernel with the product on FMA units (R slice in shared memory; tensor cores would round to TF32).
 
-Why another persistent kernel. The SIMT engine (`persistent_gru`) keeps R in registers and hands the state
+Why another persistent kernel. The SIMT engine (`engine`) keeps R in registers and hands the state
 over word by word (LL flags), one batch column per accumulator: at batch 64 its chunks and hand-offs cost
 more than the per-step path's GEMM, which is what ran there (fp16 H1024 B64 ~23 us a step, cuDNN ~20).
 Here the state moves as one 16-byte-copy block per warp and the product is a small GEMM per block.
 
-Interface: that of `persistent_gru.persistent_gru_func` (and of the per-step `gru.recurrence_func`):
+Interface: that of `engine.persistent_gru_func` (and of the per-step `gru.recurrence_func`):
   gate_i f32 [D, T, B, NG*H] (X W^T + folded biases), R [D, NG*H, H], rb_h f32 [D, H],
   seq_lens i32 [B], h0 f32 [D, B, H]  ->  Y [T, D, B, H], Y_h [D, B, H]   (R, Y, Y_h in the model dtype).
 GRU with linear_before_reset=1 (what PyTorch exports) and RNN (NG = 1); lbr=0 needs the r gate of
 every unit before the h-gate product (a second hand-off per step) and stays on the other paths. LSTM (NG = 4,
-cell 'lstm'): the interface of `persistent_lstm` (P [D, 3H] and c0 in place of rb_h, Y_c out), the cell state kept
-in float32 registers beside h by the thread that finishes the item (see `persistent_mma_func`).
+cell 'lstm'): the interface of `engine.persistent_lstm_func` (P [D, 3H] and c0 in place of rb_h, Y_c out), the
+cell state kept in float32 registers beside h by the thread that finishes the item (see `persistent_mma_func`).
 
 Work split. Direction d runs on blocks [d*G*BS, (d+1)*G*BS); block (g, q) owns UB hidden units j in
 [g*UB, (g+1)*UB) (the NG*UB rows of R of their gates, so the gate math is local) and every BS-th chunk of
@@ -35,7 +35,7 @@ group's blocks; `dsmem`: no barrier at all, the state sent block to block inside
 fp16: the state enters the product rounded to fp16 (the fp16 GEMM's input, as in cuDNN); the update itself stays
 float32.
 
-sequence_lens: as in `persistent_gru` (state kept past a row's end, Y zero there, reverse starts at
+sequence_lens: as in `engine` (state kept past a row's end, Y zero there, reverse starts at
 the row's last valid step, Y_h the state after the last valid step, zero for an empty row).
 
 The CPU variant runs the same seeding, partial-sum, gate and publish code with serial loops and the
@@ -48,12 +48,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..errors import TvmseqError
-from ..targets import is_gpu, resolve
+from ...errors import TvmseqError
+from ...targets import is_gpu, resolve
+from .cells import CELL_GATES
 
 # weight rows a hidden unit: GRU z, r, h; RNN one; LSTM i, o, f, c (its cell state c kept beside h, see
 # persistent_mma_func)
-GATES = {"gru": 3, "rnn": 1, "lstm": 4}
+GATES = CELL_GATES
 
 # Step hand-off by ready flags: a block publishes flag[d, q, g] = steps done (release, after its state rows are
 # written); a warp about to stage its k-slice waits for the blocks owning those units (acquire, one lane a
@@ -335,8 +336,8 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
     """The measured winner (`schedules/measured/persistent_mma.json`, `schedules/tune_persistent_mma.py`) where
     there is one, else the rules below in order (`wide_block_config`, `batch_split_config`), else the first
     candidate that fits the target's GPU, or None."""
-    from ..tune import measured as db
-    from . import recurrent_gemm as rg
+    from ...tune import measured as db
+    from .. import recurrent_gemm as rg
 
     target = resolve(target)
     if measured and is_gpu(target):
@@ -420,7 +421,7 @@ def batch_split_config(D: int, B: int, H: int, facts, rows: int = 32) -> MmaConf
 
 def beats_engine(D: int, B: int, H: int, cell: str, dtype: str, target) -> bool:
     """Whether the database has this exact shape timed faster here than on the SIMT engine (small batch)."""
-    from ..tune import measured as db
+    from ...tune import measured as db
 
     if not is_gpu(resolve(target)):
         return False
@@ -430,12 +431,12 @@ def beats_engine(D: int, B: int, H: int, cell: str, dtype: str, target) -> bool:
 
 def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru", config=None) -> tuple[bool, str]:
     """Whether the tensor-core kernel runs this recurrence, and why not."""
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     target = resolve(target)
     if not is_gpu(target):
         return False, "CPU target"
-    from .input_projection import sm_version
+    from ..projection.gemm import sm_version
 
     if sm_version(target) < 80:
         return False, f"{target.attrs.get('arch')}: mma.sync m16n8k16 with ldmatrix and cp.async needs sm_80+"
@@ -462,7 +463,7 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
 
 
 def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", "float32"), cells=tuple(GATES)):
-    """The argument checks of the staged-state kernels (`persistent_mma`, `persistent_wgmma`: kind names it)."""
+    """The argument checks of the staged-state kernels (`mma`, `wgmma`: kind names it)."""
     nd = 2 if directions == "bidirectional" else 1
     if directions not in ("forward", "reverse", "bidirectional") or nd != D:
         raise TvmseqError(f"persistent {kind} {cell.upper()}: direction {directions!r} does not match D={D}")
@@ -479,15 +480,15 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
     tensor cores (see the module doc).
 
-    cell 'lstm' (`lstm`: its update math, a `persistent_lstm.LstmCell`, default no peepholes / input_forget):
+    cell 'lstm' (`lstm`: its update math, a `cells.LstmCell`, default no peepholes / input_forget):
     prim_func(gate_i [D, T, B, 4H], R [D, 4H, H], P f32 [D, 3H], seq_lens, h0, c0 f32 [D, B, H], Y, Y_h, Y_c), the
-    LSTM interface of `persistent_lstm`. A block owns rows i, o, f, c of its units (4 gate rows a unit, the same
-    product); the thread that finishes an item keeps its cell state c in float32 registers beside h for all steps
-    (only h is handed over) and the i, o, f peepholes of its unit."""
+    LSTM interface of `engine.persistent_lstm_func`. A block owns rows i, o, f, c of its units (4 gate rows a unit,
+    the same product); the thread that finishes an item keeps its cell state c in float32 registers beside h for all
+    steps (only h is handed over) and the i, o, f peepholes of its unit."""
     from tvm.script import tirx as T
 
-    from . import persistent_gru as pg
-    from . import recurrent_gemm as rg
+    from . import cells
+    from .. import recurrent_gemm as rg
 
     check_args(D, B, H, dtype, directions, cell)
     if (lstm is not None) and cell != "lstm":
@@ -495,13 +496,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     target = resolve(target)
     gpu = is_gpu(target)
     NG = GATES[cell]
-    acts = pg._check_acts(acts, D, cell)
+    acts = cells.check_acts(acts, D, cell)
     LSTM = cell == "lstm"
     if LSTM:
-        from .persistent_lstm import LstmCell
+        from .cells import LstmCell
 
         lstm = lstm or LstmCell()
-    lstm_fns = pg.direction_activations(acts, D) if LSTM else None   # f, g, h of each direction
+    lstm_fns = cells.direction_activations(acts, D) if LSTM else None   # f, g, h of each direction
     PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell, dtype=dtype) if gpu else MmaConfig(chunk_rows=32))
     if cfg is None:
@@ -525,10 +526,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     # one half of the state double buffer (dtype): [D, Bp, Hp], or the staging image [D, NCH, NW, PARTS, MC, SROW]
     buf_words = D * Bp * (NW * PARTS * SROW if IMAGE else Hp)
 
-    f_act, g_act, clipf = pg.cell_math(acts, D, NG, clip)
+    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip)
 
-    time_index = pg.time_index_fn(directions)
-    length = pg.row_length(has_seq_lens, B)
+    time_index = cells.time_index_fn(directions)
+    length = cells.row_length(has_seq_lens, B)
 
     def r_row(g, col):
         """R row of block-local gate row col = gate * UB + unit."""

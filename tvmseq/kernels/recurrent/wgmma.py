@@ -2,16 +2,16 @@
 block's slice of R resident in shared memory, the state chunk staged by bulk copies and multiplied by wgmma
 with both operands in shared memory; the gate math runs on the accumulators in registers.
 
-Why another persistent kernel. `persistent_mma` splits k over 8 warps (R as mma.sync B fragments in
+Why another persistent kernel. `mma` splits k over 8 warps (R as mma.sync B fragments in
 registers): every chunk its warps' partial sums go through shared memory, a __syncthreads, and a 24-load
 reduction per item before the gate math, and at batch 256 the SM issues an instruction every ~5 cycles with 2
 warps a scheduler (ncu, fp16 H1024 B256: 13.6 us a step). Here one warpgroup multiplies a 64-row state chunk
 by all NG * UB gate rows over the whole k (wgmma m64nNk16), so each thread ends with complete (z, r, h)
 pre-activations of its own units: no partial sums, no reduction, no k-split.
 
-Interface: that of `persistent_mma` (gate_i f32 [D, T, B, NG*H], R [D, NG*H, H] fp16, rb_h f32 [D, H],
+Interface: that of `mma` (gate_i f32 [D, T, B, NG*H], R [D, NG*H, H] fp16, rb_h f32 [D, H],
 seq_lens i32 [B], h0 f32 [D, B, H] -> Y [T, D, B, H], Y_h [D, B, H] fp16); GRU with linear_before_reset=1, RNN.
-gate_dtype="float16" takes gate_i in half (as `projection_wgmma` can write it: half the bytes read a step); the
+gate_dtype="float16" takes gate_i in half (as `projection.wgmma` can write it: half the bytes read a step); the
 loads widen it to float32, so the gate math is unchanged. Measured on the H100 (2026-11-23, an A/B probe in
 notes/persistent.md, seq 100, projection + recurrence us a step, float32 -> float16 gate_i): bi H1024
 B256 25.1 -> 26.0, bi H512 B256 10.6 -> 11.2, H1024 B256 13.8 -> 14.1, others within 4%; the relative error
@@ -35,9 +35,9 @@ Accumulator layout (wgmma m64nN, per warp w of the warpgroup): acc[4 j + 2 h + e
 column 8 j + 2 (lane % 4) + e; with the block's gate rows ordered (z units, r units, h units), a thread holds
 the three gates of units 8 j + 2 (lane % 4) + e (j < UB / 8) of its two rows: UB / 2 items.
 
-LSTM (cell 'lstm', NG = 4: rows i, o, f, c of a block's units): the interface of `persistent_lstm` (gate_i f32
-[D, T, B, 4H], R [D, 4H, H], P f32 [D, 3H] (peepholes i, o, f), seq_lens, h0, c0 f32 [D, B, H] -> Y, Y_h, Y_c fp16),
-the update math of `persistent_lstm.LstmCell`; the thread that finishes an item keeps its cell state c in float32
+LSTM (cell 'lstm', NG = 4: rows i, o, f, c of a block's units): the interface of `engine.persistent_lstm_func`
+(gate_i f32 [D, T, B, 4H], R [D, 4H, H], P f32 [D, 3H] (peepholes i, o, f), seq_lens, h0, c0 f32 [D, B, H] -> Y,
+Y_h, Y_c fp16), the update math of `cells.LstmCell`; the thread that finishes an item keeps its cell state c in float32
 registers beside h for all steps (only h goes through the image) and the i, o, f peepholes of its unit. A 16-unit
 LSTM block's R slice is 64 rows x H: at hidden 1024 that (128 KB) and a whole 64-row state chunk (128 KB) do not
 both fit, so `state_tiles` < NKB stages the chunk through a ring of that many k-tile slots: tile kb lands in slot
@@ -53,12 +53,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import TvmseqError
-from ..targets import is_gpu, resolve
+from ...errors import TvmseqError
+from ...targets import is_gpu, resolve
 
-from .persistent_mma import _LSTM_TEMPS, GATES, check_args
-from .projection_wgmma import ATOM, GATE_DTYPES, align_offset, encode_descriptor, mma_async
-from .projection_wgmma import BK as KB   # k of a tile: one 128-byte swizzle row of fp16
+from ..projection.wgmma import ATOM, GATE_DTYPES, align_offset, encode_descriptor, mma_async
+from ..projection.wgmma import BK as KB   # k of a tile: one 128-byte swizzle row of fp16
+from .mma import _LSTM_TEMPS, GATES, check_args
 
 MC = 64              # rows of a state chunk: the wgmma M of one warpgroup
 NT = 128             # one warpgroup
@@ -70,7 +70,7 @@ _MAX_REGS = 240
 class WgmmaRecConfig:
     """Knobs: units_per_block (a divisor of 64; N = gates x units <= 256), batch_split (blocks sharing a unit
     group, each taking every batch_split-th 64-row chunk). Clusters multicasting the copies (as in
-    `persistent_mma`) were tried in sweep w2: correct but not faster anywhere (H1024 B256 10.2 -> 11.0 us a
+    `mma`) were tried in sweep w2: correct but not faster anywhere (H1024 B256 10.2 -> 11.0 us a
     step), and compute-sanitizer racecheck reported a write-write hazard it could not place; removed."""
 
     units_per_block: int = 16
@@ -142,7 +142,7 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru") -> WgmmaRe
     blocks (SMs busy); a tie goes to 16 units (fewer chunks a block, walked one after another). Measured on the
     H100 (recurrence us a step, artifacts/bench/pwg_sweep.json): H1024 B256 (16, 2) 10.2, bi H1024 B256 (16, 1)
     18.5, H512 B256 (16, 4) 4.7 against (8, 1) 10.7, H256 B256 (8, 4) 3.4 against (16, 4) 3.8."""
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     facts = rg.gpu_facts(resolve(target))
     fits = [WgmmaRecConfig(ub, bs, st) for ub in (16, 8) for bs in (1, 2, 4, 8) for st in state_tile_options(H, cell)
@@ -167,18 +167,18 @@ def state_tile_options(H: int, cell: str) -> tuple:
     return (0,) + tuple(nkb // div for div in (2, 4) if nkb % div == 0 and nkb // div >= 2)
 
 
-# Where this kernel replaces `persistent_mma` (float16, sm_90a): batch >= WGMMA_MIN_BATCH, or bidirectional at
+# Where this kernel replaces `mma` (float16, sm_90a): batch >= WGMMA_MIN_BATCH, or bidirectional at
 # hidden >= 1024 and batch >= 64. Measured on the H100 (recurrence us a step, wgmma / mma.sync kernel, the
 # latter's database picks): B256 H1024 10.2 / 13.6, bi 18.5 / 24.0; B256 H512 4.7 / 6.2, bi 8.2 / 11.5; bi H1024
 # B64 6.3 / 7.2; not at B64 (H1024 4.8-5.0 / 4.3, H512 3.4 / 2.9, H256 2.9 / 2.2: one 64-row chunk feeds too few
 # blocks or repeats the whole state ingest per 8 units). GRU and LSTM (the LSTM by the GRU's rule: both kernels do
-# 4/3 of the GRU's work a step there, as on `persistent_mma`); the RNN was not timed on it.
+# 4/3 of the GRU's work a step there, as on `mma`); the RNN was not timed on it.
 WGMMA_MIN_BATCH = 128
 
 
 def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru", config=None) -> tuple[bool, str]:
     """Whether the importer runs this recurrence on the warpgroup kernel, and why not."""
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     target = resolve(target)
     if not is_gpu(target) or str(target.attrs.get("arch", "")) != "sm_90a":
@@ -200,13 +200,13 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
     warpgroup tensor cores (see the module doc); gate_i of gate_dtype (float32 or float16).
 
-    cell 'lstm' (`lstm`: its update math, a `persistent_lstm.LstmCell`, default no peepholes / input_forget):
+    cell 'lstm' (`lstm`: its update math, a `cells.LstmCell`, default no peepholes / input_forget):
     prim_func(gate_i [D, T, B, 4H], R [D, 4H, H], P f32 [D, 3H], seq_lens, h0, c0 f32 [D, B, H], Y, Y_h, Y_c), the
-    LSTM interface of `persistent_lstm`."""
+    LSTM interface of `engine.persistent_lstm_func`."""
     from tvm.script import tirx as T
 
-    from . import persistent_gru as pg
-    from . import recurrent_gemm as rg
+    from . import cells
+    from .. import recurrent_gemm as rg
 
     check_args(D, B, H, dtype, directions, cell, kind="wgmma", dtypes=("float16",), cells=("gru", "rnn", "lstm"))
     if gate_dtype not in GATE_DTYPES:
@@ -216,13 +216,13 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     target = resolve(target)
     gpu = is_gpu(target)
     NG = GATES[cell]
-    acts = pg._check_acts(acts, D, cell)
+    acts = cells.check_acts(acts, D, cell)
     LSTM = cell == "lstm"
     if LSTM:
-        from .persistent_lstm import LstmCell
+        from .cells import LstmCell
 
         lstm = lstm or LstmCell()
-    lstm_fns = pg.direction_activations(acts, D) if LSTM else None   # f, g, h of each direction
+    lstm_fns = cells.direction_activations(acts, D) if LSTM else None   # f, g, h of each direction
     PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell) if gpu else WgmmaRecConfig(8, 1))
     if cfg is None:
@@ -241,9 +241,9 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     WORDS = D * NCH * NKB * MC * KB   # one half of the state double buffer (halfs)
     TILE_BYTES = MC * KB * 2
     unroll = T.unroll if gpu else T.serial
-    f_act, g_act, clipf = pg.cell_math(acts, D, NG, clip)
-    length = pg.row_length(has_seq_lens, B)
-    time_index = pg.time_index_fn(directions)
+    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip)
+    length = cells.row_length(has_seq_lens, B)
+    time_index = cells.time_index_fn(directions)
 
     def widen(v):
         # float32 gate_i is read as it was (no cast node): the default kernel's code stays what it was

@@ -1,5 +1,5 @@
 """Row-split schedule of the pipelined GRU stack: the same interface and hand-off as
-`persistent_stack.stacked_gru_func`, a different split of the work inside a block.
+`stack.stacked_gru_func`, a different split of the work inside a block.
 
 Why. The engine's k-split (every thread owns a k-slice of ALL the block's weight rows) ends every pass
 with a reduction of rows x batch-chunk partial sums per thread over the whole block. In the stack a block
@@ -18,13 +18,14 @@ Here warp w of a block owns UW units outright (their z, r, h rows of R and, for 
      units, published as LL words. No reduction across warps, no second barrier.
 Layer 0's input part comes precomputed (gate_i0), so its W rows are zero and its staged input is zero.
 
-Flow control between layers (rings of S slots, progress counters) is persistent_stack's, unchanged.
+Flow control between layers (rings of S slots, progress counters) is that of `stack.stacked_gru_func`, unchanged
+(its progress primitives live here, `stack` imports them).
 The CPU variant runs the same per-thread code with serial loops (a warp of one lane) for CI.
 
 The LSTM is a second cell of the same kernel (`stacked_lstm_rows_func`): a unit owns rows i, o, f, c of R
 (and of W for l >= 1), every LSTM bias is additive, so R x h and W x of a gate fuse into one sum (4 sums per
 item, as the GRU's); the finishing lane keeps the item's cell state c in a float32 register beside h for all
-steps (`persistent_lstm.LstmCell`'s update math); only h is handed off.
+steps (`cells.LstmCell`'s update math); only h is handed off.
 """
 from __future__ import annotations
 
@@ -32,10 +33,38 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..errors import TvmseqError
-from ..targets import is_gpu, resolve
-from .activations import Activation
+from ...errors import TvmseqError
+from ...targets import is_gpu, resolve
+from ..activations import Activation
 
+_PROGRESS_STORE_SRC = r"""
+// Progress of a block (iterations finished), published after the barrier that ends its passes.
+__forceinline__ __device__ void tvmseq_progress_store(int* p, int n) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(p), "r"(n) : "memory");
+}
+"""
+_PROGRESS_WAIT_SRC = r"""
+// Warp 0 of a block waits until blocks [0, count) of the next layer (progress words at p) have each
+// finished at least `need` iterations. Warp-uniform (__all_sync): the warp leaves together.
+__forceinline__ __device__ void tvmseq_progress_wait(const int* p, int count, int need) {
+  if (need <= 0) return;
+  for (int base = 0; base < count; base += 32) {  // the same trip count in every lane
+    const int i = base + (threadIdx.x & 31);
+    bool ok;
+    unsigned spins = 0;
+    do {
+      int v = need;
+      if (i < count) asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p + i) : "memory");
+      ok = __all_sync(0xffffffffu, v >= need);
+      if (!ok && ++spins == (1u << 22)) {
+        if ((threadIdx.x & 31) == 0)
+          printf("tvmseq progress timeout: block %d needs %d iterations of the next layer\n", (int)blockIdx.x, need);
+        break;
+      }
+    } while (!ok);
+  }
+}
+"""
 _SYNCWARP_SRC = r"""
 __forceinline__ __device__ void tvmseq_syncwarp() { __syncwarp(); }
 """
@@ -124,7 +153,7 @@ class RowGeometry:
 def default_rows_config(L: int, B: int, H: int, target, cell: str = "gru") -> RowSplitConfig:
     """The most blocks per layer (up to SMs // L) that the units need, then 8, 16, 4 or 2 warps (first
     that reaches that block count), the largest batch chunk <= 8 that fits, as many register rows as fit."""
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     target = resolve(target)
     if not is_gpu(target):
@@ -148,7 +177,7 @@ def default_rows_config(L: int, B: int, H: int, target, cell: str = "gru") -> Ro
 
 def rows_fit(L: int, B: int, H: int, target, config: RowSplitConfig | None = None,
              cell: str = "gru") -> tuple[bool, str]:
-    from . import recurrent_gemm as rg
+    from .. import recurrent_gemm as rg
 
     return rg.fit_report(target, config, lambda tgt: default_rows_config(L, B, H, tgt, cell),
                          lambda cfg, facts: RowGeometry(L, B, H, cfg, 32, cell).check(facts), "row-split")
@@ -156,7 +185,7 @@ def rows_fit(L: int, B: int, H: int, target, config: RowSplitConfig | None = Non
 
 def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
                           slots: int = 8):
-    """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) named "gru_stack": persistent_stack's interface
+    """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) named "gru_stack": `stack.stacked_gru_func`'s interface
     and numerics with the row-split work division (module doc)."""
     return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "gru", None)
 
@@ -164,9 +193,9 @@ def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None,
 def stacked_lstm_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
                            slots: int = 8, lstm=None):
     """prim_func(gate_i0, R, W, bias_i, P, h0, c0, Y, Y_h, Y_c) named "lstm_stack": a pipelined stack of L
-    forward LSTM layers (`persistent_stack.stacked_lstm_func`'s interface). acts: [f, g, h] Activations shared
-    by every layer; lstm: the cell's update math (`persistent_lstm.LstmCell`: input_forget, peepholes)."""
-    from .persistent_lstm import LstmCell
+    forward LSTM layers (`stack.stacked_lstm_func`'s interface). acts: [f, g, h] Activations shared
+    by every layer; lstm: the cell's update math (`cells.LstmCell`: input_forget, peepholes)."""
+    from .cells import LstmCell
 
     return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "lstm", lstm or LstmCell())
 
@@ -177,9 +206,8 @@ def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
     and its prim_func signature."""
     from tvm.script import tirx as T
 
-    from . import recurrent_gemm as rg
-    from .persistent_gru import direction_activations
-    from .persistent_stack import _PROGRESS_STORE_SRC, _PROGRESS_WAIT_SRC
+    from .. import recurrent_gemm as rg
+    from .cells import direction_activations
 
     target = resolve(target)
     gpu = is_gpu(target)

@@ -1,0 +1,128 @@
+"""What describes a recurrent cell, shared by every path that runs one (the SIMT engine of `engine`, the
+staged-state kernels of `mma` and `wgmma`, the stacks of `rows` and `stack`): weight rows per hidden unit,
+default activations, the pieces of a cell's math as TIR expressions (activations per direction, clip, the time
+step a direction handles, a row's sequence length) and the LSTM's update (`LstmCell`).
+
+ONNX LSTM step (clip applied to every pre-activation, peephole terms included):
+  i = f(Xi + Hi + Pi*c), f = f(Xf + Hf + Pf*c) (input_forget: f = 1 - i), c~ = g(Xc + Hc), c' = f*c + i*c~,
+  o = f(Xo + Ho + Po*c'), h' = o*h(c'). sequence_lens: past a row's end Y = 0 and (h, c) are kept; Y_h / Y_c the
+  state after the row's last valid step, 0 for a zero-length row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import TvmseqError
+from ..activations import Activation
+
+GATES = {"gru": 3, "rnn": 1}
+# Weight rows per hidden unit of every cell: GATES (`engine.persistent_gru_func`) and the LSTM's rows i, o, f, c
+# (`engine.persistent_lstm_func`, which brings the LSTM's update math, `LstmCell`, to `engine.engine_func`)
+CELL_GATES = {**GATES, "lstm": 4}
+# default activations of one direction, as ONNX defines them
+DEFAULT_ACTS = {"gru": ("Sigmoid", "Tanh"), "rnn": ("Tanh",), "lstm": ("Sigmoid", "Tanh", "Tanh")}
+
+
+def check_acts(acts, D, cell="gru"):
+    """The Activation objects of every direction (len(DEFAULT_ACTS[cell]) per direction), checked; the ONNX
+    defaults when `acts` is empty."""
+    per_dir = [Activation.make(name) for name in DEFAULT_ACTS[cell]]
+    acts = list(acts) if acts else per_dir * D
+    if len(acts) != len(per_dir) * D or not all(isinstance(a, Activation) for a in acts):
+        raise TvmseqError(f"persistent {cell.upper()}: needs {len(per_dir) * D} Activation objects "
+                          f"({len(per_dir)} per direction), got {acts!r}")
+    return acts
+
+
+def direction_activations(acts, D: int) -> list:
+    """[fn(d, x)] for each activation slot of a direction (GRU f, g; RNN f; LSTM f, g, h): the activation of
+    direction d applied to x (an if_then_else when the two directions differ)."""
+    from tvm.script import tirx as T
+
+    def per_dir(which):
+        fns = [acts[(len(acts) // D) * d + which] for d in range(D)]
+        if len(set(fns)) == 1:
+            return lambda d, x: fns[0].expr(x)
+        return lambda d, x: T.if_then_else(d == 0, fns[0].expr(x), fns[1].expr(x))
+
+    return [per_dir(which) for which in range(len(acts) // D)]
+
+
+def clip_fn(clip):
+    """clip(x): the ONNX clip of a pre-activation (identity without one)."""
+    from tvm.script import tirx as T
+
+    if clip is None:
+        return lambda x: x
+    c_ = float(clip)
+    return lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))
+
+
+def cell_math(acts, D: int, NG: int, clip):
+    """(f, g, clip) of a GRU (NG = 3) / RNN (NG = 1) kernel body: f(d, x) and g(d, x) the activations of
+    direction d (an if_then_else when the two directions differ; g None for an RNN), clip(x) the ONNX clip."""
+    fns = direction_activations(acts, D)
+    return fns[0], (fns[1] if NG == 3 else None), clip_fn(clip)
+
+
+def time_index_fn(directions: str):
+    """time_index(d, L, s): the time step direction d handles at step s of a row of length L."""
+    from tvm.script import tirx as T
+
+    def time_index(d, L, s):
+        if directions == "forward":
+            return s
+        if directions == "reverse":
+            return L - 1 - s
+        return T.if_then_else(d == 1, L - 1 - s, s)
+
+    return time_index
+
+
+def row_length(has_seq_lens: bool, B: int):
+    """length(Lens, b, seq): row b's sequence length clamped to [0, seq] (seq without sequence_lens)."""
+    from tvm.script import tirx as T
+
+    def length(Lens, b, seq):
+        if not has_seq_lens:
+            return seq
+        return T.max(T.min(Lens[T.min(b, B - 1)], seq), 0)
+
+    return length
+
+
+@dataclass(frozen=True)
+class LstmCell:
+    """The LSTM's update math for the engine. `pre(q)` is gate q's input plus its recurrent sum (q: 0 i, 1 o,
+    2 f, 3 c), `peep(q)` the peephole weight of i (0), o (1), f (2) or None, `fns` = [f, g, h] activations of
+    direction d (`direction_activations`), `clip` the ONNX clip."""
+
+    input_forget: bool = False
+    has_peepholes: bool = False
+
+    @staticmethod
+    def _gate(fn, clip, d, pre, peep, q, c):
+        x = pre(q) if peep is None else pre(q) + peep(q) * c
+        return fn(d, clip(x))
+
+    def cell(self, fns, clip, d, pre, peep, c):
+        """c' = f*c + i*g(Xc + Hc)."""
+        from tvm.script import tirx as T
+
+        i = self._gate(fns[0], clip, d, pre, peep, 0, c)
+        f = T.float32(1) - i if self.input_forget else self._gate(fns[0], clip, d, pre, peep, 2, c)
+        return f * c + i * fns[1](d, clip(pre(3)))
+
+    def hidden(self, fns, clip, d, pre, peep, c_new):
+        """h' = o*h(c'), the o gate's peephole on c'."""
+        return self._gate(fns[0], clip, d, pre, peep, 1, c_new) * fns[2](d, c_new)
+
+
+def lstm_activations(acts, D: int):
+    """Activation objects (names or Activation in, ONNX defaults when empty)."""
+    if not acts:
+        return None
+    try:
+        return [a if isinstance(a, Activation) else Activation.make(a) for a in acts]
+    except TvmseqError as err:
+        raise TvmseqError(f"persistent LSTM: activations: {err}") from None
