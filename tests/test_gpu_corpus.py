@@ -79,11 +79,12 @@ def test_corpus_model_on_gpu_matches_onnxruntime(model_id):
     if model_id == "none":
         pytest.skip(f"no prebuilt corpus models in {ROOT} (python -m tests.test_gpu_corpus build {ROOT})")
     compiled = load_model(ROOT / f"{model_id}.so")
-    want_sets, names = _expected(model_id)
-    for feeds, want in zip(load_inputs(ROOT / f"{model_id}.npz"), want_sets):
+    input_sets = load_inputs(ROOT / f"{model_id}.npz")
+    names, want_of, stored = _expected(model_id)
+    for index, feeds in enumerate(input_sets):
         got = compiled(**feeds)
         got = got if isinstance(got, tuple) else (got,)
-        want = want(feeds) if callable(want) else [want[n] for n in names]
+        want = want_of(index, feeds)
         shapes = {k: v.shape for k, v in feeds.items()}
         for name, g, w in zip(names, got, want):
             rtol, atol = TOLERANCE.get(w.dtype.type, (0, 0))
@@ -91,8 +92,8 @@ def test_corpus_model_on_gpu_matches_onnxruntime(model_id):
             print(f"{model_id} {name} {shapes}: max abs error {err:.3g}")
             assert g.shape == w.shape
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"{model_id} {name} at {shapes}")
-    if want_sets and isinstance(want_sets[0], dict):      # no onnxruntime time without the model: ours alone
-        feeds = load_inputs(ROOT / f"{model_id}.npz")[0]
+    if stored:      # no onnxruntime time without the model: ours alone
+        feeds = input_sets[0]
         compiled(**feeds)
         start = time.perf_counter()
         for _ in range(20):
@@ -102,19 +103,20 @@ def test_corpus_model_on_gpu_matches_onnxruntime(model_id):
 
 
 def _expected(model_id):
-    """([per input set: onnxruntime's outputs, or a function of the feeds that runs it], output names)."""
+    """(output names, want_of(input set index, feeds) -> onnxruntime's outputs, whether they were stored): read
+    from <id>.want.npz where the build stored them, else onnxruntime run here on <id>.onnx."""
     want_path = ROOT / f"{model_id}.want.npz"
     if want_path.exists():
         sets = load_inputs(want_path)
-        return sets, list(sets[0])
+        names = list(sets[0])
+        return names, lambda index, feeds: [sets[index][n] for n in names], True
     import onnx
     import onnxruntime as ort
 
     proto = onnx.load(str(ROOT / f"{model_id}.onnx"))
     proto.ir_version = min(proto.ir_version, 10)      # the GPU machine's onnxruntime reads IR <= 13
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    runs = len(load_inputs(ROOT / f"{model_id}.npz"))
-    return [lambda feeds: session.run(None, feeds)] * runs, [o.name for o in session.get_outputs()]
+    return [o.name for o in session.get_outputs()], lambda index, feeds: session.run(None, feeds), False
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import tvm_ffi
 from tvm.runtime.vm import VirtualMachine
 
 from .errors import TvmseqError
-from .tensors import on_device
+from .tensors import _KDL_CUDA, on_device
 
 # run-time checks compiled into models (tvmseq.onnx.checks) raise errors of this kind: the VM raises them
 # as TvmseqError (one line, naming the ONNX node)
@@ -129,7 +129,6 @@ def resolve_artifacts(executable, recorded: list[dict] | None = None) -> list[di
 
 
 OUTPUT_KINDS = ("numpy", "device")
-_KDL_CUDA = 2
 
 
 class Model:
@@ -164,6 +163,7 @@ class Model:
             raise TvmseqError(f"cuda_graph=True needs a CUDA model, this one is for {self.target_kind}")
         self._graphs: dict = {}                  # input (shape, dtype)s -> staged inputs and the capture
         self.graph_fallbacks: dict = {}          # input shapes run uncaptured -> why
+        self._feedback_cache: dict = {}          # state pairs -> (input positions, feedback pairs)
         specs = signature["inputs"]
         self._feed_specs = [s for s in specs if not s.get("weight")]
         self._weight_specs = [s for s in specs if s.get("weight")]
@@ -344,7 +344,7 @@ class Model:
 
     def _feedback_of(self, pairs: tuple):
         """({input name: position}, ((output index, input position), ...)) for state pairs, worked out once."""
-        cache = self.__dict__.setdefault("_feedback_cache", {})
+        cache = self._feedback_cache
         if pairs not in cache:
             position = {}
             for i, spec in enumerate(self._feed_specs):

@@ -11,6 +11,7 @@ from .errors import TvmseqError
 
 _ALIGNMENT = 64          # TVM's compiled code assumes 64-byte aligned, compact inputs
 _KDL_CPU = 1
+_KDL_CUDA = 2
 
 
 def dlpack_view(value):

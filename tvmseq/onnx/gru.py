@@ -374,19 +374,24 @@ def _emit_gru_kernels(bb, c, spec, target, path_option: str = "auto"):
     return outs
 
 
+def emit_layer(bb, cell: str, c, spec, target, path_option: str, emit_kernels, choose, build, extra=None):
+    """One GRU/RNN/LSTM node's kernels, `emit_kernels(bb, c, spec, path)`, on the prepared inputs `c` (with
+    `extra` added): through the run-time batch dispatch where it applies (a symbolic batch on a GPU,
+    `batch_dispatch`; `choose` and `build` as `dispatch_plan` takes them), else directly."""
+    from . import batch_dispatch
+
+    outs = batch_dispatch.emit(bb, cell, c, spec, lambda: dispatch_plan(spec, target, path_option, choose, build),
+                               emit_kernels, extra=extra)
+    return outs if outs is not None else emit_kernels(bb, {**c, **(extra or {})}, spec, path_option)
+
+
 def emit_gru_layer(bb, c, spec, target, path_option: str = "auto"):
     """One GRU node's kernels on the prepared inputs `c` (`prepare_common`): the (Y, Y_h) tuple, layout 0. A
     symbolic batch on a GPU: the persistent kernels of the batch buckets where the batch fits one, else the
-    per-step kernels, chosen at run time (`batch_dispatch`)."""
-    from . import batch_dispatch
-
-    outs = batch_dispatch.emit(bb, "gru", c, spec,
-                               lambda: dispatch_plan(spec, target, path_option, lambda s: choose_gru_path(s, target),
-                                                     lambda s, path: build_kernels(s, str(target), path)),
-                               lambda bb_, c_, spec_, path: _emit_gru_kernels(bb_, c_, spec_, target, path))
-    if outs is not None:
-        return outs
-    return _emit_gru_kernels(bb, c, spec, target, path_option)
+    per-step kernels, chosen at run time (`emit_layer`)."""
+    return emit_layer(bb, "gru", c, spec, target, path_option,
+                      lambda bb_, c_, spec_, path: _emit_gru_kernels(bb_, c_, spec_, target, path),
+                      lambda s: choose_gru_path(s, target), lambda s, path: build_kernels(s, str(target), path))
 
 
 @register_converter("GRU")

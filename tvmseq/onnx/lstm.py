@@ -10,10 +10,9 @@ from tvm import relax
 
 from ..errors import TvmseqError, UnsupportedOnnxError
 from ..kernels.activations import parse_onnx_activations
-from . import batch_dispatch
 from ..kernels.recurrent import gru as gru_kernels
 from ..kernels.recurrent import lstm as lstm_kernels
-from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, dispatch_plan, emit_input_projection, finish_outputs,
+from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, emit_input_projection, emit_layer, finish_outputs,
                   match_state_shape, prepare_common, recurrence_path_option, recurrent_key, spec_batch, zeros)
 from .importer import OnnxOpConverter, emit_kernel, register_converter
 
@@ -110,22 +109,14 @@ def _emit_lstm_kernels(bb, c, spec, c0, peep, target, path_option: str = "auto")
 def emit_lstm_layer(bb, c, spec, c0, peep, target, path_option: str = "auto"):
     """One LSTM node's kernels on the inputs `c` prepared by `prepare_common`: the (Y, Y_h, Y_c) call, layout 0.
     A symbolic batch on a GPU: the persistent kernels of the batch buckets where the batch fits one, else the
-    per-step kernels, chosen at run time (`batch_dispatch`)."""
+    per-step kernels, chosen at run time (`gru.emit_layer`)."""
     from ..kernels.recurrent import paths
 
-    def plan():
-        return dispatch_plan(spec, target, path_option,
-                             lambda s: paths.choose_lstm_path(s.num_directions, s.batch, s.hidden, s.dtype,
-                                                              tvm.target.Target(str(target)))[0],
-                             lambda s, path: lstm_recurrence_for(s, target, path))
-
-    outs = batch_dispatch.emit(
-        bb, "lstm", c, spec, plan,
-        lambda bb_, c_, spec_, path: _emit_lstm_kernels(bb_, c_, spec_, c_["c0"], c_["peep"], target, path),
-        extra={"c0": c0, "peep": peep})
-    if outs is not None:
-        return outs
-    return _emit_lstm_kernels(bb, c, spec, c0, peep, target, path_option)
+    return emit_layer(bb, "lstm", c, spec, target, path_option,
+                      lambda bb_, c_, spec_, path: _emit_lstm_kernels(bb_, c_, spec_, c_["c0"], c_["peep"], target, path),
+                      lambda s: paths.choose_lstm_path(s.num_directions, s.batch, s.hidden, s.dtype,
+                                                       tvm.target.Target(str(target)))[0],
+                      lambda s, path: lstm_recurrence_for(s, target, path), extra={"c0": c0, "peep": peep})
 
 
 def finish_lstm_outputs(bb, outs, layout):

@@ -5,10 +5,9 @@ import numpy as np
 from tvm import relax
 
 from ..errors import TvmseqError, UnsupportedOnnxError
-from . import batch_dispatch
 from ..kernels.activations import parse_onnx_activations
 from ..kernels.recurrent import rnn as rnn_kernels
-from .gru import (_SUPPORTED_ATTRS, build_kernels, choose_gru_path, dispatch_plan, emit_recurrent_kernels,
+from .gru import (_SUPPORTED_ATTRS, build_kernels, choose_gru_path, emit_layer, emit_recurrent_kernels,
                   finish_outputs, prepare_common, recurrence_path_option, spec_batch, zeros)
 from .importer import OnnxOpConverter, register_converter
 
@@ -30,14 +29,10 @@ def _emit_rnn_kernels(bb, c, spec, target, path_option: str = "auto"):
 
 def emit_rnn_layer(bb, c, spec, target, path_option: str = "auto"):
     """One RNN node's kernels on the prepared inputs `c` (`prepare_common`): the (Y, Y_h) tuple, layout 0; a
-    symbolic batch on a GPU dispatches on it at run time (`batch_dispatch`, as `gru.emit_gru_layer`)."""
-    outs = batch_dispatch.emit(bb, "rnn", c, spec,
-                               lambda: dispatch_plan(spec, target, path_option, lambda s: choose_gru_path(s, target),
-                                                     lambda s, path: build_kernels(s, str(target), path)),
-                               lambda bb_, c_, spec_, path: _emit_rnn_kernels(bb_, c_, spec_, target, path))
-    if outs is not None:
-        return outs
-    return _emit_rnn_kernels(bb, c, spec, target, path_option)
+    symbolic batch on a GPU dispatches on it at run time (`gru.emit_layer`)."""
+    return emit_layer(bb, "rnn", c, spec, target, path_option,
+                      lambda bb_, c_, spec_, path: _emit_rnn_kernels(bb_, c_, spec_, target, path),
+                      lambda s: choose_gru_path(s, target), lambda s, path: build_kernels(s, str(target), path))
 
 
 @register_converter("RNN")
