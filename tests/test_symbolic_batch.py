@@ -391,6 +391,19 @@ def test_no_dispatch_where_the_batch_is_not_an_input_dim():
     assert "gru_recurrence" in names and not any("dispatch" in n or "_b" in n for n in names), names
 
 
+def test_asking_for_the_dispatch_warns_that_it_is_experimental():
+    from tvmseq.onnx import batch_dispatch, from_onnx
+
+    model = node_model("RNN", with_seq_lens=True)
+    with pytest.warns(batch_dispatch.ExperimentalWarning, match="padded up to a bucket crashed"):
+        from_onnx(model, target=h100(), artifacts=None, batch_buckets="auto")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", batch_dispatch.ExperimentalWarning)
+        from_onnx(model, target=h100(), artifacts=None)            # off by default: no warning
+
+
 def test_cpu_target_has_no_dispatch():
     names = {gv.name_hint for gv in tvmseq.onnx.from_onnx(node_model("LSTM", with_seq_lens=True), target="llvm",
                                                             batch_buckets="auto").get_global_vars()}
