@@ -297,16 +297,23 @@ def emulate_cuda_schedule(model, feeds, stock_schedule: bool = False, **options)
     so this checks what each schedule computes (not races: the GPU tests do). Kernels of dlight's Matmul
     rule (shared-memory tiles, virtual threads) do not lower for the CPU this way; Fallback, GEMV and the
     Reduction rules do."""
+    import tvmseq
+    from tvmseq import targets
+
+    mod = tvmseq.from_onnx(model, target=targets.resolve("cuda"), **options)
+    return emulate_cuda_module(mod, feeds, stock_schedule)
+
+
+def emulate_cuda_module(mod, feeds, stock_schedule: bool = False) -> np.ndarray:
+    """`emulate_cuda_schedule` for a Relax module (its main run on `feeds`' values)."""
     import tvm
     from tvm import relax, tirx
     from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
-    import tvmseq
     from tvmseq import schedule_gpu, targets
 
     cuda = targets.resolve("cuda")
-    mod = tvmseq.from_onnx(model, target=cuda, **options)
     legalize = cuda_pipeline.legalize_passes(cuda) if stock_schedule else schedule_gpu.legalize_passes(cuda)
     with cuda:
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(cuda) + legalize)(mod)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import blocks
+import tvm
+from tvm.script import relax as R, tirx as T
 
 
 @pytest.mark.parametrize("name", list(blocks.BLOCKS))
@@ -109,3 +111,38 @@ def test_a_schedule_with_a_thread_local_buffer_of_symbolic_size_is_refused():
 
     why = schedule_gpu.lowering_error(copy_through_local.with_attr("tirx.is_scheduled", True), resolve("cuda"))
     assert why is not None and "symbolic size" in why, why
+
+
+@tvm.script.ir_module
+class ZerosOfSymbolicRows:
+    """A batch padded to 4 rows the obvious Relax way (zeros of 4 - n rows, concat): dlight's Fallback raises on
+    the zeros kernel; left unscheduled, it ran on the host against device memory and crashed the process on the
+    H100 (notes/tvm_symbolic_concat_cuda.md)."""
+
+    @R.function
+    def main(x: R.Tensor(("t", "n", 5), "float32")):
+        t = T.int64()
+        n = T.int64()
+        with R.dataflow():
+            z = R.zeros(R.shape([t, 4 - n, 5]), "float32")
+            c = R.concat([x, z], axis=1)
+            p = R.match_cast(c, R.Tensor((t, 4, 5), "float32"))
+            a = R.add(p, R.const(1, "float32"))
+            R.output(a)
+        return a
+
+
+def test_every_stock_kernel_gets_a_gpu_schedule():
+    """Where dlight's rules all fail, tvmseq's last resorts bind the loops to GPU threads: no PrimFunc is left
+    for the host, and the schedule computes the right values."""
+    from tvmseq import schedule_gpu, targets
+
+    cuda = targets.resolve("cuda")
+    with cuda:
+        mod = tvm.transform.Sequential(schedule_gpu.legalize_passes(cuda))(ZerosOfSymbolicRows)
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            assert "blockIdx.x" in func.script(), gv.name_hint
+    x = np.random.default_rng(0).standard_normal((6, 3, 5)).astype("float32")
+    want = np.concatenate([x, np.zeros((6, 1, 5), "float32")], axis=1) + 1
+    np.testing.assert_allclose(blocks.emulate_cuda_module(ZerosOfSymbolicRows, {"x": x}), want)

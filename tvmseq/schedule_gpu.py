@@ -31,16 +31,54 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 from . import targets
+from .errors import TvmseqError
 
 log = logging.getLogger(__name__)
 _STOCK = {"on": False}     # `stock_pipeline()`: TVM's own pipeline, to show its bugs in tests
 
 
 def default_rules():
-    """dlight's GPU rules, in the order of TVM's default CUDA pipeline."""
+    """dlight's GPU rules, in the order of TVM's default CUDA pipeline, then tvmseq's two last resorts."""
     from tvm.s_tir import dlight as dl
 
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
+            UnfusedSpatial(), OneThread()]
+
+
+class UnfusedSpatial:
+    """For PrimFuncs dlight's Fallback cannot fuse (it raises on `zeros` of shape [t, 4 - n, 5]: an
+    iter-map check on the symbolic extent): each top-level block's outer loop on blockIdx.x, its innermost
+    loop split over threadIdx.x, no loop fused. Spatial blocks only (None otherwise)."""
+
+    THREADS = 128
+
+    def apply(self, func, target, _tunable):
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        if not blocks or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
+            return None
+        for block in blocks:
+            loops = sch.get_loops(block)
+            if len(loops) < 2:
+                loops = [sch.add_unit_loop(block), *loops]
+            outer, inner = sch.split(loops[-1], [None, self.THREADS])
+            sch.bind(loops[0], "blockIdx.x")
+            sch.bind(inner, "threadIdx.x")
+        return sch
+
+
+class OneThread:
+    """The last resort: every top-level block run by one GPU thread (slow, but on the device: a PrimFunc left
+    without thread bindings is compiled as host code that writes device memory, which crashed the process on
+    the H100: notes/tvm_symbolic_concat_cuda.md)."""
+
+    def apply(self, func, target, _tunable):
+        sch = s_tir.Schedule(func)
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            loops = sch.get_loops(block)
+            top = loops[0] if loops else block
+            sch.bind(sch.add_unit_loop(top), "blockIdx.x")
+        return sch
 
 
 @contextlib.contextmanager
@@ -118,6 +156,9 @@ def schedule_func(func: tirx.PrimFunc, target, rules=None, name: str = "func") -
         if error is None:
             return scheduled
         log.debug("dlight %s's schedule of %s does not lower: %s", rule_name, name, error)
+    if last is None:
+        # never leave a PrimFunc unscheduled on a GPU target: it would run on the host against device memory
+        raise TvmseqError(f"no GPU schedule for the stock operator {name}: every rule failed")
     return last       # none lowers: the last one, so the build reports TVM's own error
 
 

@@ -27,8 +27,6 @@ kernels, as before.
 """
 from __future__ import annotations
 
-import warnings
-
 import dataclasses
 from typing import Callable
 
@@ -49,12 +47,7 @@ OFF = ("off", "none", "per_step")
 _BATCH_AXIS = {"x": 1, "h0": 1, "c0": 1, "lens": 0}
 
 
-class ExperimentalWarning(UserWarning):
-    """A feature that is not yet right everywhere was asked for."""
-
-
-# off by default until the padded buckets run right on the GPU (option_value's warning)
-DEFAULT = "off"
+DEFAULT = "auto"
 
 
 def candidates(option) -> list[int]:
@@ -96,27 +89,34 @@ def option_value(options: dict | None = None):
         from .importer import _OPTIONS
 
         options = _OPTIONS.get()
-    value = (options or {}).get(BATCH_BUCKETS_OPTION, DEFAULT)
-    if candidates(value):
-        warnings.warn("batch_buckets: the run-time batch dispatch is experimental: on the H100 (2026-11-26) a batch "
-                      "padded up to a bucket crashed the process (a bucket's own size ran right); leave it off for "
-                      "models you serve", ExperimentalWarning, stacklevel=2)
-    return value
+    return (options or {}).get(BATCH_BUCKETS_OPTION, DEFAULT)
 
 
 def _pad(bb, value, axis: int, batch, b: int):
-    """`value` with its batch axis (symbolic `batch`) padded with zero rows to b."""
-    dims = list(value.ty.shape.values)
-    zero_dims = list(dims)
-    zero_dims[axis] = b - batch
-    zeros = bb.emit(relax.op.zeros(relax.ShapeExpr(zero_dims), value.ty.dtype))
-    padded = bb.emit(relax.op.concat([value, zeros], axis=axis))
-    dims[axis] = b
-    return bb.match_cast(padded, relax.TensorType(dims, value.ty.dtype))
+    """`value` with its batch axis (symbolic `batch`) padded with zero rows to b: one elementwise kernel that reads
+    a row below the real batch and writes zero elsewhere. (zeros of b - batch rows + concat + match_cast, the
+    obvious Relax, crashed the host process on the H100 whenever b - batch > 0: notes/tvm_symbolic_concat_cuda.md.)"""
+    from tvm import te
+
+    def pad(x):
+        shape = list(x.shape)
+        shape[axis] = b
+        return te.compute(shape, lambda *i: tirx.if_then_else(i[axis] < x.shape[axis], x(*i), tirx.const(0, x.dtype)),
+                          name="pad_batch")
+
+    return bb.emit_te(pad, value, primfunc_name_hint="pad_batch")
 
 
 def _slice(bb, value, axis: int, batch):
-    return bb.emit(relax.op.strided_slice(value, axes=[axis], begin=[0], end=[batch], assume_inbound=True))
+    """The first `batch` rows of `value`'s batch axis (a bucket's outputs back to the real batch), one copy kernel."""
+    from tvm import te
+
+    def take(y):
+        shape = list(y.shape)
+        shape[axis] = batch
+        return te.compute(shape, lambda *i: y(*i), name="take_batch")
+
+    return bb.emit_te(take, value, primfunc_name_hint="take_batch")
 
 
 def _function(bb, name: str, params: list, make_body: Callable[[], relax.Expr]) -> relax.GlobalVar:
