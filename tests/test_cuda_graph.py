@@ -20,10 +20,20 @@ class _Replay:
         self.outputs = None
 
     def replay(self):
+        """Like a graph: every replay writes the same output tensors."""
         self.replays += 1
-        self.outputs = self.call()
+        out = self.call()
+        if self.outputs is None:
+            self.outputs = out
+        else:
+            for kept, new in zip(_listed(self.outputs), _listed(out)):
+                new.copyto(kept)
         for index, target in self.copies_after:
-            self.outputs[index].copyto(target)
+            _listed(self.outputs)[index].copyto(target)
+
+
+def _listed(outputs):
+    return (outputs,) if hasattr(outputs, "data_ptr") else tuple(outputs)
 
 
 @pytest.fixture
@@ -107,6 +117,35 @@ def test_streaming_copies_the_state_back_inside_the_call(fake_capture, monkeypat
     assert stream.state["initial_h"].data_ptr() == entry["inputs"][1].data_ptr()
     if captured:
         assert fake_capture[0].copies_after and fake_capture[0].replays == 6
+
+
+@pytest.mark.parametrize("by_name", [True, False])
+def test_a_stream_replays_a_known_frame_shape_without_the_vm(fake_capture, by_name):
+    """After the first captured call of a frame shape, a call with numpy frames of that shape and dtype copies
+    them in, replays and copies the outputs out (stream.FramePlan): the same values as the whole sequence;
+    another shape, a given state or a reset takes the checked path again."""
+    from tvmseq.stream import Stream
+
+    model, compiled = _gru()
+    x = np.random.default_rng(2).standard_normal((10, 2, 5)).astype(np.float32)
+    stream = Stream(compiled, state={"initial_h": "Y_h"})
+    frames = [stream(X=x[t:t + 1]) if by_name else stream(x[t:t + 1]) for t in range(6)]
+    assert stream.fast_calls == 5 and fake_capture[0].replays == 6
+    frames.append(stream(X=x[6:8]))                                   # a new shape: checked, captured
+    frames.append(stream(X=x[8:9]))                 # the first shape, its state in the other capture: checked
+    frames.append(stream(X=x[9:10]))                                  # fast again
+    assert stream.fast_calls == 6 and len(fake_capture) == 2
+    want = _want(model, x, np.zeros((1, 2, 7), np.float32))[0]
+    np.testing.assert_allclose(np.concatenate(frames), want, rtol=1e-4, atol=1e-5)
+    stream.reset()
+    again = stream(X=x[0:1])
+    assert stream.fast_calls == 6
+    np.testing.assert_allclose(again, want[:1], rtol=1e-4, atol=1e-5)
+    h = np.ones((1, 2, 7), np.float32)
+    stream(X=x[0:1], initial_h=h)                                     # a state given: checked
+    assert stream.fast_calls == 6
+    with pytest.raises(TvmseqError, match="float32"):
+        stream(X=x[0:1].astype(np.float64))                            # another dtype: checked, refused
 
 
 def test_graph_mode_needs_a_cuda_model():

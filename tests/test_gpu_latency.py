@@ -213,13 +213,18 @@ def test_cuda_graph_is_recorded_in_the_signature_and_checked_here():
 
 
 def test_a_one_frame_build_projects_its_inputs_as_a_gemv():
-    """Compiler only: at 4 rows or fewer (one frame of batch 3 here) the GRU input projection is an einsum over W
-    as stored, which dlight schedules with its GEMV rule, not the row-tiled kernel built for many rows."""
+    """Compiler only: a one-frame build (batch 3 here) runs each GRU node as one kernel, its input projection
+    included (`kernels.recurrent.one_step`); on the other paths, at 4 rows or fewer the GRU input projection is
+    an einsum over W as stored, which dlight schedules with its GEMV rule, not the row-tiled kernel built for many
+    rows."""
     pytest.importorskip("tvm.script")
     from tvmseq import from_onnx, targets
 
     model, _ = _model("denoiser_frame")
     mod = from_onnx(model, {"X": FRAME_SHAPES["X"]}, target=targets.resolve("cuda"))
+    names = [gv.name_hint for gv in mod.functions]
+    assert "gru_one_step" in names and not any("input_projection" in n or "recurrence" in n for n in names)
+    mod = from_onnx(model, {"X": FRAME_SHAPES["X"]}, target=targets.resolve("cuda"), recurrence="persistent")
     names = [gv.name_hint for gv in mod.functions]
     assert not any("input_projection" in n for n in names) and "einsum" in mod["main"].script()
     dynamic = from_onnx(model, target=targets.resolve("cuda"))

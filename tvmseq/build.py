@@ -12,7 +12,8 @@
   for `tvmseq.Stream`.
 - `weights="inputs"`: float initializers of `weights_min_elements` (1024) elements or more become parameters of
   `main` instead of constants in the executable, so the exported `.so` stays small (benchmarks ship
-  models to the GPU machine this way); `Model.set_weights` uploads them once.
+  models to the GPU machine this way); `Model.set_weights` uploads them once. Except the biases and peepholes
+  of GRU/RNN/LSTM nodes (a few KB): the importer folds them into the biases its kernels take, at import.
 """
 from __future__ import annotations
 
@@ -121,16 +122,22 @@ def signature_of(mod: tvm.IRModule, onnx_model=None, weight_names=(), state_pair
 
 
 def lift_weights(model, min_elements: int = WEIGHT_MIN_ELEMENTS):
-    """(copy of the ONNX model with its large float initializers turned into graph inputs, {name: array})."""
+    """(copy of the ONNX model with its large float initializers turned into graph inputs, {name: array}).
+    The biases (and LSTM peepholes) of recurrent nodes stay initializers whatever their size: the importer
+    derives the biases its kernels take from them in numpy (`onnx.gru.fold_biases`), where as graph inputs they
+    would be sliced and added by kernels on every call."""
     import onnx
     from onnx import helper, numpy_helper
+
+    from .onnx.gru import folded_initializers
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     kept, values = [], {}
+    folded = folded_initializers(graph)
     for init in graph.initializer:
         size = int(np.prod(init.dims)) if init.dims else 1
-        if init.data_type in _FLOAT_TYPES and size >= min_elements:
+        if init.data_type in _FLOAT_TYPES and size >= min_elements and init.name not in folded:
             values[init.name] = numpy_helper.to_array(init)
         else:
             kept.append(init)
@@ -230,6 +237,28 @@ def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, *, cuda_g
         raise TvmseqError("cuda_graph_bounds is given without cuda_graph=True")
     executable = build_relax(mod, target, tuned=tuned)
     return Model(executable, target, signature, weights=weight_values or None, max_graph_shapes=max_graph_shapes)
+
+
+def kernel_calls(executable, function: str = "main") -> list[str]:
+    """Names of the functions `function` of a built model (a `runtime.Model`, or its Relax VM executable) calls
+    on every call, in order, from its VM code; the VM's own bookkeeping (`vm.builtin.*`: allocations, views,
+    tuples, shape checks) left out. Each is one compiled function: a stock op (fused), or a tvmseq kernel (one
+    launch; the per-step recurrences loop on the host and launch two kernels a step)."""
+    executable = getattr(executable, "executable", executable)
+    text = executable.as_text()
+    head = f"@{function}:"
+    if head not in text:
+        raise TvmseqError(f"the executable has no VM function {function!r}")
+    calls = []
+    for line in text.split(head, 1)[1].splitlines()[1:]:
+        line = line.strip()
+        if not line or line.startswith("@"):
+            break
+        if line.startswith("call "):
+            name = line.split()[1]
+            if not name.startswith("vm.builtin."):
+                calls.append(name)
+    return calls
 
 
 def export(model, path) -> Path:

@@ -8,7 +8,7 @@ import time
 from .errors import TvmseqError
 
 BENCHMARKS = ("gru", "persistent_gru", "persistent_rnn", "persistent_lstm", "gru_stack", "lstm_stack",
-              "input_projection", "recurrent_gemm", "spmm", "topk", "model", "cpu")
+              "lstm_floor", "input_projection", "recurrent_gemm", "spmm", "topk", "model", "cpu")
 
 
 def _parse_shapes(items) -> dict:
@@ -188,13 +188,20 @@ def _tune_model(args) -> None:
                         help="tune at this input shape (dynamic dims default to 64)")
     parser.add_argument("-o", "--output", default="tuning_db", metavar="DB_DIR", help="database directory")
     parser.add_argument("--cost-model", default="auto", help="auto (xgb if installed, else random), xgb, mlp, random")
+    parser.add_argument("--strategy", default="evolutionary",
+                        help="evolutionary (MetaSchedule's default) or replay-trace (random sampling, less overhead)")
+    parser.add_argument("--max-tasks", type=int, default=None, metavar="N",
+                        help="tune only the N heaviest functions (FLOPs x calls); the rest keep the default schedules")
+    parser.add_argument("--trials-per-iter", type=int, default=None, metavar="K",
+                        help="candidates per task each round (default: trials / tasks, 8 to 64)")
     opts = parser.parse_args(args.rest)
     from .tune import model as tune_model
 
     shapes = _parse_shapes(opts.shape)
     _check_shape_names(args.op, shapes)
     report = tune_model.tune_model(args.op, target=opts.target, trials=opts.trials, shapes=shapes,
-                                   work_dir=opts.output, cost_model=opts.cost_model)
+                                   work_dir=opts.output, cost_model=opts.cost_model, strategy=opts.strategy,
+                                   max_tasks=opts.max_tasks, trials_per_iter=opts.trials_per_iter)
     print(tune_model.format_report(report))
 
 

@@ -21,6 +21,7 @@ import ctypes
 from typing import Callable, Sequence
 
 from .errors import TvmseqError
+from .tensors import _KDL_CUDA
 
 _CAPTURE_MODE_RELAXED = 2
 _STREAM_DEFAULT_FLAGS = 0          # blocking: syncs with the legacy stream, so stray legacy work fails capture
@@ -44,6 +45,12 @@ def _lib():
         _driver.cuStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         _driver.cuGraphGetNodes.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         _driver.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        _driver.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        _driver.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+        _driver.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        _driver.cuMemHostAlloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        _driver.cuMemFreeHost.argtypes = [ctypes.c_void_p]
+        _driver.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
     return _driver
 
 
@@ -75,7 +82,7 @@ class CapturedCall:
             self._exec = None
 
 
-def _nbytes(tensor) -> int:
+def nbytes(tensor) -> int:
     import numpy as np
 
     return int(tensor.numel()) * np.dtype(str(tensor.dtype)).itemsize
@@ -84,7 +91,66 @@ def _nbytes(tensor) -> int:
 def copy_async(dst, src) -> None:
     """Copy compact device tensor `src` into `dst` on the legacy stream, where replays run, without waiting
     for the GPU (TVM's `copyto` between device tensors waits, which would keep the host from running ahead)."""
-    _check(_lib().cuMemcpyDtoDAsync_v2(dst.data_ptr(), src.data_ptr(), _nbytes(src), None), "cuMemcpyDtoDAsync")
+    _check(_lib().cuMemcpyDtoDAsync_v2(dst.data_ptr(), src.data_ptr(), nbytes(src), None), "cuMemcpyDtoDAsync")
+
+
+def copy_from_address(dst, address: int, size: int) -> None:
+    """Copy `size` bytes (`dst`'s) from device address `address` (a CUDA tensor of another library) into `dst`,
+    asynchronously on the legacy stream."""
+    _check(_lib().cuMemcpyDtoDAsync_v2(dst.data_ptr(), address, size, None), "cuMemcpyDtoDAsync")
+
+
+def upload(dst, array) -> None:
+    """Copy host array `array` (C-contiguous, `dst`'s size) into device tensor `dst`, in order on the legacy
+    stream where replays run. From pageable memory the driver stages the bytes before it returns, so `array`
+    may be reused at once; a CPU tensor (tests) takes TVM's copy."""
+    if dst.device.dlpack_device_type() != _KDL_CUDA:
+        dst.copyfrom(array)
+        return
+    _check(_lib().cuMemcpyHtoDAsync_v2(dst.data_ptr(), array.ctypes.data, array.nbytes, None), "cuMemcpyHtoDAsync")
+
+
+def download(src, shape, dtype):
+    """Device tensor `src` as a new numpy array, after the work queued on the legacy stream (a replay) is done."""
+    import numpy as np
+
+    if src.device.dlpack_device_type() != _KDL_CUDA:
+        return src.numpy()
+    out = np.empty(shape, dtype)
+    _check(_lib().cuMemcpyDtoH_v2(out.ctypes.data, src.data_ptr(), out.nbytes), "cuMemcpyDtoH")
+    return out
+
+
+class Pinned:
+    """A page-locked host array (`array`): copies between it and the device run asynchronously and at full speed
+    (a pageable one is staged by the driver, ~10 us a copy). The streaming fast path (`stream.FramePlan`) stages
+    numpy frames and outputs through these."""
+
+    def __init__(self, shape, dtype):
+        import numpy as np
+
+        self.nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+        self._ptr = ctypes.c_void_p()
+        _check(_lib().cuMemHostAlloc(ctypes.byref(self._ptr), self.nbytes, 0), "cuMemHostAlloc")
+        raw = (ctypes.c_byte * self.nbytes).from_address(self._ptr.value)
+        self.array = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+    def to_device(self, dst) -> None:
+        _check(_lib().cuMemcpyHtoDAsync_v2(dst.data_ptr(), self._ptr, self.nbytes, None), "cuMemcpyHtoDAsync")
+
+    def from_device(self, src) -> None:
+        _check(_lib().cuMemcpyDtoHAsync_v2(self._ptr, src.data_ptr(), self.nbytes, None), "cuMemcpyDtoHAsync")
+
+    def __del__(self):
+        if self._ptr and _driver is not None:
+            self.array = None
+            _driver.cuMemFreeHost(self._ptr)
+            self._ptr = None
+
+
+def synchronize() -> None:
+    """Wait for the work queued on the legacy stream (replays and their copies)."""
+    _check(_lib().cuStreamSynchronize(None), "cuStreamSynchronize")
 
 
 def capture(call: Callable[[], object], device, copies_after: Sequence[tuple[int, object]] = ()) -> CapturedCall:
@@ -106,9 +172,9 @@ def capture(call: Callable[[], object], device, copies_after: Sequence[tuple[int
                 else tuple(outputs)
             for index, target in copies_after:
                 source = listed[index]
-                if _nbytes(source) != _nbytes(target):
-                    raise CaptureError(f"output {index} has {_nbytes(source)} bytes, its copy target {_nbytes(target)}")
-                _check(lib.cuMemcpyDtoDAsync_v2(target.data_ptr(), source.data_ptr(), _nbytes(source), stream),
+                if nbytes(source) != nbytes(target):
+                    raise CaptureError(f"output {index} has {nbytes(source)} bytes, its copy target {nbytes(target)}")
+                _check(lib.cuMemcpyDtoDAsync_v2(target.data_ptr(), source.data_ptr(), nbytes(source), stream),
                        "cuMemcpyDtoDAsync")
         except Exception as err:  # noqa: BLE001 - whatever failed, the capture must still be ended
             failure = err

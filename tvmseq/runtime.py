@@ -312,6 +312,7 @@ class Model:
             entry = self._graphs[key] = {"inputs": [tvm.runtime.empty(s, d, self.device) for s, d in key[0]],
                                          "call": None, "captured": False}
         buffers = entry["inputs"]
+        self._last_graph = key, entry      # what a Stream's fast path replays (stream.FramePlan)
         for value, buffer in zip(inputs, buffers):
             if not isinstance(value, tvm.runtime.Tensor):
                 buffer.copyfrom(value)                      # from the host

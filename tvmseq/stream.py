@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import TvmseqError
+from .tensors import _KDL_CUDA
 
 
 class Stream:
@@ -42,6 +43,8 @@ class Stream:
         self.model, self.pairs, self.output = model, pairs, output
         self.frame_inputs = [n for n in model.input_names if n not in pairs]
         self._state: dict = {}
+        self._plans: dict = {}        # frame signature -> FramePlan (CUDA-graph models)
+        self.fast_calls = 0           # calls that took a FramePlan
 
     @property
     def state(self) -> dict:
@@ -50,6 +53,7 @@ class Stream:
 
     def reset(self) -> None:
         self._state = {}
+        self._plans = {}
 
     def _zeros(self, name: str, feeds: dict):
         """A zero state for input `name`, its symbolic dims read off the frame inputs."""
@@ -73,6 +77,12 @@ class Stream:
     def __call__(self, *args, **kwargs):
         """One frame or chunk: the frame inputs (positional in `frame_inputs` order, or by name; a state
         input given by name replaces the kept state); returns the outputs that are not state."""
+        if self._plans:
+            frames = self._frames(args, kwargs)
+            plan = self._plans.get(_signature(frames)) if frames is not None else None
+            if plan is not None and plan.valid(self._state):
+                self.fast_calls += 1
+                return plan(frames)
         if len(args) > len(self.frame_inputs):
             raise TvmseqError(f"the stream takes {len(self.frame_inputs)} frame inputs "
                               f"({', '.join(self.frame_inputs)}), got {len(args)}")
@@ -88,7 +98,101 @@ class Stream:
                 if feeds[name] is None:
                     feeds[name] = self._zeros(name, frame_feeds)
         outputs, self._state = self.model.stream_run(feeds, self.pairs)   # device tensors, fed back as they are
+        self._remember_plan(self._frames(args, kwargs))
         rest = [v for k, v in self.model.named(outputs).items() if k not in self.pairs.values()]
         if self.output == "numpy":
             rest = [v.numpy() for v in rest]
         return rest[0] if len(rest) == 1 else tuple(rest)
+
+    def _frames(self, args, kwargs) -> tuple | None:
+        """The frame inputs in `frame_inputs` order when the call gives exactly them (no state input), else None."""
+        if kwargs:
+            if args or len(kwargs) != len(self.frame_inputs) or any(n not in kwargs for n in self.frame_inputs):
+                return None
+            return tuple(kwargs[n] for n in self.frame_inputs)
+        return args if len(args) == len(self.frame_inputs) else None
+
+    def _remember_plan(self, frames) -> None:
+        """After a captured call that gave exactly the frame inputs, numpy arrays without run-time value checks:
+        a FramePlan for calls with the same shapes and dtypes (the checks of shape and dtype it skips gave the
+        same answer on this call)."""
+        model = self.model
+        last = getattr(model, "_last_graph", None)
+        if frames is None or not model.cuda_graph or last is None or last[1].get("call") is None:
+            return
+        specs = {s.get("onnx_name", s["name"]): s for s in model.signature["inputs"]}
+        if any(not _plain_array(a) or specs[n].get("checks") for n, a in zip(self.frame_inputs, frames)):
+            return
+        position, _ = model._feedback_of(tuple(self.pairs.items()))
+        if any(self._state[name] is not last[1]["inputs"][position[name]] for name in self.pairs):
+            return      # the state is not the capture's own buffers: the slow path copies it in
+        keep = [i for i, k in enumerate(model.output_names) if k not in self.pairs.values()]
+        self._plans[_signature(frames)] = FramePlan(model, last, [position[n] for n in self.frame_inputs], keep,
+                                                    self.output, dict(self._state))
+
+
+class FramePlan:
+    """A captured call replayed with no checks and no VM in between: each frame copied into its buffer (a numpy
+    frame through a page-locked staging array, a CUDA tensor by its address; asynchronous), one graph launch, the
+    outputs copied out through page-locked arrays and waited for (numpy) or returned as the device tensors the
+    capture writes. Valid while the model still holds this capture (a new shape past `max_graph_shapes` or
+    `set_weights` start the cache anew: a new dict) and the stream's state is in the capture's buffers."""
+
+    def __init__(self, model, last, frame_positions: list[int], keep: list[int], output: str, state: dict):
+        from . import cuda_graph
+
+        self._model, self._graphs, (_, entry), self._state = model, model._graphs, last, state
+        self._buffers = [entry["inputs"][p] for p in frame_positions]
+        self._nbytes = [cuda_graph.nbytes(b) for b in self._buffers]
+        call = entry["call"]
+        listed = (call.outputs,) if hasattr(call.outputs, "data_ptr") else tuple(call.outputs)
+        self._outputs = [listed[i] for i in keep]
+        self._replay, self._copy_from = call.replay, cuda_graph.copy_from_address
+        self._numpy = output == "numpy"
+        self._on_gpu = model.device.dlpack_device_type() == _KDL_CUDA
+        staged = self._numpy and self._on_gpu    # numpy out waits for the copies: staging arrays reused safely
+        self._staged_in = [cuda_graph.Pinned(tuple(b.shape), str(b.dtype)) if staged else None
+                           for b in self._buffers]
+        self._staged_out = [cuda_graph.Pinned(tuple(o.shape), str(o.dtype)) if staged else None
+                            for o in self._outputs]
+        self._upload, self._synchronize = cuda_graph.upload, cuda_graph.synchronize
+
+    def valid(self, state: dict) -> bool:
+        # the model's capture cache is only ever replaced whole (runtime.Model._reset_graphs), never pruned
+        return self._model._graphs is self._graphs and all(state.get(name) is buffer
+                                                           for name, buffer in self._state.items())
+
+    def __call__(self, frames):
+        for buffer, nbytes, staged, frame in zip(self._buffers, self._nbytes, self._staged_in, frames):
+            if not isinstance(frame, np.ndarray):
+                self._copy_from(buffer, frame.data_ptr(), nbytes)
+            elif staged is not None:
+                np.copyto(staged.array, frame)
+                staged.to_device(buffer)
+            else:
+                self._upload(buffer, frame)
+        self._replay()
+        if not self._numpy:
+            rest = self._outputs
+        elif self._on_gpu:
+            for out, staged in zip(self._outputs, self._staged_out):
+                staged.from_device(out)
+            self._synchronize()
+            rest = [staged.array.copy() for staged in self._staged_out]
+        else:
+            rest = [out.numpy() for out in self._outputs]
+        return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def _plain_array(value) -> bool:
+    """A C-contiguous numpy array, or a contiguous CUDA tensor that shows its address (torch)."""
+    if isinstance(value, np.ndarray):
+        return value.flags.c_contiguous and value.dtype.kind in "fiub"
+    return getattr(value, "is_cuda", False) is True and value.is_contiguous()
+
+
+def _signature(args) -> tuple | None:
+    """(shape, dtype, where) of each frame: the key of a FramePlan; None where one is not a plain array."""
+    if not all(_plain_array(a) for a in args):
+        return None
+    return tuple((tuple(a.shape), str(a.dtype), isinstance(a, np.ndarray)) for a in args)

@@ -9,6 +9,16 @@ torch.nn, compiles each for CUDA with sm_90a SASS, weights kept out of the .so f
 loads the .so files, times). The built directory holds no weights (a few MB in all) so it travels in a GPU
 call. Without MODEL.onnx the four architectures are built; with it, that model (weights embedded, the
 model file copied in), against onnxruntime only.
+
+What MetaSchedule tuning buys (`--tune TRIALS` and/or `--tuned DB_DIR`): each (model, batch, frames) is also
+compiled with every input shape static, twice: with the default schedules (`tvmseq_static_ms`) and with the
+tuning database applied (`tvmseq compile --tuned DB`: `tvmseq_tuned_ms`); both also run in a CUDA graph (the same
+.so loaded with cuda_graph=True: `*_graph_ms`), and `tuned_speedup` / `tuned_graph_speedup` are static over tuned
+in the same process. `--tune TRIALS` first tunes each (model, batch, frames) with `tvmseq.tune.model.tune_model`
+(imported exactly as it is compiled: lifted weights, exposed state) into DB_DIR (default DIR/tuning_db), which
+needs the GPU and TVM's compiler: build and run in one call there (no --build / --prebuilt). The database's
+records only apply to the static shapes they were tuned at, hence the static builds. `--static-only` skips the
+dynamic-shape builds (tvmseq_ms, tvmseq_graph_ms, the streaming ones) to save compile time.
 """
 from __future__ import annotations
 
@@ -30,6 +40,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch", default="1,8,32", help="batch sizes (comma-separated)")
     parser.add_argument("--frames", default="1,100,1000", help="frames per call (comma-separated)")
     parser.add_argument("--ort-budget", type=float, default=3.0, help="seconds of onnxruntime timing per row")
+    parser.add_argument("--tuned", metavar="DB_DIR", default=None,
+                        help="also build each model at static shapes with the default schedules and with this "
+                             "MetaSchedule database (tvmseq tune MODEL.onnx), and time both")
+    parser.add_argument("--tune", metavar="TRIALS", type=int, default=None,
+                        help="tune each model (and batch, frames) with this many MetaSchedule trials first, into "
+                             "--tuned DB_DIR (default BUILD_DIR/tuning_db); needs the GPU and TVM's compiler")
+    parser.add_argument("--tune-tasks", type=int, default=4,
+                        help="with --tune: tune the N heaviest functions of each model (default 4; 0: all)")
+    parser.add_argument("--tune-strategy", default="evolutionary", help="with --tune: evolutionary or replay-trace")
+    parser.add_argument("--tune-budget", type=float, default=None, metavar="SECONDS",
+                        help="with --tune: stop starting new tuning runs once this many seconds went into tuning (the "
+                             "models left are still built with whatever the database holds)")
+    parser.add_argument("--static-only", action="store_true",
+                        help="with --tuned/--tune: skip the dynamic-shape builds (tvmseq_ms, tvmseq_graph_ms, stream)")
     add_build_run_arguments(parser)
 
 
@@ -54,16 +78,38 @@ def run(args) -> None:
         if not cuda_available():
             raise TvmseqError("tvmseq bench model runs on a GPU and needs PyTorch with CUDA (build here with "
                               "--build DIR, run there with --prebuilt DIR)")
+    if args.static_only and not _tuning(args):
+        raise TvmseqError("--static-only goes with --tuned DB_DIR or --tune TRIALS")
+    if args.tune is not None and args.tune < 1:
+        raise TvmseqError(f"--tune {args.tune}: must be a positive number of trials")
+    if args.tune is not None and args.prebuilt:
+        raise TvmseqError("--tune tunes while building: not with --prebuilt (the database is applied at build time)")
+    if args.tuned and args.tune is None and not args.prebuilt:
+        from ..tune.model import _database_dir
+
+        _database_dir(args.tuned)      # a bad --tuned is one line before anything is built
     rows = build_or_run(args, lambda d: build(d, args), lambda d, out: run_prebuilt(d, out, args), "tvmseq_model_")
     if rows:
-        print_table(rows, ["model", "batch", "frames", "tvmseq_ms", "tvmseq_graph_ms", "stream_ms",
-                           "stream_graph_ms", "stream_frame_ms", "torch_stream_graph_ms", "torch_eager_ms", "torch_graph_ms",
-                           "ort_cpu_ms", "max_err"])
+        columns = ["model", "batch", "frames"]
+        if not args.static_only:
+            columns += ["tvmseq_ms", "tvmseq_graph_ms", "stream_ms", "stream_graph_ms", "stream_frame_ms",
+                        "torch_stream_graph_ms"]
+        if any("tvmseq_tuned_ms" in r for r in rows):
+            columns += TUNED_COLUMNS
+        print_table(rows, columns + ["torch_eager_ms", "torch_graph_ms", "ort_cpu_ms", "max_err"])
+
+
+TUNED_COLUMNS = ["tvmseq_static_ms", "tvmseq_tuned_ms", "tuned_speedup", "tvmseq_static_graph_ms",
+                 "tvmseq_tuned_graph_ms", "tuned_graph_speedup", "tuned_functions"]
+
+
+def _tuning(args) -> bool:
+    return bool(getattr(args, "tuned", None) or getattr(args, "tune", None))
 
 
 # ---- build (no GPU needed) -----------------------------------------------------------------------------
 def _compile(onnx_bytes, out: Path, stem: str, *, graph: bool, bounds: dict, expose: bool, weights: str,
-             shapes: dict | None = None, suffix: str = "") -> str:
+             shapes: dict | None = None, suffix: str = "", tuned=None) -> str:
     from .. import cuda_toolchain
     from ..build import compile_onnx, export
 
@@ -71,10 +117,86 @@ def _compile(onnx_bytes, out: Path, stem: str, *, graph: bool, bounds: dict, exp
         warnings.simplefilter("ignore")
         with cuda_toolchain.device_binaries(("sm_90a",)):
             model = compile_onnx(onnx_bytes, target="cuda", shape_dict=shapes, cuda_graph=graph,
-                                 cuda_graph_bounds=bounds if graph else None, expose_state=expose, weights=weights)
+                                 cuda_graph_bounds=bounds if graph else None, expose_state=expose, weights=weights,
+                                 tuned=str(tuned) if tuned is not None else None)
     name = f"{stem}{'_graph' if graph else ''}{suffix}.so"
     export(model, out / name)
     return name
+
+
+def _static_shapes(name, batch: int, frames: int) -> dict:
+    """The architecture's input shapes at this batch and frame count (every dim static)."""
+    from . import architectures as A
+
+    return {k: list(v.shape) for k, v in A.inputs(name, batch, frames).items()}
+
+
+def _user_static_shapes(model_bytes, frames: int) -> dict:
+    """A user model's inputs with every symbolic dim at `frames` (as `_feeds` fills them when timing)."""
+    import onnx
+
+    shapes = {}
+    proto = onnx.load_from_string(model_bytes)
+    inits = {t.name for t in proto.graph.initializer}
+    for inp in proto.graph.input:
+        if inp.name in inits:
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") or d.dim_value <= 0 for d in dims):
+            shapes[inp.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else frames for d in dims]
+    return shapes
+
+
+def _build_tuned_variants(model_bytes, out: Path, stem: str, build: dict, frames, shapes_of, args, *,
+                          expose: bool, weights: str) -> None:
+    """For each frame count: tune (--tune) at the static shapes, then compile them with the default schedules
+    and with the database; build["static"|"tuned"][str(frames)] = .so name, build["tuned_functions"][..] =
+    the functions the database scheduled."""
+    from .. import targets
+
+    db = Path(args.tuned or Path(args.build_dir) / "tuning_db")
+    build.update(static={}, tuned={}, tuned_functions={}, tune_seconds={})
+    for f in frames:
+        shapes = shapes_of(f)
+        key = str(f)
+        spent = getattr(args, "tune_spent", 0.0)
+        budget = getattr(args, "tune_budget", None)
+        if args.tune and budget is not None and spent >= budget:
+            print(f"  {stem} f{f}: not tuned, the tuning budget ({budget:.0f} s) is spent", flush=True)
+            build["tune_seconds"][key] = 0.0
+        elif args.tune:
+            from ..tune import model as tune_model
+
+            t0 = time.time()
+            report = tune_model.tune_model(
+                model_bytes, target="cuda", trials=args.tune, shapes=shapes, work_dir=db, progress=False,
+                strategy=args.tune_strategy, max_tasks=args.tune_tasks or None, weights=weights,
+                expose_state=expose, log=lambda m: print(f"  {stem} f{f}: {m}", flush=True))
+            build["tune_seconds"][key] = round(time.time() - t0, 1)
+            args.tune_spent = spent + time.time() - t0
+            print("  " + tune_model.format_report(report).replace("\n", "\n  "), flush=True)
+        if not (db / "database_workload.json").is_file():    # nothing tuned yet (no stock function, no budget)
+            from ..tune.metaschedule import open_database
+
+            open_database(db)
+        build["static"][key] = _compile(model_bytes, out, stem, graph=False, bounds={}, expose=expose,
+                                        weights=weights, shapes=shapes, suffix=f"_f{f}_static")
+        build["tuned"][key] = _compile(model_bytes, out, stem, graph=False, bounds={}, expose=expose,
+                                       weights=weights, shapes=shapes, suffix=f"_f{f}_tuned", tuned=db)
+        build["tuned_functions"][key] = _scheduled_by(model_bytes, shapes, db, expose, weights, targets)
+        print(f"  {stem} f{f}: the database schedules {len(build['tuned_functions'][key])} function(s): "
+              f"{', '.join(build['tuned_functions'][key]) or '-'}", flush=True)
+
+
+def _scheduled_by(model_bytes, shapes, db, expose, weights, targets) -> list:
+    from ..tune import model as tune_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        target = targets.resolve("cuda")
+        mod, _, _ = tune_model.import_for_tuning(model_bytes, target, shapes, weights=weights, expose_state=expose,
+                                                 log=lambda *_: None)
+        return tune_model.scheduled_by_database(mod, target, db)
 
 
 def _one_frame_shapes(model_bytes, batch: int) -> dict:
@@ -102,8 +224,13 @@ def build(out_dir, args) -> Path:
     """Export, compile (plain and CUDA graph, per batch) and write index.json into `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    args.build_dir = str(out)
     batches, frames = _ints(args.batch), _ints(args.frames)
     index = {"batches": batches, "frames": frames, "models": {}}
+    if _tuning(args):
+        index["tuned"] = {"database": str(Path(args.tuned or out / "tuning_db").resolve()), "trials": args.tune,
+                          "tasks": args.tune_tasks, "strategy": args.tune_strategy, "static_only": args.static_only,
+                          "budget_s": getattr(args, "tune_budget", None)}
     if args.model:
         names = [Path(args.model).stem]
     else:
@@ -113,9 +240,9 @@ def build(out_dir, args) -> Path:
         entry = {"builds": {}, "failed": None}
         try:
             if args.model:
-                _build_user_model(Path(args.model), out, entry, batches, frames)
+                _build_user_model(Path(args.model), out, entry, batches, frames, args)
             else:
-                _build_architecture(name, out, entry, batches, frames)
+                _build_architecture(name, out, entry, batches, frames, args)
         except Exception as err:  # noqa: BLE001 - one architecture failing (e.g. LSTM) must not stop the rest
             entry["failed"] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         index["models"][name] = entry
@@ -125,8 +252,10 @@ def build(out_dir, args) -> Path:
     return out
 
 
-def _build_architecture(name, out: Path, entry: dict, batches, frames) -> None:
+def _build_architecture(name, out: Path, entry: dict, batches, frames, args=None) -> None:
     from . import architectures as A
+
+    tuning, static_only = _tuning(args), bool(getattr(args, "static_only", False))
 
     real, sources, literal = A.initializer_sources(name, batches[0])
     np.savez_compressed(out / f"{name}.sources.npz", **A.pack_sources(sources))
@@ -137,18 +266,25 @@ def _build_architecture(name, out: Path, entry: dict, batches, frames) -> None:
         dim = _time_dim(model_bytes)
         bound = max(frames) * (4 if name == "crnn" else 1)
         build = {"onnx": f"{name}_b{batch}.onnx"}
+        if tuning:
+            _build_tuned_variants(model_bytes, out, f"{name}_b{batch}", build, frames,
+                                  lambda f, b=batch: _static_shapes(name, b, f), args, expose=name == "denoiser",
+                                  weights="inputs")
+        if static_only:
+            entry["builds"][str(batch)] = build
+            continue
         for graph in (False, True):
             build["graph" if graph else "plain"] = _compile(
                 model_bytes, out, f"{name}_b{batch}", graph=graph, bounds={dim: bound} if dim else {},
                 expose=name == "denoiser", weights="inputs")
-        if name in A.STREAMING:   # what a streaming user compiles: one frame a call, every dim static
+        if name in A.STREAMING and 1 in frames:   # what a streaming user compiles: one frame a call, every dim static
             build["frame"] = _compile(model_bytes, out, f"{name}_b{batch}", graph=True, bounds={},
                                       expose=name == "denoiser", weights="inputs",
                                       shapes=_one_frame_shapes(model_bytes, batch), suffix="_frame")
         entry["builds"][str(batch)] = build
 
 
-def _build_user_model(path: Path, out: Path, entry: dict, batches, frames) -> None:
+def _build_user_model(path: Path, out: Path, entry: dict, batches, frames, args=None) -> None:
     from ..onnx.importer import load_model
 
     model_bytes = load_model(path).SerializeToString()
@@ -156,11 +292,16 @@ def _build_user_model(path: Path, out: Path, entry: dict, batches, frames) -> No
     dim = _time_dim(model_bytes)
     entry.update(kind="onnx", streams=False, onnx=path.name)
     build = {"onnx": path.name}
+    entry["builds"]["any"] = build
+    if _tuning(args):
+        _build_tuned_variants(model_bytes, out, path.stem, build, frames,
+                              lambda f: _user_static_shapes(model_bytes, f), args, expose=False, weights="embedded")
+    if getattr(args, "static_only", False):
+        return
     for graph in (False, True):
         build["graph" if graph else "plain"] = _compile(model_bytes, out, path.stem, graph=graph,
                                                         bounds={dim: max(frames)} if dim else {}, expose=False,
                                                         weights="embedded")
-    entry["builds"]["any"] = build
 
 
 # ---- run (GPU, TVM's runtime only) ----------------------------------------------------------------------
@@ -192,7 +333,7 @@ def run_prebuilt(root, out_dir, args) -> list[dict]:
     import onnxruntime as ort
     import torch
 
-    from ..runtime import load_model
+    from ..runtime import Model, load_model
     from ..measure import time_cuda
 
     root = Path(root)
@@ -213,21 +354,51 @@ def run_prebuilt(root, out_dir, args) -> list[dict]:
             onnx_bytes, module, state = _onnx_and_module(root, name, entry, files)
             sess = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
             weights = _initializers(onnx_bytes)
-            plain = load_model(root / files["plain"])
-            graph = load_model(root / files["graph"])
-            frame = load_model(root / files["frame"]) if files.get("frame") else None
-            for m in (plain, graph, frame):
-                if m is not None and m.weight_names:
+
+            def load(file, graph_mode=None):
+                if not file:
+                    return None
+                m = load_model(root / file, cuda_graph=graph_mode)
+                if m.weight_names:
                     m.set_weights({k: weights[k] for k in m.weight_names})
+                return m
+
+            def in_graph(m):
+                """The same loaded module run through CUDA graphs (a Model of its own, weights uploaded again)."""
+                if m is None:
+                    return None
+                g = Model(m.executable, m.target, m.signature, cuda_graph=True)
+                if g.weight_names:
+                    g.set_weights({k: weights[k] for k in g.weight_names})
+                return g
+
+            plain, graph, frame = load(files.get("plain")), load(files.get("graph")), load(files.get("frame"))
             for frames in [f for f in index["frames"] if f in frame_counts]:
                 batch = int(batch_key) if batch_key != "any" else None
-                feeds = _feeds(name, entry, sess, batch, frames)
-                rows.append(_measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args, time_cuda,
-                                     frame))
+                tuned = {}
+                try:
+                    feeds = _feeds(name, entry, sess, batch, frames)
+                    for variant in ("static", "tuned"):
+                        file = (files.get(variant) or {}).get(str(frames))
+                        tuned[f"tvmseq_{variant}_ms"] = load(file, False)
+                        tuned[f"tvmseq_{variant}_graph_ms"] = in_graph(tuned[f"tvmseq_{variant}_ms"])
+                    rows.append(_measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args,
+                                         time_cuda, frame, tuned))
+                except Exception as err:  # noqa: BLE001 - one build failing on the GPU must not lose the other rows
+                    if not _tuning(args):
+                        raise
+                    rows.append({"model": name, "batch": batch, "frames": frames,
+                                 "failed": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"})
+                if files.get("tuned_functions"):
+                    rows[-1]["tuned_functions"] = len(files["tuned_functions"].get(str(frames), []))
+                    rows[-1]["tune_seconds"] = (files.get("tune_seconds") or {}).get(str(frames))
                 print(json.dumps(rows[-1]), flush=True)
+                del tuned
             del plain, graph, frame
-    save("model", rows, meta={"batches": index["batches"], "frames": index["frames"]}, plot=_plot(rows),
-         out_dir=out_dir)
+    meta = {"batches": index["batches"], "frames": index["frames"]}
+    if index.get("tuned"):
+        meta["tuned"] = index["tuned"]
+    save("model", rows, meta=meta, plot=_plot(rows), out_dir=out_dir)
     return rows
 
 
@@ -289,39 +460,52 @@ def _torch_graph(fn):
     return graph.replay
 
 
-def _measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args, time_cuda, frame=None) -> dict:
+def _measure(name, entry, batch, frames, feeds, sess, plain, graph, module, args, time_cuda, frame=None,
+             tuned=None) -> dict:
+    """One row: every tvmseq build given (`tuned`: {column: model or None} of the static-shape default and tuned
+    builds) checked against onnxruntime and timed, then the peers."""
     import torch
 
     row = {"model": name, "batch": batch, "frames": frames}
     want = sess.run(None, feeds)
     row["ort_cpu_ms"] = _time_ort(sess, feeds, args.ort_budget)
     dev = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}
+    variants = {"tvmseq_ms": plain, "tvmseq_graph_ms": graph, **(tuned or {})}
+    variants = {k: m for k, m in variants.items() if m is not None}
+    any_model = next(iter(variants.values()))
     tv_feeds = dict(dev)
     if name == "denoiser":   # tvmseq's build exposes the GRU states: zero state in for a whole call
-        for n in plain.input_names:
+        for n in any_model.input_names:
             if n not in tv_feeds:
-                spec = next(s for s in plain.signature["inputs"] if s.get("onnx_name") == n)
+                spec = next(s for s in any_model.signature["inputs"] if s.get("onnx_name") == n)
                 tv_feeds[n] = torch.zeros(spec["shape"], device="cuda")
     errs = []
-    for label, m in (("tvmseq_ms", plain), ("tvmseq_graph_ms", graph)):
+    for label, m in variants.items():
         got = m(tv_feeds)
         got = got if isinstance(got, tuple) else (got,)
         errs.append(_max_err(got[: len(want)], want))
+        row[label.replace("_ms", "_err")] = errs[-1]
         row[label] = time_cuda(lambda m=m: m.run(tv_feeds))
     row["max_err"] = max(errs)
+    for plain_key, tuned_key, ratio in (("tvmseq_static_ms", "tvmseq_tuned_ms", "tuned_speedup"),
+                                        ("tvmseq_static_graph_ms", "tvmseq_tuned_graph_ms", "tuned_graph_speedup")):
+        if row.get(plain_key) and row.get(tuned_key):
+            row[ratio] = row[plain_key] / row[tuned_key]
     sync = torch.cuda.synchronize
-    row["tvmseq_wall_ms"] = _median_wall(lambda: plain.run(tv_feeds), 50, sync)
+    if plain is not None:
+        row["tvmseq_wall_ms"] = _median_wall(lambda: plain.run(tv_feeds), 50, sync)
     if module is not None:
         with torch.no_grad():
             row["torch_err"] = _max_err([t.cpu().numpy() for t in _as_tuple(_torch_call(name, module, dev))], want)
             row["torch_eager_ms"] = time_cuda(lambda: _torch_call(name, module, dev))
             replay = _torch_graph(lambda: _torch_call(name, module, dev))
             row["torch_graph_ms"] = time_cuda(replay)
-    if entry.get("streams") and frames == 1:
+    if entry.get("streams") and frames == 1 and plain is not None and graph is not None:
         row.update(_measure_stream(name, batch, feeds, plain, graph, module, time_cuda, frame))
+    ours = min(row[k] for k in variants)
     for peer in ("torch_eager_ms", "torch_graph_ms", "ort_cpu_ms"):
         if row.get(peer):
-            row[f"speedup_vs_{peer[:-3]}"] = row[peer] / min(row["tvmseq_ms"], row["tvmseq_graph_ms"])
+            row[f"speedup_vs_{peer[:-3]}"] = row[peer] / ours
     return row
 
 
@@ -373,8 +557,9 @@ def _plot(rows):
     def plot(path):
         import matplotlib.pyplot as plt
 
-        keys = [k for k in ("tvmseq_ms", "tvmseq_graph_ms", "stream_graph_ms", "torch_eager_ms", "torch_graph_ms",
-                            "ort_cpu_ms") if any(r.get(k) for r in rows)]
+        keys = [k for k in ("tvmseq_ms", "tvmseq_graph_ms", "tvmseq_static_ms", "tvmseq_tuned_ms",
+                            "tvmseq_static_graph_ms", "tvmseq_tuned_graph_ms", "stream_graph_ms", "torch_eager_ms",
+                            "torch_graph_ms", "ort_cpu_ms") if any(r.get(k) for r in rows)]
         good = [r for r in rows if not r.get("failed")]
         fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(good)), 4.5))
         width = 0.8 / max(1, len(keys))

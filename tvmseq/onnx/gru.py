@@ -32,7 +32,7 @@ def _int(dim, what, node, op="GRU") -> int:
     return int(dim)
 
 
-RECURRENCE_PATHS = ("auto", "persistent", "persistent_mma", "persistent_wgmma", "per_step")
+RECURRENCE_PATHS = ("auto", "persistent", "persistent_mma", "persistent_wgmma", "per_step", "one_step")
 
 
 def is_static(dim) -> bool:
@@ -197,6 +197,40 @@ def emit_recurrent_kernels(bb, cell: str, spec, c, rec, path, bias_i, rec_args, 
     return gate_i, outs
 
 
+def one_step_wanted(cell: str, spec, c, target, path_option: str) -> bool:
+    """Whether a node runs as ONE kernel for its one time step, input projection included
+    (`kernels.recurrent.one_step`): path 'auto' on a GPU where the time axis is static 1 and the kernel takes
+    the node (static batch <= one_step.MAX_BATCH, no sequence_lens, a GRU with linear_before_reset=1), i.e. a
+    model compiled for one frame a call; path 'one_step' wherever it can (the CPU runs its serial variant:
+    tests), else an error naming why not."""
+    from ..kernels.recurrent import one_step
+
+    if path_option not in ("auto", "one_step"):
+        return False
+    seq = c["seq"]
+    why = "the time axis is not a static 1" if not (is_static(seq) and int(seq) == 1) else \
+        one_step.applies(cell, spec)
+    if path_option == "one_step":
+        if why is not None:
+            raise TvmseqError(f"recurrence path 'one_step': {why}")
+        return True
+    return why is None and tvm.target.Target(str(target)).kind.name == "cuda"
+
+
+def emit_one_step(bb, cell: str, spec, c, args, target, n_states: int = 1):
+    """The node's (Y, Y_h[, Y_c]) from the one-step kernel on `args` (its interface, `one_step`'s doc)."""
+    from ..kernels.recurrent import one_step
+    from .importer import emit_kernel
+
+    D, B, H = c["D"], c["batch"], c["hidden"]
+    sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
+    state = relax.TensorType([D, B, H], c["dtype"])
+    return emit_kernel(bb, f"{cell}_one_step", recurrent_key(sizes, c["dtype"], {"spec": repr(spec)}, dynamic=()),
+                       lambda: one_step.one_step_func(cell, spec, str(target)), args,
+                       [relax.TensorType([1, D, B, H], c["dtype"])] + [state] * n_states,
+                       name_hint=f"{cell}_one_step" + c.get("suffix", ""))
+
+
 def recurrence_path_option(attr, node, op) -> str:
     """The importer option `recurrence` (one of RECURRENCE_PATHS), checked."""
     path = attr["tvm_custom"]["importer_options"].get("recurrence", "auto")
@@ -277,14 +311,21 @@ def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS
     if r.ty.dtype != dtype:
         r = bb.emit(relax.op.astype(r, dtype))
     bias = inputs[3] if len(inputs) > 3 else None
+    bias_value = None   # B's values (float32) where it is an initializer: its derived biases fold at import
     if bias is not None:
         b_dims = [_int(d, "B's shape", node, op) for d in _static_dims(bias, "B", node, op)]
         if b_dims != [D, 2 * gates * hidden]:
             raise UnsupportedOnnxError(node, op, f"input 'B' has shape {b_dims}, expected "
                                                  f"{[D, 2 * gates * hidden]}")
-        bias = bb.emit(relax.op.astype(bias, "float32"))
+        bias_value = constant_value(bias)
+        if bias_value is not None:
+            bias_value = bias_value.astype("float32")
+            bias = relax.const(bias_value)
+        else:
+            bias = as_float32(bb, bias)
     else:
-        bias = relax.const(np.zeros((D, 2 * gates * hidden), "float32"))
+        bias_value = np.zeros((D, 2 * gates * hidden), "float32")
+        bias = relax.const(bias_value)
     lens = inputs[4] if len(inputs) > 4 else None
     if lens is not None:
         l_dims = _static_dims(lens, "sequence_lens", node, op)
@@ -304,11 +345,22 @@ def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS
         h0 = match_state_shape(bb, h0, want_h, "initial_h", node, op)
         if layout == 1:
             h0 = bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
-        h0 = bb.emit(relax.op.astype(h0, "float32"))
+        h0 = as_float32(bb, h0)
     else:
         h0 = zeros((D, batch, hidden), "float32")
-    return dict(x=x, w=w, r=r, bias=bias, lens=lens, h0=h0, seq=seq, batch=batch, input_size=input_size,
-                hidden=hidden, D=D, direction=direction, dtype=dtype, layout=layout)
+    return dict(x=x, w=w, r=r, bias=bias, bias_value=bias_value, gates=gates, lens=lens, h0=h0, seq=seq,
+                batch=batch, input_size=input_size, hidden=hidden, D=D, direction=direction, dtype=dtype,
+                layout=layout)
+
+
+def constant_value(expr) -> np.ndarray | None:
+    """The values of a relax constant (an ONNX initializer or Constant node), else None (a graph tensor)."""
+    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+
+
+def as_float32(bb, expr):
+    """`expr` as float32: itself where it already is (an astype to its own dtype is a copy kernel a call)."""
+    return expr if expr.ty.dtype == "float32" else bb.emit(relax.op.astype(expr, "float32"))
 
 
 def finish_outputs(bb, y, y_h, layout):
@@ -318,14 +370,65 @@ def finish_outputs(bb, y, y_h, layout):
     return relax.Tuple([y, y_h])
 
 
-def fold_biases(bb, bias, H: int, lbr: int):
-    """(bias_i [D, 3H], rb_h [D, H]): the biases that do not depend on r join the input GEMM,
-    Wb + [Rb_z, Rb_r, Rb_h if lbr == 0]; Rb_h stays in the recurrence when lbr == 1."""
-    sl = relax.op.strided_slice
+def fold_biases(bb, c, lbr: int = 0):
+    """(bias_i [D, gates * H], rb_h [D, H] or None) of a prepared GRU, RNN or LSTM node `c` (`prepare_common`):
+    the biases that join the input GEMM and, for a GRU, the one that stays in the recurrence. GRU (3 gates):
+    bias_i = Wb + [Rb_z, Rb_r, Rb_h if lbr == 0 else 0], rb_h = Rb_h; RNN (1) and LSTM (4): every bias is
+    additive, bias_i = Wb + Rb, rb_h None.
+
+    Where B is an initializer (c["bias_value"]) both are computed here in numpy, in float32 as the run-time
+    ops would (so the values are the same bits), and enter the module as constants: no per-call kernel derives
+    them from the weights (a one-frame build otherwise spent two of its ~12 kernels a GRU layer on this).
+    A B computed in the graph (or a graph input) is sliced and added at run time."""
+    H, gates = c["hidden"], c["gates"]
+    G = gates * H
+    value = c.get("bias_value")
+    if value is not None:
+        wb, rb = value[:, :G], value[:, G:]
+        if gates != 3:
+            return relax.const(wb + rb), None
+        rb_h = rb[:, 2 * H:]
+        rb_fold = np.concatenate([rb[:, :2 * H], rb_h * np.float32(1 - lbr)], axis=1)
+        return relax.const(wb + rb_fold), relax.const(np.ascontiguousarray(rb_h))
+    bias, sl = c["bias"], relax.op.strided_slice
+    wb = sl(bias, axes=[1], begin=[0], end=[G])
+    if gates != 3:
+        return bb.emit(relax.op.add(wb, sl(bias, axes=[1], begin=[G], end=[2 * G]))), None
     rb_zr = bb.emit(sl(bias, axes=[1], begin=[3 * H], end=[5 * H]))
     rb_h = bb.emit(sl(bias, axes=[1], begin=[5 * H], end=[6 * H]))
     rb_fold = bb.emit(relax.op.concat([rb_zr, relax.op.multiply(rb_h, relax.const(float(1 - lbr)))], 1))
-    return bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[3 * H]), rb_fold)), rb_h
+    return bb.emit(relax.op.add(wb, rb_fold)), rb_h
+
+
+def folded_initializers(graph) -> set[str]:
+    """Names of the initializers whose values the recurrent converters fold at import (`fold_biases`, LSTM
+    peepholes): B of every GRU, RNN and LSTM node (DynamicQuantizeLSTM's too, and tvmseq's fused stack nodes'),
+    P of every LSTM node, in `graph` and its subgraphs. `build.lift_weights` keeps them initializers
+    (weights="inputs" would make them graph inputs, whose values the importer cannot see). They are small
+    (D x 8H floats at most)."""
+    from .stack import LSTM_STACK_OP, STACK_OP
+
+    inits = {t.name for t in graph.initializer}
+    names = set()
+
+    def visit(g):
+        for node in g.node:
+            ins = list(node.input)
+            if node.op_type in ("GRU", "RNN", "LSTM", "DynamicQuantizeLSTM"):   # B at 3; an LSTM's P at 7
+                picked = ins[3:4] + (ins[7:8] if "LSTM" in node.op_type else [])
+            elif node.op_type == STACK_OP:       # X, then W, R, B, initial_h per layer
+                picked = ins[3::4]
+            elif node.op_type == LSTM_STACK_OP:  # X, then W, R, B, initial_h, initial_c per layer
+                picked = ins[3::5]
+            else:
+                picked = []
+            names.update(n for n in picked if n)
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    visit(sub)
+
+    visit(graph)
+    return names & inits
 
 
 def dispatch_plan(spec, target, path_option: str, choose, build) -> list:
@@ -366,9 +469,11 @@ def choose_gru_path(spec, target) -> str:
 
 
 def _emit_gru_kernels(bb, c, spec, target, path_option: str = "auto"):
+    bias_i, rb_h = fold_biases(bb, c, spec.linear_before_reset)
+    if one_step_wanted("gru", spec, c, target, path_option):
+        return emit_one_step(bb, "gru", spec, c, [c["x"], c["w"], c["r"], bias_i, rb_h, c["h0"]], target)
     rec, path = build_kernels(spec, str(target), path_option)
     H, B = c["hidden"], c["batch"]
-    bias_i, rb_h = fold_biases(bb, c["bias"], H, spec.linear_before_reset)
     lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
     _, outs = emit_recurrent_kernels(bb, "gru", spec, c, rec, path, bias_i, [c["r"], rb_h, lens, c["h0"]], target)
     return outs

@@ -12,8 +12,9 @@ from ..errors import TvmseqError, UnsupportedOnnxError
 from ..kernels.activations import parse_onnx_activations
 from ..kernels.recurrent import gru as gru_kernels
 from ..kernels.recurrent import lstm as lstm_kernels
-from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, emit_input_projection, emit_layer, finish_outputs,
-                  match_state_shape, prepare_common, recurrence_path_option, recurrent_key, spec_batch, zeros)
+from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, as_float32, constant_value, emit_input_projection,
+                  emit_layer, emit_one_step, finish_outputs, fold_biases, match_state_shape, one_step_wanted,
+                  prepare_common, recurrence_path_option, recurrent_key, spec_batch, zeros)
 from .importer import OnnxOpConverter, emit_kernel, register_converter
 
 _LSTM_ATTRS = (_SUPPORTED_ATTRS - {"linear_before_reset"}) | {"input_forget"}
@@ -67,7 +68,7 @@ def _initial_c(bb, inputs, c, node):
     c0 = match_state_shape(bb, c0, [D, B, H] if c["layout"] == 0 else [B, D, H], "initial_c", node, "LSTM")
     if c["layout"] == 1:
         c0 = bb.emit(relax.op.permute_dims(c0, [1, 0, 2]))
-    return bb.emit(relax.op.astype(c0, "float32"))
+    return as_float32(bb, c0)
 
 
 def _peepholes(bb, inputs, c, node):
@@ -81,22 +82,26 @@ def _peepholes(bb, inputs, c, node):
     dims = [_int(d, "P's shape", node, "LSTM") for d in _static_dims(p, "P", node, "LSTM")]
     if dims != [D, 3 * H]:
         raise UnsupportedOnnxError(node, "LSTM", f"input 'P' has shape {dims}, expected {[D, 3 * H]}")
-    if isinstance(p, tvm.ir.expr.Constant) and not np.any(p.value.numpy()):
-        return no_peepholes, False
-    return bb.emit(relax.op.astype(p, "float32")), True
+    value = constant_value(p)
+    if value is not None:   # an initializer: as float32 at import, no per-call cast
+        return (relax.const(value.astype("float32")), True) if np.any(value) else (no_peepholes, False)
+    return as_float32(bb, p), True
 
 
-def fold_lstm_biases(bb, bias, H: int):
-    """bias_i [D, 4H] = Wb + Rb: every LSTM bias is additive, so all of them join the input GEMM."""
-    sl = relax.op.strided_slice
-    return bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[4 * H]),
-                                sl(bias, axes=[1], begin=[4 * H], end=[8 * H])))
+def fold_lstm_biases(bb, c):
+    """bias_i [D, 4H] = Wb + Rb of a prepared LSTM node `c`: every LSTM bias is additive, so all of them join the
+    input GEMM (`gru.fold_biases`: numpy at import where B is an initializer)."""
+    return fold_biases(bb, c)[0]
 
 
 def _emit_lstm_kernels(bb, c, spec, c0, peep, target, path_option: str = "auto"):
+    bias_i = fold_lstm_biases(bb, c)
+    if one_step_wanted("lstm", spec, c, target, path_option):
+        return emit_one_step(bb, "lstm", spec, c, [c["x"], c["w"], c["r"], bias_i, peep, c["h0"], c0], target,
+                             n_states=2)
     rec, path = lstm_recurrence_for(spec, target, path_option)
     D, B, H, seq = c["D"], c["batch"], c["hidden"], c["seq"]
-    gate_i = emit_input_projection(bb, "lstm", spec, c, fold_lstm_biases(bb, c["bias"], H), target)
+    gate_i = emit_input_projection(bb, "lstm", spec, c, bias_i, target)
     lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
     sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
     key = recurrent_key(sizes, c["dtype"], {"spec": repr(spec), "path": path})

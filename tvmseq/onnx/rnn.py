@@ -7,19 +7,20 @@ from tvm import relax
 from ..errors import TvmseqError, UnsupportedOnnxError
 from ..kernels.activations import parse_onnx_activations
 from ..kernels.recurrent import rnn as rnn_kernels
-from .gru import (_SUPPORTED_ATTRS, build_kernels, choose_gru_path, emit_layer, emit_recurrent_kernels,
-                  finish_outputs, prepare_common, recurrence_path_option, spec_batch, zeros)
+from .gru import (_SUPPORTED_ATTRS, build_kernels, choose_gru_path, emit_layer, emit_one_step, emit_recurrent_kernels,
+                  finish_outputs, fold_biases, one_step_wanted, prepare_common, recurrence_path_option, spec_batch,
+                  zeros)
 from .importer import OnnxOpConverter, register_converter
 
 _RNN_ATTRS = _SUPPORTED_ATTRS - {"linear_before_reset"}
 
 
 def _emit_rnn_kernels(bb, c, spec, target, path_option: str = "auto"):
+    bias_i, _ = fold_biases(bb, c)   # Wb + Rb: numpy at import for an initializer B
+    if one_step_wanted("rnn", spec, c, target, path_option):
+        return emit_one_step(bb, "rnn", spec, c, [c["x"], c["w"], c["r"], bias_i, c["h0"]], target)
     rec, path = build_kernels(spec, str(target), path_option)
     H, D, B = c["hidden"], c["D"], c["batch"]
-    sl = relax.op.strided_slice
-    bias = c["bias"]
-    bias_i = bb.emit(relax.op.add(sl(bias, axes=[1], begin=[0], end=[H]), sl(bias, axes=[1], begin=[H], end=[2 * H])))
     lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
     # the persistent kernel shares the GRU's signature: a (zero) rb_h after R
     extra = [relax.const(np.zeros((D, H), "float32"))] if path.startswith("persistent") else []

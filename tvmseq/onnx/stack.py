@@ -210,7 +210,7 @@ class GruStack(OnnxOpConverter):
         if not pipelined(L, B, H, dtype, target, options.get(STACK_OPTION, "auto")):
             return cls._layer_by_layer(bb, cs, acts, target)
         spec0 = gru_kernels.GruSpec(1, B, H, c0["input_size"], dtype, 1, "forward", acts)
-        folded = [fold_biases(bb, c["bias"], H, 1) for c in cs]
+        folded = [fold_biases(bb, c, 1) for c in cs]
         gate_i = emit_input_projection(bb, "gru", spec0, c0, folded[0][0], target)
         cat = lambda xs: bb.emit(relax.op.concat(xs, axis=0))  # noqa: E731
         args = [bb.emit(relax.op.squeeze(gate_i, axis=[0])), cat([c["r"] for c in cs]),
@@ -311,10 +311,10 @@ class LstmStack(OnnxOpConverter):
         if not lstm_pipelined(L, B, H, dtype, target, options.get(STACK_OPTION, "auto")):
             return cls._layer_by_layer(bb, cs, acts, target, emit_lstm_layer)
         spec0 = lstm_kernels.LstmSpec(1, B, H, c_first["input_size"], dtype, "forward", acts)
-        gate_i = emit_input_projection(bb, "lstm", spec0, c_first, fold_lstm_biases(bb, c_first["bias"], H), target)
+        gate_i = emit_input_projection(bb, "lstm", spec0, c_first, fold_lstm_biases(bb, c_first), target)
         cat = lambda xs: bb.emit(relax.op.concat(xs, axis=0))  # noqa: E731
         args = [bb.emit(relax.op.squeeze(gate_i, axis=[0])), cat([c["r"] for c, _ in cs]),
-                cat([c["w"] for c, _ in cs[1:]]), cat([fold_lstm_biases(bb, c["bias"], H) for c, _ in cs[1:]]),
+                cat([c["w"] for c, _ in cs[1:]]), cat([fold_lstm_biases(bb, c) for c, _ in cs[1:]]),
                 relax.const(np.zeros((L, 3 * H), "float32")),   # no peepholes (_lstm_pipelinable)
                 cat([c["h0"] for c, _ in cs]), cat([c0 for _, c0 in cs])]
         state = relax.TensorType([L, B, H], dtype)

@@ -28,6 +28,12 @@ from ..errors import TvmseqError
 
 REPRESENTATIVE_DIM = 64     # a dynamic dim without --shape is tuned at this size
 COST_MODELS = ("auto", "xgb", "mlp", "random")
+STRATEGIES = ("evolutionary", "replay-trace")
+
+
+def auto_trials_per_iter(trials: int, tasks: int) -> int:
+    """Candidates a task gets per visit when not given: the budget split evenly over the tasks, 8 to 64."""
+    return max(8, min(64, trials // max(1, tasks)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -148,10 +154,12 @@ class TuneReport:
     trials: int
     tasks: list = field(default_factory=list)          # names of the tuned functions
     skipped: list = field(default_factory=list)        # tvmseq's kernels (already scheduled)
+    left_out: list = field(default_factory=list)       # stock functions past max_tasks (default schedules)
     shapes: dict = field(default_factory=dict)         # input name -> the shape tuned at
     representative: dict = field(default_factory=dict)  # dynamic dim -> the size it was tuned at
     seconds: float = 0.0
     best_ms: dict = field(default_factory=dict)        # task -> best measured time (ms)
+    trials_per_iter: int = 0
 
 
 def static_shapes(proto, shapes: dict | None) -> tuple[dict, dict]:
@@ -163,7 +171,7 @@ def static_shapes(proto, shapes: dict | None) -> tuple[dict, dict]:
     for value in proto.graph.input:
         if value.name in inits or value.name in shapes:
             continue
-        dims = []
+        dims, dynamic = [], False
         for d in value.type.tensor_type.shape.dim:
             if d.HasField("dim_value") and d.dim_value > 0:
                 dims.append(d.dim_value)
@@ -171,13 +179,16 @@ def static_shapes(proto, shapes: dict | None) -> tuple[dict, dict]:
                 name = d.dim_param or f"{value.name}_dim{len(dims)}"
                 chosen.setdefault(name, REPRESENTATIVE_DIM)
                 dims.append(chosen[name])
-        if chosen and dims:
+                dynamic = True
+        if dynamic:
             shapes[value.name] = dims
     return shapes, chosen
 
 
 def extract_tasks(mod, target):
-    """(tasks to tune, names of the already-scheduled functions left out) of an imported model."""
+    """(tasks to tune, names of the already-scheduled functions left out) of an imported model. The tasks come
+    heaviest first (floating-point work x calls, `task_flops`): MetaSchedule's task scheduler visits them in
+    order, one round of `trials_per_iter` each, so a budget too small for every task goes to the heavy ones."""
     from tvm.s_tir import meta_schedule as ms
 
     fused = fused_module(mod, target)
@@ -187,7 +198,55 @@ def extract_tasks(mod, target):
             skipped.append(task.task_name)
         else:
             tasks.append(task)
+    tasks.sort(key=lambda t: -task_flops(t))
     return tasks, skipped
+
+
+def task_flops(task) -> float:
+    """Estimated floating-point operations of one extracted task, times how often the model calls it (0 where
+    TVM cannot estimate, e.g. data movement only)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        flops = float(estimate_tir_flops(task.dispatched[0]))
+    except Exception:  # noqa: BLE001 - symbolic extents or unsupported constructs: treat as cheap
+        flops = 0.0
+    return flops * max(1, int(task.weight))
+
+
+def import_for_tuning(model, target, shapes: dict | None = None, *, weights: str = "embedded",
+                      expose_state: bool = False, log=print, **options):
+    """(Relax module, {input: shape tuned at}, {dynamic dim: size chosen}): the model imported exactly as
+    `tvmseq.build.compile_onnx(model, target, shapes, weights=..., expose_state=..., **options)` imports it
+    (state exposed, GRU stacks fused and weights lifted to inputs for weights="inputs", input names made safe),
+    with every dynamic dim left in the shapes given at REPRESENTATIVE_DIM. The database's records are keyed by
+    the fused functions' structure, so a build with other import options (embedded vs lifted weights: constant
+    folding differs) would find no record."""
+    from .. import build as tvm_build
+    from ..onnx import from_onnx
+    from ..onnx.expose_state import expose_state as _expose
+    from ..onnx.importer import load_model
+
+    if weights not in tvm_build.WEIGHTS_MODES:
+        raise TvmseqError(f"weights={weights!r}: must be one of {tvm_build.WEIGHTS_MODES}")
+    min_elements = options.pop("weights_min_elements", tvm_build.WEIGHT_MIN_ELEMENTS)
+    proto = load_model(model)
+    if expose_state:
+        proto, _ = _expose(proto)
+    if weights == "inputs":
+        from ..onnx.stack import fuse_gru_stacks
+
+        proto = fuse_gru_stacks(proto, {**options, "target": target})
+        proto, _ = tvm_build.lift_weights(proto, min_elements)
+    tuned_shapes, chosen = static_shapes(proto, shapes)
+    for dim, size in chosen.items():
+        log(f"tune: dynamic dim {dim!r} tuned at {size} (pass --shape to choose); compiled at another size, "
+            "or left dynamic, the functions that depend on it get the default schedules")
+    proto, original_names = tvm_build.safe_input_names(proto)
+    renamed = {v: k for k, v in original_names.items()}
+    import_shapes = {renamed.get(k, k): v for k, v in tuned_shapes.items()}
+    mod = from_onnx(proto, import_shapes or None, target=target, **options)
+    return mod, tuned_shapes, chosen
 
 
 def resolve_cost_model(name: str) -> str:
@@ -210,19 +269,31 @@ def resolve_cost_model(name: str) -> str:
 
 
 def tune_model(model, target=None, trials: int = 64, shapes: dict | None = None, work_dir=None,
-               cost_model: str = "auto", trials_per_iter: int = 64, builder_timeout_s: float = 300.0,
-               progress: bool = True, log=print) -> TuneReport:
-    """Tune `model`'s stock operators with MetaSchedule (module doc); records go to `work_dir`."""
+               cost_model: str = "auto", trials_per_iter: int | None = None, builder_timeout_s: float = 300.0,
+               progress: bool = True, log=print, *, strategy: str = "evolutionary", weights: str = "embedded",
+               expose_state: bool = False, max_tasks: int | None = None, **options) -> TuneReport:
+    """Tune `model`'s stock operators with MetaSchedule (module doc); records go to `work_dir`.
+
+    `trials` is the budget over all tasks. `trials_per_iter` (default: the budget split evenly over the tasks,
+    8 to 64 a round) is how many candidates a task gets each time the task scheduler visits it; tasks are visited
+    heaviest first. `strategy`: MetaSchedule's "evolutionary" (default) or "replay-trace" (random sampling: no
+    evolutionary population of 2048 per round, for small budgets or a random cost model). `max_tasks`: tune only
+    the N heaviest functions (the rest keep the default schedules: `report.left_out`). `weights`,
+    `expose_state` and `**options` (the importer's): as the model will be compiled (`import_for_tuning`)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from .. import targets
-    from ..onnx import from_onnx
-    from ..onnx.importer import load_model
     from . import metaschedule as wrap
 
     if not isinstance(trials, int) or trials < 1:
         raise TvmseqError(f"--trials {trials!r}: must be a positive integer")
+    if strategy not in STRATEGIES:
+        raise TvmseqError(f"--strategy {strategy!r}: must be one of {', '.join(STRATEGIES)}")
+    if max_tasks is not None and (not isinstance(max_tasks, int) or max_tasks < 1):
+        raise TvmseqError(f"--max-tasks {max_tasks!r}: must be a positive integer")
+    if trials_per_iter is not None and (not isinstance(trials_per_iter, int) or trials_per_iter < 1):
+        raise TvmseqError(f"--trials-per-iter {trials_per_iter!r}: must be a positive integer")
     target = targets.resolve(target)
     if target.kind.name == "llvm":      # MetaSchedule's CPU rules size their parallel loops by it
         import json
@@ -236,29 +307,30 @@ def tune_model(model, target=None, trials: int = 64, shapes: dict | None = None,
         work_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise TvmseqError(f"-o {work_dir}: cannot create it: {err.strerror or err}") from None
-    proto = load_model(model)
-    tuned_shapes, chosen = static_shapes(proto, shapes)
-    for dim, size in chosen.items():
-        log(f"tune: dynamic dim {dim!r} tuned at {size} (pass --shape to choose); compiled at another size, "
-            "or left dynamic, the functions that depend on it get the default schedules")
-    mod = from_onnx(proto, tuned_shapes or None, target=target)
+    mod, tuned_shapes, chosen = import_for_tuning(model, target, shapes, weights=weights, expose_state=expose_state,
+                                                  log=log, **options)
     tasks, skipped = extract_tasks(mod, target)
+    left_out = [t.task_name for t in tasks[max_tasks:]] if max_tasks else []
+    tasks = tasks[:max_tasks] if max_tasks else tasks
     report = TuneReport(database=work_dir, target=target.kind.name, trials=trials, shapes=tuned_shapes,
-                        representative=chosen, skipped=skipped, tasks=[t.task_name for t in tasks])
+                        representative=chosen, skipped=skipped, tasks=[t.task_name for t in tasks], left_out=left_out)
     if not tasks:
         log(f"tune: nothing to tune ({len(skipped)} tvmseq kernel(s), already scheduled)")
         return report
-    log(f"tune: {len(tasks)} task(s) ({', '.join(report.tasks)}), {trials} trials, cost model {cost}; "
-        f"{len(skipped)} tvmseq kernel(s) left as they are")
+    per_iter = trials_per_iter or auto_trials_per_iter(trials, len(tasks))
+    report.trials_per_iter = per_iter
+    log(f"tune: {len(tasks)} task(s) ({', '.join(report.tasks)}), {trials} trials, {min(per_iter, trials)} a "
+        f"round, {strategy}, cost model {cost}; {len(skipped)} tvmseq kernel(s) left as they are"
+        + (f", {len(left_out)} lighter function(s) not tuned" if left_out else ""))
     database = wrap.open_database(work_dir)
     callback = _progress(trials, progress, log)
     start = time.perf_counter()
     with _quiet_meta_schedule():
-        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-            tasks, str(work_dir), num_threads="physical")
+        contexts, task_weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            tasks, str(work_dir), strategy=strategy, num_threads="physical")
         ms.tune.tune_tasks(
-            tasks=contexts, task_weights=weights, work_dir=str(work_dir), max_trials_global=trials,
-            num_trials_per_iter=min(trials_per_iter, trials),
+            tasks=contexts, task_weights=task_weights, work_dir=str(work_dir), max_trials_global=trials,
+            num_trials_per_iter=min(per_iter, trials),
             builder=wrap.make_builder(wrap.BuilderSettings(timeout_s=builder_timeout_s)),
             runner=wrap.make_runner(), database=database, cost_model=cost,
             measure_callbacks=ms.measure_callback.MeasureCallback.create("default") + [callback])
@@ -267,7 +339,8 @@ def tune_model(model, target=None, trials: int = 64, shapes: dict | None = None,
     for task in tasks:
         records = database.get_top_k(database.commit_workload(task.dispatched[0]), 1)
         secs = wrap._mean_seconds(records[0].run_secs) if records else None
-        report.best_ms[task.task_name] = secs * 1e3 if secs else math.inf
+        # None: never measured (the budget ran out before the task scheduler reached it); inf: no valid candidate
+        report.best_ms[task.task_name] = None if not records else secs * 1e3 if secs else math.inf
     log(f"tune: done in {report.seconds:.0f} s; database {work_dir} (compile with --tuned {work_dir})")
     return report
 
@@ -277,9 +350,28 @@ def _progress(trials: int, show: bool, log):
     from .metaschedule import make_progress_callback
 
     callback = make_progress_callback(trials, desc="tune")
-    if not show:
-        callback.bar.disable = True
+    if not show:      # no bar: one line a round through `log` (a log file gets no carriage-return clutter)
+        if hasattr(callback.bar, "disable"):
+            callback.bar.disable = True      # tqdm: closed without drawing
+        callback.bar.close()
+        callback.bar = _LogBar(trials, log)
     return callback
+
+
+class _LogBar:
+    """The part of tqdm's interface the progress callback uses, as one `log` line per measured round."""
+
+    def __init__(self, total: int, log):
+        self.total, self.log, self.n, self.start = total, log, 0, time.perf_counter()
+
+    def update(self, k: int) -> None:
+        self.n += k
+
+    def set_postfix_str(self, text: str) -> None:
+        self.log(f"tune: {self.n}/{self.total} trials, {text}, {time.perf_counter() - self.start:.0f} s")
+
+    def close(self) -> None:
+        pass
 
 
 class _quiet_meta_schedule:
@@ -305,8 +397,13 @@ class _quiet_meta_schedule:
 
 def format_report(report: TuneReport) -> str:
     lines = [f"tuned {len(report.tasks)} function(s) for {report.target} in {report.seconds:.0f} s "
-             f"({report.trials} trials) -> {report.database}"]
+             f"({report.trials} trials) -> {report.database}"
+             + (f"; not tuned (lighter): {', '.join(report.left_out)}" if report.left_out else "")]
     for name in report.tasks:
         best = report.best_ms.get(name, math.inf)
-        lines.append(f"  {name}: best {best:.4f} ms" if math.isfinite(best) else f"  {name}: no valid candidate")
+        if best is None:
+            lines.append(f"  {name}: no valid measurement (not reached within the trials, or every candidate failed): "
+                         "default schedule")
+        else:
+            lines.append(f"  {name}: best {best:.4f} ms" if math.isfinite(best) else f"  {name}: no valid candidate")
     return "\n".join(lines)
