@@ -150,7 +150,7 @@ def test_bench_cpu_runs_and_writes_results(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu, "DENOISER_FRAMES", 4)
     parser = argparse.ArgumentParser()
     cpu.add_arguments(parser)
-    rows = cpu.run(parser.parse_args(["--quick", "--reps", "2", "--out", str(tmp_path)]))
+    rows = cpu.run(parser.parse_args(["--quick", "--reps", "2", "--no-corpus", "--out", str(tmp_path)]))
     assert [r["case"] for r in rows] == ["node", "node", "denoiser_gru_node", "denoiser_model"]
     for r in rows:
         assert r["max_err"] < 1e-4 and r["tvmseq_ms"] > 0 and r["ort_ms"] > 0, r

@@ -12,9 +12,14 @@ kernels are, and so are functions a MetaSchedule database scheduled):
   in a local buffer over the whole reduction, the tile's epilogue (bias, ReLU, sigmoid, BatchNorm) fused
   into its write-back, the row tiles split over threads, full column tiles apart from the tail
   (`pragma_loop_partition_hint`) so they vectorize;
+- `InnerReduction`: a reduction whose output has no such axis but whose innermost reduction axis every input
+  reads contiguously (a strided conv, a one-frame pointwise conv): partial sums in vector lanes (rfactor);
 - TVM's `dlight.cpu.GEMV` and `dlight.cpu.Reduction`;
 - `Elementwise`: every remaining block's innermost loop vectorized, its outer loops fused and split over
   threads when the block is large enough to pay for the thread pool's wake-up.
+
+Then `guard_parallel_pass`: a parallel loop whose size is symbolic picks, at run time, between itself and a
+serial twin (a batch-1 frame of a model with symbolic dims is too small for the thread pool).
 
 Threads: TVM's runtime pool takes TVM_NUM_THREADS, else OMP_NUM_THREADS, else half of
 `std::thread::hardware_concurrency()` on x86 (it assumes hyper-threading): one thread on a 2-core machine
@@ -34,6 +39,7 @@ try:
     from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
     from tvm.s_tir.dlight.base.utils import get_extent
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+    from tvm.sym import Analyzer
     from tvm.sym.pattern import detect_linear_equation
 except ImportError:     # TVM's runtime alone (no compiler): configure_threads still works
     CPUScheduleRule = object
@@ -76,10 +82,14 @@ def configure_threads() -> int:
 # The pass
 # ---------------------------------------------------------------------------------------------------
 def schedule_pass() -> tvm.transform.Pass:
-    """dlight's ApplyDefaultSchedule with the CPU rules above (module doc); runs under the llvm target."""
+    """dlight's ApplyDefaultSchedule with the CPU rules above (module doc), then `guard_parallel_pass`; runs
+    under the llvm target. Named like the GPU's scheduling pass, so a tuning database goes in before it."""
     from tvm.s_tir import dlight as dl
 
-    return dl.ApplyDefaultSchedule(Contraction(), dl.cpu.GEMV(), dl.cpu.Reduction(), Elementwise())
+    # InnerReduction before dlight's GEMV, which vectorized a one-frame pointwise conv (a GEMV on a [C_out, C_in]
+    # weight) along its output channels: a gather of 64-128 weight rows every k (dtln's 0.32 of 0.44 ms)
+    rules = dl.ApplyDefaultSchedule(Contraction(), InnerReduction(), dl.cpu.GEMV(), dl.cpu.Reduction(), Elementwise())
+    return tvm.transform.Sequential([rules, guard_parallel_pass()], name="TvmseqScheduleEach")
 
 
 def schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
@@ -87,11 +97,88 @@ def schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
     applies."""
     from tvm.s_tir import dlight as dl
 
-    for rule in (Contraction(), dl.cpu.GEMV(), dl.cpu.Reduction(), Elementwise()):
+    for rule in (Contraction(), InnerReduction(), dl.cpu.GEMV(), dl.cpu.Reduction(), Elementwise()):
         sch = rule.apply(func, target, False)
         if sch is not None:
             return sch.mod["main"].with_attr("tirx.is_scheduled", True)
     return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parallel loops whose size is known only at run time
+# ---------------------------------------------------------------------------------------------------
+# The rules above decide T.parallel from a block's static size, a symbolic dim counted as 64; a model with
+# symbolic batch and time then ran ~90 tiny kernels of a batch-1, 512-sample VAD (silero v4) on TVM's thread
+# pool, and every launch waits until each worker has run: 0.7 ms on one thread, 180 ms with two on the
+# 2-core machine while other processes held the cores (2026-11-26). A parallel loop whose work is symbolic
+# therefore gets its serial twin and picks one at run time.
+def guard_parallel_pass() -> tvm.transform.Pass:
+    """A PrimFunc pass: every top-level T.parallel loop of a scheduled stock function whose iteration count
+    is symbolic becomes `if work >= PARALLEL_MIN_MACS: parallel loop else: the same loop serial`."""
+
+    def transform(func, _mod, _ctx):
+        if not isinstance(func, tirx.PrimFunc) or not isinstance(func.body, s_tir.SBlockRealize):
+            return func
+        root = func.body.block
+        body = _guard_parallel(root.body)
+        if body.same_as(root.body):
+            return func
+        block = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
+                             root.alloc_buffers, root.match_buffers, root.annotations)
+        realize = s_tir.SBlockRealize(func.body.iter_values, func.body.predicate, block)
+        # each loop, block and iteration variable must be defined once: the serial twin gets its own
+        return _convert_ssa(func.with_body(realize))
+
+    return tirx.transform.prim_func_pass(transform, opt_level=0, name="TvmseqGuardParallel")
+
+
+def _convert_ssa(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    mod = s_tir.transform.ConvertSSA()(tvm.IRModule({"main": func}))
+    return mod["main"]
+
+
+def _guard_parallel(stmt):
+    if isinstance(stmt, tirx.SeqStmt):
+        items = [_guard_parallel(s) for s in stmt.seq]
+        return stmt if all(a.same_as(b) for a, b in zip(items, stmt.seq)) else tirx.SeqStmt(items)
+    if not isinstance(stmt, tirx.For) or stmt.kind != tirx.ForKind.PARALLEL:
+        return stmt
+    work = Analyzer().simplify(_iterations(stmt))
+    if isinstance(work, tirx.IntImm) or _least_work(work) >= PARALLEL_MIN_MACS:
+        # decided at schedule time, or large at any size (guarded, ddddocr's convs on a 64-pixel image ran at
+        # half the speed: 237 against 117 ms; not investigated further, so left out where it is not needed)
+        return stmt
+    serial = tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL, stmt.body, None,
+                      stmt.annotations)
+    # the twin shares the loop's variables; the pass's ConvertSSA gives it its own
+    return tirx.IfThenElse(work >= PARALLEL_MIN_MACS, stmt, serial)
+
+
+def _least_work(work) -> int:
+    """`work` with every symbolic size set to 1 (a batch of 1, one frame): the least the loop nest does."""
+    analyzer = Analyzer()
+    for var in tirx.analysis.undefined_vars(work):
+        analyzer.bind(var, tirx.IntImm(str(var.ty.dtype) if hasattr(var, "ty") else "int64", 1))
+    least = analyzer.simplify(work)
+    return int(least) if isinstance(least, tirx.IntImm) else 0
+
+
+def _iterations(stmt):
+    """Innermost iterations of a loop nest (a TIR expression: sibling nests add, nested loops multiply)."""
+    if isinstance(stmt, tirx.For):
+        return stmt.extent * _iterations(stmt.body)
+    if isinstance(stmt, tirx.SeqStmt):
+        total = _iterations(stmt.seq[0])
+        for item in stmt.seq[1:]:
+            total = total + _iterations(item)
+        return total
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return _iterations(stmt.block.body)
+    if isinstance(stmt, (tirx.IfThenElse,)):
+        return _iterations(stmt.then_case)
+    if isinstance(stmt, (tirx.LetStmt, tirx.AttrStmt, tirx.DeclBuffer, tirx.AllocBuffer)) and hasattr(stmt, "body"):
+        return _iterations(stmt.body)
+    return tirx.IntImm("int64", 1)
 
 
 def _lanes(target, dtype: str) -> int:
@@ -106,7 +193,7 @@ def _lanes(target, dtype: str) -> int:
 # ---------------------------------------------------------------------------------------------------
 class Contraction(CPUScheduleRule):
     """One reduction block (+ injective producers that inline into it, + an injective epilogue), vectorized
-    along the output's last axis (module doc). Only that axis needs a static extent."""
+    along the output's last axis (module doc)."""
 
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
@@ -118,9 +205,13 @@ class Contraction(CPUScheduleRule):
         anchor = infos[0]
         block = sch.get(anchor.block_rv)
         vec_iter = _contiguous_axis(block, anchor)
-        if vec_iter is None or not isinstance(vec_iter.dom, (int, tirx.IntImm)):
+        if vec_iter is None:
             return None
         lanes = _lanes(target, str(block.writes[0].source.dtype))
+        if not isinstance(vec_iter.dom, (int, tirx.IntImm)):
+            # a symbolic width (ddddocr's and PP-OCR's convs along the image width): tried with a predicated last
+            # tile; LoopPartition then left VectorizeLoop a loop of symbolic extent, which it refuses
+            return None
         width = int(vec_iter.dom)
         padded = False
         if width % lanes and width > lanes:
@@ -143,6 +234,72 @@ class Contraction(CPUScheduleRule):
             width = int(vec_iter.dom)
         _tile_contraction(sch, anchor, infos[1:], vec_iter, width, lanes, padded)
         return sch
+
+
+class InnerReduction(CPUScheduleRule):
+    """One reduction block (+ epilogue) whose output has no axis every input reads contiguously (a strided
+    conv's time axis: silero's STFT as a conv with stride 64, 258 x 256 taps, ran scalar, 80% of that model)
+    but whose innermost reduction axis is contiguous in every read that uses it: `lanes` partial sums a
+    vector (rfactor), added across the lanes once per output; outputs over threads."""
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = _anchor_and_epilogue(sch)
+        if infos is None:
+            return None
+        anchor = infos[0]
+        block = sch.get(anchor.block_rv)
+        lanes = _lanes(target, str(block.writes[0].source.dtype))
+        reduce = [it for it in anchor.iters if it.kind == "R"]
+        if not reduce or not isinstance(reduce[-1].dom, (int, tirx.IntImm)) or int(reduce[-1].dom) % lanes \
+                or not _contiguous_reads(block, reduce[-1].var) or all(it.kind != "S" for it in anchor.iters):
+            return None
+        try:
+            _lanes_reduction(sch, anchor, infos[1:], reduce[-1], lanes, len(block.writes[0].region))
+        except Exception:  # noqa: BLE001 - e.g. an epilogue that also reads the input (a norm) does not inline:
+            return None    # the rule declines, the next one schedules the function
+        return sch
+
+
+def _lanes_reduction(sch, anchor, epilogues, last_reduce, lanes: int, out_rank: int) -> None:
+    """InnerReduction's schedule: `lanes` partial sums of the innermost reduction axis (rfactor), outputs over
+    threads, the lanes added and the epilogue applied once an output."""
+    loops = sch.get_loops(anchor.block_rv)
+    spatial = [lp for it, lp in zip(anchor.iters, loops) if it.kind == "S"]
+    outer_reduce = [lp for it, lp in zip(anchor.iters, loops) if it.kind == "R"][:-1]
+    r_o, r_i = sch.split(loops[anchor.iters.index(last_reduce)], factors=[None, lanes])
+    sch.reorder(*spatial, *outer_reduce, r_o, r_i)
+    partial = sch.rfactor(r_i, factor_axis=out_rank)
+    sch.set_scope(partial, 0, "local")
+    spatial = sch.get_loops(partial)[:len(spatial)]     # the loops rfactor left to the partial sums
+    par = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    if _static_product(sch, partial) >= PARALLEL_MIN_MACS:
+        sch.parallel(par)
+    sch.reverse_compute_at(anchor.block_rv, par)
+    for epi in epilogues:
+        sch.reverse_compute_inline(epi.block_rv)
+    sch.vectorize(sch.get_loops(partial)[-1])
+    first_reduce = sch.get_loops(partial)[1]
+    sch.decompose_reduction(partial, first_reduce)
+
+
+def _contiguous_reads(block, var) -> bool:
+    """Whether every read of `block` that uses `var` uses it in one index only, with coefficient 1, followed by
+    dims of size 1 (the last index, or a channel index of a one-frame conv's [N, C, 1] input)."""
+    used = False
+    for read in block.reads:
+        shape = read.source.shape
+        for dim, rng in enumerate(read.region):
+            if not _uses(rng.min, var):
+                continue
+            coeff = detect_linear_equation(rng.min, [var])
+            trailing_ones = all(isinstance(n, (int, tirx.IntImm)) and int(n) == 1 for n in shape[dim + 1:])
+            if not trailing_ones or len(coeff) != 2 or not isinstance(coeff[0], tirx.IntImm) or coeff[0].value != 1:
+                return False
+            used = True
+    return used
 
 
 def _after_padding(sch, anchor_rv, lanes: int):
@@ -187,38 +344,45 @@ def _anchor_and_epilogue(sch, lanes: int = 0):
 def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, padded: bool) -> None:
     """Register tile (rows x columns) accumulated in a local buffer over the whole reduction, epilogue fused
     into the write-back (after padding, whose epilogue covers fewer columns than the tile: run per row tile
-    instead), row tiles over threads."""
+    instead), (column tile, row tile) pairs over threads."""
     loops = sch.get_loops(anchor.block_rv)
     spatial = [lp for it, lp in zip(anchor.iters, loops) if it.kind == "S"]
     reduce = [lp for it, lp in zip(anchor.iters, loops) if it.kind == "R"]
     vec_loop = loops[anchor.iters.index(vec_iter)]
     others = [lp for lp in spatial if not lp.same_as(vec_loop)]
     tile_cols = _column_tile(width, lanes)
+    max_rows = MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS    # as many accumulators
     col_o, col_i = sch.split(vec_loop, factors=[None, tile_cols])
     vec_parts = [col_i]
     if tile_cols > lanes and tile_cols % lanes == 0:
         # one native vector per accumulator: LLVM keeps those in registers, a wider one goes to the stack
         vec_parts = list(sch.split(col_i, factors=[None, lanes]))
-    rows = [lp for lp in others if get_extent(sch, lp) != 1]
+    rows = _row_candidates(sch, anchor, vec_iter, others)
     outer = [lp for lp in others if not rows or not lp.same_as(rows[-1])]
-    tile_rows = []
+    tile_rows, row_o = [], None
     if rows:
-        height = get_extent(sch, rows[-1])
-        tile_h = _tile(height, tuple(range(MAX_TILE_ROWS, 0, -1)), fallback=1) if isinstance(height, int) else 1
-        row_o, row_i = sch.split(rows[-1], factors=[None, tile_h])
-        outer, tile_rows = outer + [row_o], [row_i]
-    sch.reorder(*outer, col_o, *reduce, *tile_rows, *vec_parts)
-    par = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
-    if par is not None and _static_product(sch, anchor.block_rv) >= PARALLEL_MIN_MACS:
+        row_o, row_i = sch.split(rows[-1], factors=[None, _row_tile(get_extent(sch, rows[-1]), max_rows)])
+        tile_rows = [row_i]
+    # column tiles outside the row tiles: a thread's share of the work is a range of columns, whose slice of
+    # the weight stays in its cache while every row tile passes (a few frames: the weight is read once, not
+    # once per row as when rows were outermost)
+    sch.reorder(*outer, col_o, *([row_o] if row_o is not None else []), *reduce, *tile_rows, *vec_parts)
+    # a static number of row tiles joins the threads' loop; a symbolic one stays a serial loop inside it (fused,
+    # its symbolic divisor reached a constant fold as zero: silero v5's Gemm with a symbolic batch)
+    static_rows = row_o is not None and isinstance(get_extent(sch, row_o), int)
+    head = outer + [col_o] + ([row_o] if static_rows else [])
+    par = sch.fuse(*head) if len(head) > 1 else head[0]
+    if _static_product(sch, anchor.block_rv) >= PARALLEL_MIN_MACS:
         sch.parallel(par)
+    tile = row_o if row_o is not None and not static_rows else par    # the loop of one register tile
     acc = sch.cache_write(anchor.block_rv, 0, "local")
     if not padded:
         for epi in epilogues:
             sch.reverse_compute_inline(epi.block_rv)
-    sch.reverse_compute_at(acc, col_o)
-    if padded and par is not None:
+    sch.reverse_compute_at(acc, tile)
+    if padded:
         for epi in epilogues:
-            sch.reverse_compute_at(epi.block_rv, par)
+            sch.reverse_compute_at(epi.block_rv, tile)
     sch.vectorize(vec_parts[-1])        # before decompose_reduction: the init inherits the loop kinds
     for lp in tile_rows + vec_parts[:-1]:
         sch.unroll(lp)
@@ -229,8 +393,36 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
         inner = sch.get_loops(acc)
     sch.vectorize(inner[-1])
     for lp in inner[:-1]:
-        if _below(sch, lp, col_o) and get_extent(sch, lp) != 1:
+        if _below(sch, lp, tile) and get_extent(sch, lp) != 1:
             sch.unroll(lp)
+
+
+def _row_candidates(sch, anchor, vec_iter, others) -> list:
+    """The loops a register tile's rows may run along, the preferred one last: non-unit loops, those that
+    the vector-loaded operands do not index first (a vector loaded once then serves every row of the tile: a
+    conv's output channels, whose weights are scalars, rather than its output rows)."""
+    block = sch.get(anchor.block_rv)
+    vec_reads = [r for r in block.reads if any(_uses(rng.min, vec_iter.var) for rng in r.region)]
+    spatial_iters = [it for it in anchor.iters if it.kind == "S" and it is not vec_iter]
+    rows = [(it, lp) for it, lp in zip(spatial_iters, others) if get_extent(sch, lp) != 1]
+
+    def reuses_vectors(it) -> bool:
+        return not any(_uses(rng.min, it.var) for r in vec_reads for rng in r.region)
+
+    return [lp for it, lp in rows if not reuses_vectors(it)] + [lp for it, lp in rows if reuses_vectors(it)]
+
+
+def _row_tile(height, max_rows: int = MAX_TILE_ROWS) -> int:
+    """Rows of a register tile: a divisor of a static height up to `max_rows`, else `max_rows` with a
+    partial last tile (its rows are predicated, outside the vector loop): a height of 5, 37 or a symbolic
+    number of frames got 1-row tiles, which read the weight once per row."""
+    if isinstance(height, int) and height <= max_rows:
+        return height
+    if isinstance(height, int):
+        exact = _tile(height, tuple(range(max_rows, 1, -1)), fallback=0)
+        if exact >= max_rows // 2:
+            return exact
+    return max_rows
 
 
 def _static_product(sch, block_rv) -> int:

@@ -33,8 +33,8 @@ except ImportError:  # runtime-only TVM: nothing is built here
 
 from ...errors import TvmseqError
 from ..activations import Activation
-from .gru import (DIRECTIONS, StepSchedule, _clip_fn, batch_extent, check_batch, cpu_weights_fp32, partial_sum,
-                  reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops)
+from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_unit_chunk,
+                  cpu_weights_fp32, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops)
 
 GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
 PEEPHOLE_ORDER = ("i", "o", "f")       # entries of P per direction, H each
@@ -86,13 +86,15 @@ class LstmSpec:
                               f"got {len(self.activations)}")
 
 
-def activation_fn(spec: LstmSpec, which: int):
+def activation_fn(spec: LstmSpec, which: int, cpu: bool = False):
     """(d, x) -> activation `which` (0: f, 1: g, 2: h) of direction d applied to x, a TIR expression
-    (a select between the two directions only when they differ)."""
+    (a select between the two directions only when they differ); cpu: Sigmoid and Tanh on the polynomial exp
+    of `gru.cpu_activation`, so a vectorized gate loop stays in SIMD registers (libm's expf is one call a lane)."""
     acts = [spec.activations[3 * d + which] for d in range(spec.num_directions)]
+    fns = [cpu_activation(a) if cpu else a.expr for a in acts]
     if len(set(acts)) == 1:
-        return lambda d, x: acts[0].expr(x)
-    return lambda d, x: T.if_then_else(d == 0, acts[0].expr(x), acts[1].expr(x))
+        return lambda d, x: fns[0](x)
+    return lambda d, x: T.if_then_else(d == 0, fns[0](x), fns[1](x))
 
 
 def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedule | None = None
@@ -105,8 +107,9 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
     D, B, H, dt = spec.num_directions, batch_extent(spec.batch), spec.hidden, spec.dtype
     G = 4 * H
     sched = sched or StepSchedule.for_batch(spec.batch)
-    NT = sched.gate_threads
-    f_act, g_act, h_act = (activation_fn(spec, k) for k in range(3))
+    # CPU: a block of the gate loop is one SIMD vector of units (gru.cpu_unit_chunk)
+    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched)
+    f_act, g_act, h_act = (activation_fn(spec, k, cpu=not gpu) for k in range(3))
     clip = _clip_fn(spec.clip)
     is_reverse = reverse_fn(spec.direction)
     row_length = row_length_fn(spec.has_seq_lens)
@@ -149,7 +152,33 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
             else:
                 Y[s, d, b, j] = T.Cast(dt, T.float32(0))
 
-    update_launch = unit_loops(gpu, D, B, H, NT, update)   # grid (batch, directions, unit chunks) on CUDA
+    # The CPU variant: the same math as one expression per state written (intermediates as Let expressions,
+    # indices as meta_var), as gru.recurrence_func's: a TIRx assignment declares a one-element local buffer,
+    # which cannot hold the vector the vectorized unit loop gives it
+    def new_cell(GateI, P, cell, gh, d, t, b, j):
+        c_prev = cell[d, b, j]
+        return _let(f_act(d, clip(peep("i", pre("i", GateI, gh, d, t, b, j), P, d, j, c_prev))),
+                    lambda i: forget(i, GateI, gh, P, d, t, b, j, c_prev) * c_prev
+                    + i * g_act(d, clip(pre("c", GateI, gh, d, t, b, j))))
+
+    def new_hidden(GateI, P, cell, gh, d, t, b, j):
+        c = cell[d, b, j]      # already the new cell state
+        return f_act(d, clip(peep("o", pre("o", GateI, gh, d, t, b, j), P, d, j, c))) * h_act(d, c)
+
+    @T.macro
+    def update_cpu(GateI, P, Lens, Y, state, cell, gh, s, seq, b, d, jc, tx):
+        j = T.meta_var(jc * NT + tx)
+        if j < H:
+            if s < row_length(Lens, b, seq):
+                t = T.meta_var(T.if_then_else(is_reverse(d), row_length(Lens, b, seq) - 1 - s, s))
+                cell[d, b, j] = new_cell(GateI, P, cell, gh, d, t, b, j)
+                state[d, b, j] = new_hidden(GateI, P, cell, gh, d, t, b, j)
+                Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
+            else:
+                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+
+    # grid (batch, directions, unit chunks) on CUDA; on the CPU one loop over the blocks, each a vector of units
+    update_launch = unit_loops(gpu, D, B, H, NT, update if gpu else update_cpu)
 
     @T.macro
     def steps(GateI, R, P, Lens, Y, state, cell, gh, seq):

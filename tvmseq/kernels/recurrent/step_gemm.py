@@ -437,9 +437,17 @@ def cpu_lanes(target=None) -> int:
 
 
 def cpu_parallel(D: int, M, rows: int, K: int) -> bool:
-    """Whether a CPU step GEMM is large enough to split over threads (a symbolic M counts as 8 rows)."""
-    m = M if isinstance(M, int) else 8
+    """Whether a CPU step GEMM can be large enough to split over threads (a symbolic M: at CPU_M_BLOCK rows;
+    `cpu_gemm_macro` then decides at run time with `cpu_parallel_at_run_time`)."""
+    m = M if isinstance(M, int) else CPU_M_BLOCK
     return D * m * rows * K >= CPU_PARALLEL_MIN_MACS
+
+
+def cpu_parallel_at_run_time(D: int, M, rows: int, K: int):
+    """The condition a step GEMM of symbolic batch M checks every step before splitting over threads: a
+    TIR expression. (Counted as 8 rows at build time, a batch-1 LSTM H256 stepped on the pool and paid its
+    launch and join 100 times, each a time slice while other processes held the cores.)"""
+    return M * (D * rows * K) >= CPU_PARALLEL_MIN_MACS
 
 
 def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
@@ -458,7 +466,8 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
     MB = CPU_M_BLOCK
     nmb = (M + MB - 1) // MB
     par = cpu_parallel(D, M, rows, K) if parallel is None else parallel
-    outer = T.parallel if par else T.serial
+    # a symbolic batch picks the parallel or the serial loop every step (forced `parallel`: always that one)
+    guard = par and parallel is None and not isinstance(M, int)
     f32 = lambda v: T.Cast("float32", v)  # noqa: E731
     if VL not in (8, 16):
         raise TvmseqError(f"CPU step GEMM: lanes must be 8 or 16, got {VL}")
@@ -521,18 +530,35 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
     full_tile, one_row = tile_macro(CPU_BATCH_TILE), tile_macro(1)
     BT = CPU_BATCH_TILE
 
+    def blocks_macro(loop):
+        @T.macro
+        def blocks(src, R, gh, bias_buf):
+            for w in loop(nmb * D * nrb):
+                # m block outermost: a thread's share of the work is a range of (m block, direction, row block)
+                mb = T.meta_var(w // (D * nrb))
+                d = T.meta_var(w // nrb % D)
+                rb = T.meta_var(w % nrb)
+                mlen = T.meta_var(T.min(MB, M - mb * MB))
+                for mt in range(mlen // BT):
+                    full_tile(src, R, gh, bias_buf, d, rb, mb * MB + mt * BT)
+                for mr in range(mlen % BT):
+                    one_row(src, R, gh, bias_buf, d, rb, mb * MB + (mlen // BT) * BT + mr)
+
+        return blocks
+
+    parallel_blocks, serial_blocks = blocks_macro(T.parallel), blocks_macro(T.serial)
+
     @T.macro
     def body(src, R, gh, bias_buf):
-        for w in outer(nmb * D * nrb):
-            # m block outermost: a thread's share of the work is a range of (m block, direction, row block)
-            mb = T.meta_var(w // (D * nrb))
-            d = T.meta_var(w // nrb % D)
-            rb = T.meta_var(w % nrb)
-            mlen = T.meta_var(T.min(MB, M - mb * MB))
-            for mt in range(mlen // BT):
-                full_tile(src, R, gh, bias_buf, d, rb, mb * MB + mt * BT)
-            for mr in range(mlen % BT):
-                one_row(src, R, gh, bias_buf, d, rb, mb * MB + (mlen // BT) * BT + mr)
+        if guard:
+            if cpu_parallel_at_run_time(D, M, rows, K):
+                parallel_blocks(src, R, gh, bias_buf)
+            else:
+                serial_blocks(src, R, gh, bias_buf)
+        elif par:
+            parallel_blocks(src, R, gh, bias_buf)
+        else:
+            serial_blocks(src, R, gh, bias_buf)
 
     if bias:
         @T.macro
