@@ -196,19 +196,16 @@ def safe_input_names(model):
     return model, {new: old for old, new in renames.items()}
 
 
-def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, *, cuda_graph: bool = False,
-                 cuda_graph_bounds: dict | None = None, expose_state: bool = False, weights: str = "embedded",
-                 weights_min_elements: int = WEIGHT_MIN_ELEMENTS, max_graph_shapes: int = 8, tuned=None, **options):
-    """ONNX model -> `tvmseq.runtime.Model` ready to run on the target's device (module doc for the options)."""
-    from .onnx import from_onnx
+def prepare_proto(model, target, expose_state: bool, weights: str, weights_min_elements: int, options: dict):
+    """(ONNX model as the importer takes it, its state pairs, {lifted weight: array}): loaded, its recurrent state
+    exposed when asked, and for weights="inputs" its GRU stacks fused and its large weights lifted to inputs.
+    `compile_onnx` and `tune.model.import_for_tuning` import through it, so a database's records match."""
     from .onnx.expose_state import existing_state_pairs
     from .onnx.expose_state import expose_state as _expose
     from .onnx.importer import load_model
-    from .runtime import Model
 
     if weights not in WEIGHTS_MODES:
         raise TvmseqError(f"weights={weights!r}: must be one of {WEIGHTS_MODES}")
-    target = targets.resolve(target)
     proto = load_model(model)
     if expose_state:
         proto, pairs = _expose(proto)
@@ -221,6 +218,18 @@ def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, *, cuda_g
         # stacks are found through their initializers: fuse first, then lift the weights
         proto = fuse_gru_stacks(proto, {**options, "target": target})
         proto, weight_values = lift_weights(proto, weights_min_elements)
+    return proto, pairs, weight_values
+
+
+def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, *, cuda_graph: bool = False,
+                 cuda_graph_bounds: dict | None = None, expose_state: bool = False, weights: str = "embedded",
+                 weights_min_elements: int = WEIGHT_MIN_ELEMENTS, max_graph_shapes: int = 8, tuned=None, **options):
+    """ONNX model -> `tvmseq.runtime.Model` ready to run on the target's device (module doc for the options)."""
+    from .onnx import from_onnx
+    from .runtime import Model
+
+    target = targets.resolve(target)
+    proto, pairs, weight_values = prepare_proto(model, target, expose_state, weights, weights_min_elements, options)
     proto, original_names = safe_input_names(proto)
     if shape_dict or isinstance(dtype_dict, dict):
         renamed = {v: k for k, v in original_names.items()}

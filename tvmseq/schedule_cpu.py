@@ -199,14 +199,10 @@ class Contraction(CPUScheduleRule):
     along the output's last axis (module doc)."""
 
     def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        opened = _open_contraction(self, func, target)
+        if opened is None:
             return None
-        sch = s_tir.Schedule(func)
-        infos = _anchor_and_epilogue(sch)
-        if infos is None:
-            return None
-        anchor = infos[0]
-        block = sch.get(anchor.block_rv)
+        sch, infos, anchor, block = opened
         vec_iter = _contiguous_axis(block, anchor)
         if vec_iter is None:
             return None
@@ -246,14 +242,10 @@ class InnerReduction(CPUScheduleRule):
     vector (rfactor), added across the lanes once per output; outputs over threads."""
 
     def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        opened = _open_contraction(self, func, target)
+        if opened is None:
             return None
-        sch = s_tir.Schedule(func)
-        infos = _anchor_and_epilogue(sch)
-        if infos is None:
-            return None
-        anchor = infos[0]
-        block = sch.get(anchor.block_rv)
+        sch, infos, anchor, block = opened
         lanes = _lanes(target, str(block.writes[0].source.dtype))
         reduce = [it for it in anchor.iters if it.kind == "R"]
         if not reduce or not isinstance(reduce[-1].dom, (int, tirx.IntImm)) or int(reduce[-1].dom) % lanes \
@@ -323,6 +315,18 @@ def _after_padding(sch, anchor_rv, lanes: int):
         if len(loops) > 1 and _static_product(sch, producer.block_rv) >= PARALLEL_MIN_ELEMENTS:
             sch.parallel(loops[0])
     return [infos[at[0]]] + after
+
+
+def _open_contraction(rule, func, target):
+    """(schedule, [anchor, epilogue], anchor, its block) of a PrimFunc one reduction rule may take (module doc),
+    or None: what Contraction and InnerReduction both begin with."""
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    infos = _anchor_and_epilogue(sch)
+    if infos is None:
+        return None
+    return sch, infos, infos[0], sch.get(infos[0].block_rv)
 
 
 def _anchor_and_epilogue(sch, lanes: int = 0):

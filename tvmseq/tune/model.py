@@ -224,20 +224,9 @@ def import_for_tuning(model, target, shapes: dict | None = None, *, weights: str
     folding differs) would find no record."""
     from .. import build as tvm_build
     from ..onnx import from_onnx
-    from ..onnx.expose_state import expose_state as _expose
-    from ..onnx.importer import load_model
 
-    if weights not in tvm_build.WEIGHTS_MODES:
-        raise TvmseqError(f"weights={weights!r}: must be one of {tvm_build.WEIGHTS_MODES}")
     min_elements = options.pop("weights_min_elements", tvm_build.WEIGHT_MIN_ELEMENTS)
-    proto = load_model(model)
-    if expose_state:
-        proto, _ = _expose(proto)
-    if weights == "inputs":
-        from ..onnx.stack import fuse_gru_stacks
-
-        proto = fuse_gru_stacks(proto, {**options, "target": target})
-        proto, _ = tvm_build.lift_weights(proto, min_elements)
+    proto, _, _ = tvm_build.prepare_proto(model, target, expose_state, weights, min_elements, options)
     tuned_shapes, chosen = static_shapes(proto, shapes)
     for dim, size in chosen.items():
         log(f"tune: dynamic dim {dim!r} tuned at {size} (pass --shape to choose); compiled at another size, "
