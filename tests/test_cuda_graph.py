@@ -148,6 +148,30 @@ def test_a_stream_replays_a_known_frame_shape_without_the_vm(fake_capture, by_na
         stream(X=x[0:1].astype(np.float64))                            # another dtype: checked, refused
 
 
+def test_a_stream_replays_frames_written_into_its_buffers(fake_capture):
+    """stream() with no arguments replays the frames a producer wrote into frame_buffers() (no copy in): the
+    same values as the whole sequence; before any call with frames both say what is missing."""
+    from tvmseq.stream import Stream
+
+    model, compiled = _gru()
+    x = np.random.default_rng(4).standard_normal((6, 2, 5)).astype(np.float32)
+    stream = Stream(compiled, state={"initial_h": "Y_h"})
+    with pytest.raises(TvmseqError, match="only after a call with frames"):
+        stream()
+    with pytest.raises(TvmseqError, match="has none yet"):
+        stream.frame_buffers()
+    frames = [stream(X=x[0:1])]
+    for t in range(1, 6):
+        stream.frame_buffers()["X"].copyfrom(x[t:t + 1])
+        frames.append(stream())
+    assert stream.fast_calls == 5 and fake_capture[0].replays == 6
+    want = _want(model, x, np.zeros((1, 2, 7), np.float32))[0]
+    np.testing.assert_allclose(np.concatenate(frames), want, rtol=1e-4, atol=1e-5)
+    stream.reset()
+    with pytest.raises(TvmseqError, match="has none yet"):
+        stream.frame_buffers()
+
+
 def test_graph_mode_needs_a_cuda_model():
     model, _ = rnn_node_model(op="GRU", seq="T", batch=2, input_size=5, hidden=7)
     with pytest.raises(TvmseqError, match="cuda_graph=True needs a CUDA target"):

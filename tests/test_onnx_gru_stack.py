@@ -72,3 +72,42 @@ def test_bad_option_is_an_error():
     model, _ = models.gru_stack_model(2)
     with pytest.raises(tvmseq.TvmseqError, match="gru_stack"):
         tvmseq.from_onnx(model, target="llvm", gru_stack="maybe")
+
+
+def _axes_as_constant_nodes(model):
+    """The model with every Squeeze's axes initializer written as a Constant node, as torch.onnx exports it."""
+    from onnx import helper
+
+    init = {t.name: t for t in model.graph.initializer}
+    consts = []
+    for n in model.graph.node:
+        if n.op_type == "Squeeze" and len(n.input) > 1 and n.input[1] in init:
+            consts.append(helper.make_node("Constant", [], [n.input[1]], value=init[n.input[1]]))
+    names = {c.output[0] for c in consts}
+    kept = [t for t in model.graph.initializer if t.name not in names]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    nodes = consts + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model, len(consts)
+
+
+def test_squeeze_axes_from_a_constant_node_fuse():
+    model, feeds = models.gru_stack_model(2, seq=3, batch=2, hidden=5, opset=14, seed=9)
+    model, n_consts = _axes_as_constant_nodes(model)
+    assert n_consts >= 1
+    assert [[n.name for n in c] for c in stack.find_gru_stacks(model.graph)] == [["gru0", "gru1"]]
+    got = tvmseq.compile_onnx(model, target="llvm", gru_stack="on")(**feeds)
+    for g, w in zip(got, _ort(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seq", [1, 6])
+def test_one_frame_stacks_run_layer_by_layer(seq):
+    """A static time axis of 1 (a streaming build) runs each layer as its own one-step kernel on a GPU target;
+    longer sequences pipeline."""
+    model, _ = models.gru_stack_model(2, seq=seq, batch=1, hidden=8, seed=3)
+    names = _names(tvmseq.from_onnx(model, target="cuda"))
+    assert any("gru_stack" in n for n in names) == (seq > 1)
+    assert any("one_step" in n for n in names) == (seq == 1)

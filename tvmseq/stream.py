@@ -11,6 +11,14 @@ state: no host copy, no re-upload.
     for frame in frames:                      # frame [1, batch, features] (time-major X)
         mask = stream(X=frame)                # outputs other than the state, numpy (output="device": TVM tensors)
     stream.reset()                            # zero state again
+
+A CUDA-graph model replays a known frame shape with no VM and no checks (`FramePlan`: the frame copied into the
+capture's input buffer, one graph launch). A producer on the GPU can write the frames into those buffers itself,
+as a CUDA graph's static inputs are used, and skip that copy too:
+
+    buffers = stream.frame_buffers()          # after one call with frames: {name: device tensor}
+    torch.from_dlpack(buffers["X"]).copy_(next_frame)   # or any kernel writing there
+    mask = stream()                           # no arguments: the frames in place
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ class Stream:
         self.frame_inputs = [n for n in model.input_names if n not in pairs]
         self._state: dict = {}
         self._plans: dict = {}        # frame signature -> FramePlan (CUDA-graph models)
+        self._recent = None           # the FramePlan of the last fast call (tried first: no signature built)
         self.fast_calls = 0           # calls that took a FramePlan
 
     @property
@@ -54,6 +63,17 @@ class Stream:
     def reset(self) -> None:
         self._state = {}
         self._plans = {}
+        self._recent = None
+
+    def frame_buffers(self) -> dict:
+        """{frame input: device tensor} the next `stream()` without arguments reads: the capture's own input
+        buffers (DLPack: `torch.from_dlpack`), for a producer that writes each frame there, as a CUDA graph's
+        static inputs are used (no copy a call). Valid until a call of another shape or `reset`."""
+        plan = self._recent
+        if plan is None or not plan.valid(self._state):
+            raise TvmseqError("frame_buffers(): the stream has none yet: call it once with frames (a CUDA-graph "
+                              "model), then write the next frames into these buffers and call stream()")
+        return dict(zip(self.frame_inputs, plan.buffers))
 
     def _zeros(self, name: str, feeds: dict):
         """A zero state for input `name`, its symbolic dims read off the frame inputs."""
@@ -76,13 +96,24 @@ class Stream:
 
     def __call__(self, *args, **kwargs):
         """One frame or chunk: the frame inputs (positional in `frame_inputs` order, or by name; a state
-        input given by name replaces the kept state); returns the outputs that are not state."""
-        if self._plans:
-            frames = self._frames(args, kwargs)
-            plan = self._plans.get(_signature(frames)) if frames is not None else None
-            if plan is not None and plan.valid(self._state):
+        input given by name replaces the kept state); returns the outputs that are not state. No arguments
+        (frames in the model): the frames already written into `frame_buffers()`, replayed as they are."""
+        plan = self._recent
+        if plan is not None and plan.valid(self._state):
+            if not args and not kwargs and self.frame_inputs:
                 self.fast_calls += 1
+                return plan.replay_in_place()
+            frames = args if not kwargs else self._frames(args, kwargs)
+            if frames is not None and not plan.fits(frames):
+                plan = self._plans.get(_signature(frames))
+                plan = plan if plan is not None and plan.valid(self._state) else None
+            if frames is not None and plan is not None:
+                self.fast_calls += 1
+                self._recent = plan
                 return plan(frames)
+        elif not args and not kwargs and self.frame_inputs:
+            raise TvmseqError("stream() without frames replays the frames in frame_buffers(), which the stream has "
+                              "only after a call with frames (a CUDA-graph model, frames of one shape)")
         if len(args) > len(self.frame_inputs):
             raise TvmseqError(f"the stream takes {len(self.frame_inputs)} frame inputs "
                               f"({', '.join(self.frame_inputs)}), got {len(args)}")
@@ -127,8 +158,8 @@ class Stream:
         if any(self._state[name] is not last[1]["inputs"][position[name]] for name in self.pairs):
             return      # the state is not the capture's own buffers: the slow path copies it in
         keep = [i for i, k in enumerate(model.output_names) if k not in self.pairs.values()]
-        self._plans[_signature(frames)] = FramePlan(model, last, [position[n] for n in self.frame_inputs], keep,
-                                                    self.output, dict(self._state))
+        self._recent = self._plans[_signature(frames)] = FramePlan(
+            model, last, [position[n] for n in self.frame_inputs], keep, self.output, dict(self._state), frames)
 
 
 class FramePlan:
@@ -138,11 +169,12 @@ class FramePlan:
     capture writes. Valid while the model still holds this capture (a new shape past `max_graph_shapes` or
     `set_weights` start the cache anew: a new dict) and the stream's state is in the capture's buffers."""
 
-    def __init__(self, model, last, frame_positions: list[int], keep: list[int], output: str, state: dict):
+    def __init__(self, model, last, frame_positions: list[int], keep: list[int], output: str, state: dict, frames):
         from . import cuda_graph
 
         self._model, self._graphs, (_, entry), self._state = model, model._graphs, last, state
         self._buffers = [entry["inputs"][p] for p in frame_positions]
+        self._kinds = [(type(f), tuple(f.shape), f.dtype) for f in frames]   # what `fits` compares
         self._nbytes = [cuda_graph.nbytes(b) for b in self._buffers]
         call = entry["call"]
         listed = (call.outputs,) if hasattr(call.outputs, "data_ptr") else tuple(call.outputs)
@@ -157,10 +189,38 @@ class FramePlan:
                             for o in self._outputs]
         self._upload, self._synchronize = cuda_graph.upload, cuda_graph.synchronize
 
+    @property
+    def buffers(self) -> list:
+        return list(self._buffers)
+
     def valid(self, state: dict) -> bool:
         # the model's capture cache is only ever replaced whole (runtime.Model._reset_graphs), never pruned
-        return self._model._graphs is self._graphs and all(state.get(name) is buffer
-                                                           for name, buffer in self._state.items())
+        if self._model._graphs is not self._graphs:
+            return False
+        for name, buffer in self._state.items():
+            if state.get(name) is not buffer:
+                return False
+        return True
+
+    def fits(self, frames) -> bool:
+        """The frames have the plan's kinds, shapes and dtypes and are contiguous (what `_signature` keys, without
+        building the key: this runs on every call)."""
+        if len(frames) != len(self._kinds):
+            return False
+        for frame, (kind, shape, dtype) in zip(frames, self._kinds):
+            if type(frame) is not kind or frame.dtype != dtype or tuple(frame.shape) != shape:
+                return False
+            if kind is np.ndarray:
+                if not frame.flags.c_contiguous:
+                    return False
+            elif not (frame.is_cuda and frame.is_contiguous()):
+                return False
+        return True
+
+    def replay_in_place(self):
+        """The frames already in the capture's buffers: launch and return the outputs."""
+        self._replay()
+        return self._outputs_out()
 
     def __call__(self, frames):
         for buffer, nbytes, staged, frame in zip(self._buffers, self._nbytes, self._staged_in, frames):
@@ -172,6 +232,9 @@ class FramePlan:
             else:
                 self._upload(buffer, frame)
         self._replay()
+        return self._outputs_out()
+
+    def _outputs_out(self):
         if not self._numpy:
             rest = self._outputs
         elif self._on_gpu:

@@ -19,9 +19,15 @@ in the same process. `--tune TRIALS` first tunes each (model, batch, frames) wit
 needs the GPU and TVM's compiler: build and run in one call there (no --build / --prebuilt). The database's
 records only apply to the static shapes they were tuned at, hence the static builds. `--static-only` skips the
 dynamic-shape builds (tvmseq_ms, tvmseq_graph_ms, the streaming ones) to save compile time.
+
+Streaming columns (batch as given, one frame a call, the state kept on the GPU): `stream_ms` / `stream_graph_ms`
+the builds above through `Stream`; `stream_frame_ms` the one-frame build (static shapes, CUDA graph), the frame
+a torch CUDA tensor copied in each call; `stream_inplace_ms` the same with the frame already in the stream's
+input buffer (`Stream.frame_buffers()`), as PyTorch's CUDA graph (`torch_stream_graph_ms`) reads its static input.
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import statistics
@@ -93,7 +99,7 @@ def run(args) -> None:
         columns = ["model", "batch", "frames"]
         if not args.static_only:
             columns += ["tvmseq_ms", "tvmseq_graph_ms", "stream_ms", "stream_graph_ms", "stream_frame_ms",
-                        "torch_stream_graph_ms"]
+                        "stream_inplace_ms", "torch_stream_graph_ms"]
         if any("tvmseq_tuned_ms" in r for r in rows):
             columns += TUNED_COLUMNS
         print_table(rows, columns + ["torch_eager_ms", "torch_graph_ms", "ort_cpu_ms", "max_err"])
@@ -524,13 +530,17 @@ def _measure_stream(name, batch, feeds, plain, graph, module, time_cuda, frame_m
     frame = {"X": torch.from_numpy(feeds["X"]).cuda()}
     res = {}
     pairs = {"h0": "h_n", "c0": "c_n"} if name == "vad" else None    # its own state in/out
+    # a call is tens of us: 500 calls a median (50 moved it by 30% between runs, the GPU clocking down between rows)
+    timed = functools.partial(time_cuda, warmup=100, iters=500)
     for label, m in (("stream_ms", plain), ("stream_graph_ms", graph), ("stream_frame_ms", frame_model)):
         if m is None:
             continue
         stream = Stream(m, state=pairs, output="device")
         stream(**frame)
-        res[label] = time_cuda(lambda s=stream: s(**frame))
+        res[label] = timed(lambda s=stream: s(**frame))
         res[label.replace("_ms", "_wall_ms")] = _median_wall(lambda s=stream: s(**frame), 100, torch.cuda.synchronize)
+        if label == "stream_frame_ms":   # the frame already in the stream's input buffer, as torch's graph reads it
+            res["stream_inplace_ms"] = timed(stream)
     if module is None:
         return res
     with torch.no_grad():
@@ -548,8 +558,8 @@ def _measure_stream(name, batch, feeds, plain, graph, module, time_cuda, frame_m
             def step():
                 _, h_n = module(frame["X"], h)
                 h.copy_(h_n)
-        res["torch_stream_eager_ms"] = time_cuda(step)
-        res["torch_stream_graph_ms"] = time_cuda(_torch_graph(step))
+        res["torch_stream_eager_ms"] = timed(step)
+        res["torch_stream_graph_ms"] = timed(_torch_graph(step))
     return res
 
 

@@ -40,8 +40,10 @@ STACK_OP = "TvmseqGruStack"
 STACK_OPTION = "gru_stack"
 STACK_MODES = ("auto", "on", "off")
 # H100, 2026-11-22 (tvmseq bench gru_stack, row-split schedule): pipelined vs layer by layer 2.2-4.0x at
-# batch <= 8 for hidden <= 512 (2.79x at 4 x 512, batch 8), 1.20x at 4 x 512, batch 64
-STACK_MAX_BATCH = 64
+# batch <= 8 for hidden <= 512 (2.79x at 4 x 512, batch 8), 1.20x at 4 x 512, batch 64 -- against the layer
+# kernels of that day. Against today's (faster) single-layer kernels, in a whole model (the 2 x 400 GRU denoiser
+# of `tvmseq bench model`, 2026-11-27): 1.05-1.14x at batch 1 and 8, 0.75x at batch 32.
+STACK_MAX_BATCH = 8
 
 
 # ---- the graph pass ----------------------------------------------------------------------------------
@@ -83,14 +85,25 @@ def _lstm_pipelinable(node, init) -> bool:
 _PIPELINABLE = {"GRU": _pipelinable, "LSTM": _lstm_pipelinable}
 
 
-def _squeeze_axis1_input(node, init) -> str | None:
-    """The input of a Squeeze(x, axes=[1]) node (axes as attribute or as a constant input), else None."""
+def _squeeze_axis1_input(node, init, producer) -> str | None:
+    """The input of a Squeeze(x, axes=[1]) node (axes as attribute, initializer or Constant node: torch.onnx
+    writes the last), else None."""
     if node.op_type != "Squeeze":
         return None
     axes = _attrs(node).get("axes")
-    if axes is None and len(node.input) > 1 and node.input[1] in init:
-        axes = numpy_helper.to_array(init[node.input[1]]).tolist()
-    return node.input[0] if list(axes or []) == [1] else None
+    if axes is None and len(node.input) > 1:
+        axes = _constant_value(node.input[1], init, producer)
+    return node.input[0] if axes is not None and list(np.ravel(axes)) == [1] else None
+
+
+def _constant_value(name: str, init, producer):
+    """The value of `name` when it is an initializer or a Constant node's tensor output, else None."""
+    if name in init:
+        return numpy_helper.to_array(init[name])
+    node = producer.get(name)
+    if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
 
 
 def find_gru_stacks(graph, op: str = "GRU") -> list[list]:
@@ -104,7 +117,7 @@ def find_gru_stacks(graph, op: str = "GRU") -> list[list]:
         if not pipelinable(n, init):
             continue
         squeeze = producer.get(n.input[0])
-        y = _squeeze_axis1_input(squeeze, init) if squeeze is not None else None
+        y = _squeeze_axis1_input(squeeze, init, producer) if squeeze is not None else None
         prev = producer.get(y) if y else None
         if prev is not None and pipelinable(prev, init) and prev.output[0] == y and \
                 init[prev.input[2]].dims == init[n.input[2]].dims:
@@ -178,10 +191,17 @@ def _stack_kernel(L: int, B: int, H: int, dtype: str, target_json: str):
     return stack_kernels.stacked_gru_func(L, B, H, dtype, tvm.target.Target(target_json))
 
 
-def pipelined(L: int, B, H: int, dtype: str, target, mode: str) -> bool:
+def _one_step(seq) -> bool:
+    """A time axis of static length 1 (a one-frame streaming build): nothing to pipeline, and each layer is one
+    kernel of its own there (`kernels/recurrent/one_step.py`), without the stack's weight concatenations."""
+    return isinstance(seq, (int, tvm.tirx.IntImm)) and int(seq) == 1
+
+
+def pipelined(L: int, B, H: int, dtype: str, target, mode: str, seq=None) -> bool:
     """Whether the stack runs as one pipelined kernel (module doc). A symbolic batch (not an int): no, the
-    pipelined kernel is built for one batch; the layers run one by one on the per-step kernels."""
-    if not isinstance(B, int):
+    pipelined kernel is built for one batch; the layers run one by one on the per-step kernels. A static
+    one-step time axis: no (`_one_step`)."""
+    if not isinstance(B, int) or (mode == "auto" and _one_step(seq)):
         return False
     if mode == "auto" and (not is_gpu(target) or B > STACK_MAX_BATCH):
         return False
@@ -207,7 +227,7 @@ class GruStack(OnnxOpConverter):
                                     x_like=like, symbolic_batch=True) for l in range(1, L)]
         B = spec_batch(B)   # None: any batch (layer by layer, the per-step kernels)
         acts = (Activation.make("Sigmoid"), Activation.make("Tanh"))
-        if not pipelined(L, B, H, dtype, target, options.get(STACK_OPTION, "auto")):
+        if not pipelined(L, B, H, dtype, target, options.get(STACK_OPTION, "auto"), seq):
             return cls._layer_by_layer(bb, cs, acts, target)
         spec0 = gru_kernels.GruSpec(1, B, H, c0["input_size"], dtype, 1, "forward", acts)
         folded = [fold_biases(bb, c, 1) for c in cs]
@@ -273,11 +293,11 @@ LSTM_STACK_MAX_BATCH = 8
 LSTM_STACK_MAX_LAYERS_X_HIDDEN = 1024
 
 
-def lstm_pipelined(L: int, B, H: int, dtype: str, target, mode: str) -> bool:
+def lstm_pipelined(L: int, B, H: int, dtype: str, target, mode: str, seq=None) -> bool:
     """Whether an LSTM stack runs as one pipelined kernel: 'auto' where it was measured faster than the layers one
     by one (batch <= LSTM_STACK_MAX_BATCH, layers x hidden <= LSTM_STACK_MAX_LAYERS_X_HIDDEN), on a GPU, when the
-    LSTM stack kernel fits."""
-    if not isinstance(B, int):
+    LSTM stack kernel fits, and the time axis is not a static 1 (`_one_step`)."""
+    if not isinstance(B, int) or (mode == "auto" and _one_step(seq)):
         return False
     if mode == "auto" and (not is_gpu(target) or B > LSTM_STACK_MAX_BATCH or L * H > LSTM_STACK_MAX_LAYERS_X_HIDDEN):
         return False
@@ -308,7 +328,7 @@ class LstmStack(OnnxOpConverter):
         seq, B, H, dtype = c_first["seq"], c_first["batch"], c_first["hidden"], c_first["dtype"]
         cs = [(c_first, c0_first)] + [prepare(l, None, ([seq, B, H], dtype)) for l in range(1, L)]
         acts = tuple(Activation.make(a) for a in lstm_kernels.DEFAULT_ACTIVATIONS)
-        if not lstm_pipelined(L, B, H, dtype, target, options.get(STACK_OPTION, "auto")):
+        if not lstm_pipelined(L, B, H, dtype, target, options.get(STACK_OPTION, "auto"), seq):
             return cls._layer_by_layer(bb, cs, acts, target, emit_lstm_layer)
         spec0 = lstm_kernels.LstmSpec(1, B, H, c_first["input_size"], dtype, "forward", acts)
         gate_i = emit_input_projection(bb, "lstm", spec0, c_first, fold_lstm_biases(bb, c_first), target)
