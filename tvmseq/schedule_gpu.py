@@ -41,8 +41,116 @@ def default_rules():
     """dlight's GPU rules, in the order of TVM's default CUDA pipeline, then tvmseq's two last resorts."""
     from tvm.s_tir import dlight as dl
 
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
-            UnfusedSpatial(), OneThread()]
+    return [SmallRowsMatmul(), dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback(), UnfusedSpatial(), OneThread()]
+
+
+class SmallRowsMatmul:
+    """A matmul of a few rows: one reduction block `out[rows..., j] += A[rows..., k] * W[k, j]` (every extent
+    static, 2 <= rows <= MAX_ROWS, W's contiguous axis the output's last), then elementwise epilogues: what an
+    FC layer is in a model compiled for one frame at a batch of a few rows. dlight's Matmul tiles it for large
+    row counts (an 8 x 600 x 600 FC + bias + ReLU took 26-44 us on the H100, 6-12 here) and its GEMV takes one
+    row only.
+    Here a thread takes one column j of a block's COLS (threadIdx.x: W read once, coalesced) and one of
+    K_THREADS shares of k (threadIdx.y), keeping every row's sum in registers, then stores them to shared
+    memory; after one barrier a thread per (row, column) adds the shares up (a tree of barriers per row, TVM's
+    cross-thread reduction, cost more than the products) and applies the epilogue. None when it does not
+    match."""
+
+    # H100, 2026-11-26 (FC + bias + ReLU, 8 x 600 x 600 ... 16 x 600 x 600, 2 x 1024 x 1024, 8 x 1536 x 512):
+    # 16 columns x 32 shares was the best of COLS {8, 16, 32} x K_THREADS {8, 16, 32}: 6-16 us a call where
+    # dlight's Matmul took 22-31 (cold L2 under ncu: 7-32 us against 15-55)
+    MAX_ROWS = 16
+    COLS = 16
+    K_THREADS = 32
+    UNROLL = 8
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        loops = _small_rows_loops(sch, blocks[0], self.MAX_ROWS, self.COLS) if blocks else None
+        if loops is None or not all(_spatial(sch, b) for b in blocks[1:]):
+            return None
+        col, k, rows = loops
+        main = blocks[0]
+        sch.reorder(col, k, *rows)
+        rows = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+        col_o, col_i = sch.split(col, [None, self.COLS])
+        k_o, k_i = sch.split(k, [None, self.K_THREADS])
+        sch.reorder(col_o, col_i, k_i, k_o, rows)
+        partial = sch.rfactor(k_i, 0)             # per (k share, row, column) sums
+        col_o, col_i, k_share, k_o, _ = sch.get_loops(partial)
+        sch.bind(col_o, "blockIdx.x")
+        sch.bind(col_i, "threadIdx.x")
+        sch.bind(k_share, "threadIdx.y")
+        sch.set_scope(partial, 0, "shared")
+        in_registers = sch.cache_write(partial, 0, "local")     # summed in registers, stored once
+        sch.reverse_compute_at(in_registers, k_share, preserve_unit_loops=True)
+        sch.decompose_reduction(partial, k_o)
+        sch.annotate(k_o, "pragma_auto_unroll_max_step", self.UNROLL)
+        sch.annotate(k_o, "pragma_unroll_explicit", 1)
+        # a thread per (row, column) adds the shares up from shared memory (one barrier, not a tree of them)
+        # and applies the epilogue to its sum in a register
+        sch.reverse_compute_at(main, col_i, preserve_unit_loops=True)
+        share, *row_loops = sch.get_loops(main)[2:]
+        row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+        sch.reorder(row, share)
+        _, row_t = sch.split(row, [None, self.K_THREADS])
+        sch.bind(row_t, "threadIdx.y")
+        if len(blocks) == 1:
+            return sch
+        for block in blocks[1:-1]:
+            sch.compute_inline(block)
+        sch.reverse_compute_at(blocks[-1], col_i, preserve_unit_loops=True)
+        rest = sch.get_loops(blocks[-1])[2:]
+        fused = sch.fuse(*rest) if len(rest) > 1 else rest[0]
+        _, row_t = sch.split(fused, [None, self.K_THREADS])
+        sch.bind(row_t, "threadIdx.y")
+        sch.compute_at(main, row_t, preserve_unit_loops=True)
+        sch.set_scope(main, 0, "local")
+        return sch
+
+
+def _spatial(sch, block) -> bool:
+    return all(iv.iter_type == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+
+
+def _small_rows_loops(sch, block, max_rows: int, min_cols: int):
+    """(column loop, k loop, row loops) of a small-rows matmul block (SmallRowsMatmul), else None."""
+    from tvm.s_tir.dlight.analysis import get_sblock_info
+
+    info = get_sblock_info(sch, block)
+    if any(it.kind == "O" or not isinstance(it.dom, (int, tirx.IntImm)) for it in info.iters):
+        return None
+    reduce = [it for it in info.iters if it.kind == "R"]
+    stmt = sch.get(block)
+    if len(reduce) != 1 or len(stmt.writes) != 1:
+        return None
+    written = stmt.writes[0].source
+    reads = [r for r in stmt.reads if not r.source.same_as(written)]
+    col_var = stmt.writes[0].region[-1].min
+    k_var = reduce[0].var
+    weights = [r for r in reads if len(r.region) == 2 and r.region[0].min.same_as(k_var)
+               and r.region[1].min.same_as(col_var)]
+    if len(reads) != 2 or len(weights) != 1:
+        return None
+    other = reads[0] if reads[1].same_as(weights[0]) else reads[1]
+    if any(_uses(dim.min, col_var) for dim in other.region):
+        return None
+    col = [it for it in info.iters if it.kind == "S" and it.var.same_as(col_var)]
+    rows = [it for it in info.iters if it.kind == "S" and not it.var.same_as(col_var)]
+    n_rows = 1
+    for it in rows:
+        n_rows *= int(it.dom)
+    if len(col) != 1 or not 2 <= n_rows <= max_rows or int(col[0].dom) < min_cols:
+        return None
+    return col[0].loop_rv, reduce[0].loop_rv, [it.loop_rv for it in rows]
+
+
+def _uses(expr, var) -> bool:
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
 class UnfusedSpatial:

@@ -42,7 +42,7 @@ STACK_MODES = ("auto", "on", "off")
 # H100, 2026-11-22 (tvmseq bench gru_stack, row-split schedule): pipelined vs layer by layer 2.2-4.0x at
 # batch <= 8 for hidden <= 512 (2.79x at 4 x 512, batch 8), 1.20x at 4 x 512, batch 64 -- against the layer
 # kernels of that day. Against today's (faster) single-layer kernels, in a whole model (the 2 x 400 GRU denoiser
-# of `tvmseq bench model`, 2026-11-27): 1.05-1.14x at batch 1 and 8, 0.75x at batch 32.
+# of `tvmseq bench model`, 2026-11-26): 1.05-1.14x at batch 1 and 8, 0.75x at batch 32.
 STACK_MAX_BATCH = 8
 
 

@@ -1,0 +1,84 @@
+"""tvmseq's GPU schedule rules for stock operators (`tvmseq.schedule_gpu`), on the CPU: which PrimFuncs a rule
+takes, that its schedule lowers and compiles for CUDA, and what it computes (the CUDA schedule run on the CPU
+with its thread bindings made serial: `blocks.emulate_cuda_module`). The GPU run of the same kernels is in
+`tvmseq bench model` (every output checked against onnxruntime)."""
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tests import blocks
+from tvmseq import schedule_gpu, targets
+
+
+def fc_reference(x, w, b, activation):
+    """numpy: activation(x @ w + b), float64."""
+    y = x.astype(np.float64) @ w.astype(np.float64) + b
+    return {"relu": lambda v: np.maximum(v, 0), "sigmoid": lambda v: 1 / (1 + np.exp(-v)), None: lambda v: v}[
+        activation](y)
+
+
+def _fc_module(lead: tuple, k: int, n: int, activation, seed: int = 0):
+    """Relax: x [*lead, k] -> activation(x @ W + b), W [k, n] and b constants (an exported FC layer)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("float32")
+    b = rng.standard_normal(n).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([*lead, k], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(b)))
+            if activation == "relu":
+                y = bb.emit(relax.op.nn.relu(y))
+            elif activation == "sigmoid":
+                y = bb.emit(relax.op.sigmoid(y))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def _fused_prim_funcs(mod):
+    cuda = targets.resolve("cuda")
+    with cuda:
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                        relax.transform.FoldConstant(), relax.transform.FuseOps(),
+                                        relax.transform.FuseTIR()])(mod)
+    return [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid", None])
+@pytest.mark.parametrize("lead,k,n", [((1, 8), 600, 600), ((1, 3), 37, 257), ((2,), 100, 16), ((16,), 161, 33),
+                                      ((2, 2, 2), 64, 100)])
+def test_small_rows_matmul_computes_the_fc(lead, k, n, activation):
+    mod, w, b = _fc_module(lead, k, n, activation)
+    rule = schedule_gpu.SmallRowsMatmul()
+    cuda = targets.resolve("cuda")
+    (func,) = _fused_prim_funcs(mod)
+    with cuda:
+        sch = rule.apply(func, cuda, False)
+    assert sch is not None
+    assert schedule_gpu.lowering_error(sch.mod["main"].with_attr("tirx.is_scheduled", True), cuda) is None
+    x = np.random.default_rng(1).standard_normal((*lead, k)).astype("float32")
+    got = blocks.emulate_cuda_module(mod, {"x": x})
+    np.testing.assert_allclose(got, fc_reference(x, w, b, activation), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("lead,k,n,why", [((1, 1), 600, 600, "one row: dlight's GEMV"),
+                                          ((17,), 64, 64, "more rows than MAX_ROWS"),
+                                          ((8,), 64, 8, "fewer columns than a block's")])
+def test_small_rows_matmul_leaves_other_matmuls(lead, k, n, why):
+    mod, _, _ = _fc_module(lead, k, n, "relu")
+    (func,) = _fused_prim_funcs(mod)
+    cuda = targets.resolve("cuda")
+    with cuda:
+        assert schedule_gpu.SmallRowsMatmul().apply(func, cuda, False) is None, why
+
+
+def test_small_rows_matmul_compiles_for_cuda():
+    """The rule is first in the GPU pipeline: an 8-row FC compiles to one kernel with its k shares on
+    threadIdx.y and the partial sums in shared memory."""
+    mod, _, _ = _fc_module((1, 8), 600, 600, "relu")
+    ex = tvm.compile(mod, target=targets.resolve("cuda"), relax_pipeline=schedule_gpu.pipeline(targets.resolve("cuda")))
+    source = ex.mod.imports[0].imports[0].inspect_source() if ex.mod.imports[0].imports else \
+        ex.mod.imports[0].inspect_source()
+    assert "threadIdx.y" in source and "__shared__" in source
