@@ -177,6 +177,12 @@ def test_misspelled_compile_option_is_suggested():
         tvmseq.compile_onnx(recurrent_model(), target="llvm", cuda_grpah=True)
 
 
+
+def test_a_compile_option_given_to_from_onnx_says_where_it_belongs():
+    with pytest.raises(TvmseqError) as err:
+        tvmseq.from_onnx(recurrent_model(), target="llvm", expose_state=True)
+    assert "option 'expose_state' belongs to compile_onnx" in one_line(err)
+
 # ------------------------------------------------------------------------------ on the GPU
 @pytest.mark.gpu
 @pytest.mark.compiles

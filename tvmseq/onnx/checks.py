@@ -69,6 +69,9 @@ def check_options(options: dict) -> None:
     if not unknown:
         return
     name = unknown[0]
+    if name in _compile_option_names():
+        raise TvmseqError(f"option {name!r} belongs to compile_onnx (it changes the model before import or the "
+                          f"build), not to from_onnx; from_onnx's options: {', '.join(sorted(valid))}")
     close = difflib.get_close_matches(name, sorted(valid | _compile_option_names()), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise TvmseqError(f"unknown option {name!r}{hint}; the importer's options: {', '.join(sorted(valid))} "
