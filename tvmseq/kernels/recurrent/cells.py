@@ -1,7 +1,8 @@
 """What describes a recurrent cell, shared by every path that runs one (the SIMT engine of `engine`, the
 staged-state kernels of `mma` and `wgmma`, the stacks of `rows` and `stack`): weight rows per hidden unit,
 default activations, the pieces of a cell's math as TIR expressions (activations per direction, clip, the time
-step a direction handles, a row's sequence length) and the LSTM's update (`LstmCell`).
+step a direction handles, a row's sequence length), the LSTM's update (`LstmCell`) and the interface of the
+persistent kernels, each cell's signature around one kernel body (`recurrence_prim_func`).
 
 ONNX LSTM step (clip applied to every pre-activation, peephole terms included):
   i = f(Xi + Hi + Pi*c), f = f(Xf + Hf + Pf*c) (input_forget: f = 1 - i), c~ = g(Xc + Hc), c' = f*c + i*c~,
@@ -126,3 +127,45 @@ def lstm_activations(acts, D: int):
         return [a if isinstance(a, Activation) else Activation.make(a) for a in acts]
     except TvmseqError as err:
         raise TvmseqError(f"persistent LSTM: activations: {err}") from None
+
+
+def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, gi_dtype: str = "float32"):
+    """The prim_func of a persistent kernel (`engine`, `mma`, `wgmma`) with the interface of `cell`: GRU / RNN
+    (gate_i, R, rb_h, seq_lens, h0, Y, Y_h), LSTM (gate_i, R, P, seq_lens, h0, c0, Y, Y_h, Y_c); gate_i of
+    gi_dtype, R, Y, Y_h (Y_c) of dtype, the rest float32 (seq_lens int32). Its body is the T.macro
+    kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, seq), None for the buffers the cell lacks."""
+    from tvm.script import tirx as T
+
+    G3 = CELL_GATES[cell] * H
+    if cell == "lstm":
+        @T.prim_func
+        def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
+                 y: T.handle, y_h: T.handle, y_c: T.handle):
+            seq = T.int32()
+            GI = T.match_buffer(gate_i, (D, seq, B, G3), gi_dtype)
+            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+            Pw = T.match_buffer(p_w, (D, 3 * H), "float32")
+            Lens = T.match_buffer(lens, (B,), "int32")
+            H0 = T.match_buffer(h0, (D, B, H), "float32")
+            C0 = T.match_buffer(c0, (D, B, H), "float32")
+            Y = T.match_buffer(y, (seq, D, B, H), dtype)
+            Yh = T.match_buffer(y_h, (D, B, H), dtype)
+            Yc = T.match_buffer(y_c, (D, B, H), dtype)
+            kernel(GI, Rw, None, Pw, Lens, H0, C0, Y, Yh, Yc, seq)
+
+        return main
+
+    @T.prim_func
+    def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
+             y: T.handle, y_h: T.handle):
+        seq = T.int32()
+        GI = T.match_buffer(gate_i, (D, seq, B, G3), gi_dtype)
+        Rw = T.match_buffer(r_w, (D, G3, H), dtype)
+        RbH = T.match_buffer(rb_h, (D, H), "float32")
+        Lens = T.match_buffer(lens, (B,), "int32")
+        H0 = T.match_buffer(h0, (D, B, H), "float32")
+        Y = T.match_buffer(y, (seq, D, B, H), dtype)
+        Yh = T.match_buffer(y_h, (D, B, H), dtype)
+        kernel(GI, Rw, RbH, None, Lens, H0, None, Y, Yh, None, seq)
+
+    return main

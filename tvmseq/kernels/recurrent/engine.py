@@ -47,7 +47,7 @@ import math
 from ...errors import TvmseqError
 from ...targets import is_gpu, resolve
 from .cells import (CELL_GATES, GATES, LstmCell, cell_math, check_acts, direction_activations, lstm_activations,
-                    row_length)
+                    recurrence_prim_func, row_length)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 _DTYPES = ("float32", "float16")
@@ -500,19 +500,8 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
             T.tvm_storage_sync("shared")
             finish_lstm(Y, Lens, ws, hs, cs, 0, red, gi, ps, d, g, t, s, c, seq)
 
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
-                 y: T.handle, y_h: T.handle, y_c: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-            Pw = T.match_buffer(p_w, (D, 3 * H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            C0 = T.match_buffer(c0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), dtype)
-            Yh = T.match_buffer(y_h, (D, B, H), dtype)
-            Yc = T.match_buffer(y_c, (D, B, H), dtype)
+        @T.macro
+        def kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, seq):
             ws = T.alloc_buffer((ws_words * 2,), "int32", scope="global")
             if gpu:
                 for gb in T.thread_binding(D * G, thread="blockIdx.x"):
@@ -575,10 +564,9 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
                     final_state(Yh, Lens, hs, (d * G + g) * NT + t, d, g, t, seq)
                     final_state(Yc, Lens, cs, (d * G + g) * NT + t, d, g, t, seq)
 
-        return rg.scheduled(main, "lstm_recurrence", cooperative=gpu)
+        return rg.scheduled(recurrence_prim_func(kernel, cell, D, B, H, dtype), "lstm_recurrence", cooperative=gpu)
 
     smem_shape, smem_scope = ((R_smem, Hp), "shared.dyn") if R_smem else ((1, 1), "local")
-    G3 = NG * H
     if NG == 4:
         return lstm_kernel()
 
@@ -593,17 +581,8 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
         T.tvm_storage_sync("shared")
         finish_lbr1(Y, Lens, ws, hs, 0, red, gi, d, g, t, s, c, seq)
 
-    @T.prim_func
-    def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-             y: T.handle, y_h: T.handle):
-        seq = T.int32()
-        GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-        Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-        RbH = T.match_buffer(rb_h, (D, H), "float32")
-        Lens = T.match_buffer(lens, (B,), "int32")
-        H0 = T.match_buffer(h0, (D, B, H), "float32")
-        Y = T.match_buffer(y, (seq, D, B, H), dtype)
-        Yh = T.match_buffer(y_h, (D, B, H), dtype)
+    @T.macro
+    def kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, seq):
         ws = T.alloc_buffer((ws_words * 2,), "int32", scope="global")
         if gpu:   # a compile-time branch: the GPU and CPU variants share one signature
             for gb in T.thread_binding(D * G, thread="blockIdx.x"):
@@ -689,7 +668,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
             for d, g, t in T.grid(D, G, NT):
                 final_state(Yh, Lens, hs, (d * G + g) * NT + t, d, g, t, seq)
 
-    return rg.scheduled(main, "gru_recurrence", cooperative=gpu)
+    return rg.scheduled(recurrence_prim_func(kernel, cell, D, B, H, dtype), "gru_recurrence", cooperative=gpu)
 
 
 # ----------------------------------------------------------------------------------------------------

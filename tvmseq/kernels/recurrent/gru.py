@@ -365,6 +365,40 @@ def unit_loops(gpu: bool, D: int, B, H: int, NT: int, unit):
     return launch
 
 
+def unit_update(gpu: bool, NT: int, H: int, dt: str, row_length, is_reverse, step):
+    """The unit of a per-step gate kernel (`unit_loops`), the same for every cell: unit(Lens, Y, bufs, s, seq, b,
+    d, jc, tx) for unit j = jc * NT + tx of batch row b, direction d at step s: within the row's length
+    step(*bufs, Y, d, t, b, j), the cell's macro (its gate math from its buffers `bufs`, the new state(s) and Y[t],
+    t the time step direction d handles); past the row's end Y[s] = 0. CUDA: length, t and j are variables; CPU:
+    indices as meta_var (the unit loop is vectorized, and a TIRx assignment declares a one-element local buffer,
+    which cannot hold a vector)."""
+    if gpu:
+        @T.macro
+        def unit(Lens, Y, bufs, s, seq, b, d, jc, tx):
+            if jc * NT + tx < H:
+                length = row_length(Lens, b, seq)
+                t = T.if_then_else(is_reverse(d), length - 1 - s, s)
+                j = jc * NT + tx
+                if s < length:
+                    step(*bufs, Y, d, t, b, j)
+                else:
+                    Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+
+        return unit
+
+    @T.macro
+    def unit(Lens, Y, bufs, s, seq, b, d, jc, tx):
+        j = T.meta_var(jc * NT + tx)
+        if j < H:
+            if s < row_length(Lens, b, seq):
+                t = T.meta_var(T.if_then_else(is_reverse(d), row_length(Lens, b, seq) - 1 - s, s))
+                step(*bufs, Y, d, t, b, j)
+            else:
+                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+
+    return unit
+
+
 def cpu_unit_chunk(H: int, sched: "StepSchedule") -> int:
     """Units of one block of a CPU gate loop: a SIMD vector (16, 8 or 4 lanes, the widest dividing H), else the
     schedule's gate_threads (a scalar loop)."""
@@ -410,23 +444,16 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                 rh[d, b, j] = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j))) * state[d, b, j]
 
     @T.macro
-    def update(GateI, RbH, Lens, Y, state, gh, s, seq, b, d, jc, tx):
+    def step_unit(GateI, RbH, state, gh, Y, d, t, b, j):
         # fused gate math and state update of unit j
-        if jc * NT + tx < H:
-            length = row_length(Lens, b, seq)
-            t = T.if_then_else(is_reverse(d), length - 1 - s, s)
-            j = jc * NT + tx
-            if s < length:
-                z = f_act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S1, d, b, j)))
-                # lbr=1: r scales (h R_h^T + Rb_h); lbr=0: the GEMM already saw r*h
-                r = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j)))
-                h_lin = r * (partial_sum(gh, S2, d, b, 2 * H + j) + RbH[d, j]) if lbr else partial_sum(gh, S2, d, b, 2 * H + j)
-                hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + h_lin))
-                hn = (T.float32(1) - z) * hh + z * state[d, b, j]
-                state[d, b, j] = hn
-                Y[t, d, b, j] = T.Cast(dt, hn)
-            else:
-                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+        z = f_act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S1, d, b, j)))
+        # lbr=1: r scales (h R_h^T + Rb_h); lbr=0: the GEMM already saw r*h
+        r = f_act(d, clip(GateI[d, t, b, H + j] + partial_sum(gh, S1, d, b, H + j)))
+        h_lin = r * (partial_sum(gh, S2, d, b, 2 * H + j) + RbH[d, j]) if lbr else partial_sum(gh, S2, d, b, 2 * H + j)
+        hh = g_act(d, clip(GateI[d, t, b, 2 * H + j] + h_lin))
+        hn = (T.float32(1) - z) * hh + z * state[d, b, j]
+        state[d, b, j] = hn
+        Y[t, d, b, j] = T.Cast(dt, hn)
 
     # The CPU variants compute the same math as one expression per unit (intermediates as Let expressions,
     # indices substituted with meta_var): a TIRx assignment declares a one-element local buffer, which
@@ -447,18 +474,13 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                     lambda z: (T.float32(1) - z) * hh + z * state[d, b, j])
 
     @T.macro
-    def update_cpu(GateI, RbH, Lens, Y, state, gh, s, seq, b, d, jc, tx):
-        j = T.meta_var(jc * NT + tx)
-        if j < H:
-            if s < row_length(Lens, b, seq):
-                t = T.meta_var(T.if_then_else(is_reverse(d), row_length(Lens, b, seq) - 1 - s, s))
-                state[d, b, j] = new_state(GateI, RbH, state, gh, d, t, b, j)
-                Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
-            else:
-                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+    def step_unit_cpu(GateI, RbH, state, gh, Y, d, t, b, j):
+        state[d, b, j] = new_state(GateI, RbH, state, gh, d, t, b, j)
+        Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
 
     reset_launch = unit_loops(gpu, D, B, H, NT, reset_gate if gpu else reset_gate_cpu)
-    update_launch = unit_loops(gpu, D, B, H, NT, update if gpu else update_cpu)
+    update_launch = unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
+                                                             step_unit if gpu else step_unit_cpu))
 
     @T.macro
     def steps(GateI, R, RbH, Lens, Y, state, gh, rh, seq):
@@ -467,7 +489,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
             if not lbr:
                 reset_launch(GateI, Lens, state, gh, rh, s, seq)
                 gemm_h(rh, R, gh)
-            update_launch(GateI, RbH, Lens, Y, state, gh, s, seq)
+            update_launch(Lens, Y, (GateI, RbH, state, gh), s, seq)
 
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,

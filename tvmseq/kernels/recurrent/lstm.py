@@ -34,7 +34,8 @@ except ImportError:  # runtime-only TVM: nothing is built here
 from ...errors import TvmseqError
 from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_unit_chunk,
-                  cpu_weights_fp32, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops)
+                  cpu_weights_fp32, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops,
+                  unit_update)
 
 GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
 PEEPHOLE_ORDER = ("i", "o", "f")       # entries of P per direction, H each
@@ -133,24 +134,17 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
         return f_act(d, clip(peep("f", pre("f", GateI, gh, d, t, b, j), P, d, j, c_prev)))
 
     @T.macro
-    def update(GateI, P, Lens, Y, state, cell, gh, s, seq, b, d, jc, tx):
+    def step_unit(GateI, P, state, cell, gh, Y, d, t, b, j):
         # the gate math and state update of unit j (f, g, h per direction; the cell state in float32)
-        if jc * NT + tx < H:
-            length = row_length(Lens, b, seq)
-            t = T.if_then_else(is_reverse(d), length - 1 - s, s)
-            j = jc * NT + tx
-            if s < length:
-                c_prev = cell[d, b, j]
-                i = f_act(d, clip(peep("i", pre("i", GateI, gh, d, t, b, j), P, d, j, c_prev)))
-                f = forget(i, GateI, gh, P, d, t, b, j, c_prev)
-                c = f * c_prev + i * g_act(d, clip(pre("c", GateI, gh, d, t, b, j)))
-                o = f_act(d, clip(peep("o", pre("o", GateI, gh, d, t, b, j), P, d, j, c)))
-                hn = o * h_act(d, c)
-                cell[d, b, j] = c
-                state[d, b, j] = hn
-                Y[t, d, b, j] = T.Cast(dt, hn)
-            else:
-                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+        c_prev = cell[d, b, j]
+        i = f_act(d, clip(peep("i", pre("i", GateI, gh, d, t, b, j), P, d, j, c_prev)))
+        f = forget(i, GateI, gh, P, d, t, b, j, c_prev)
+        c = f * c_prev + i * g_act(d, clip(pre("c", GateI, gh, d, t, b, j)))
+        o = f_act(d, clip(peep("o", pre("o", GateI, gh, d, t, b, j), P, d, j, c)))
+        hn = o * h_act(d, c)
+        cell[d, b, j] = c
+        state[d, b, j] = hn
+        Y[t, d, b, j] = T.Cast(dt, hn)
 
     # The CPU variant: the same math as one expression per state written (intermediates as Let expressions,
     # indices as meta_var), as gru.recurrence_func's: a TIRx assignment declares a one-element local buffer,
@@ -166,25 +160,20 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
         return f_act(d, clip(peep("o", pre("o", GateI, gh, d, t, b, j), P, d, j, c))) * h_act(d, c)
 
     @T.macro
-    def update_cpu(GateI, P, Lens, Y, state, cell, gh, s, seq, b, d, jc, tx):
-        j = T.meta_var(jc * NT + tx)
-        if j < H:
-            if s < row_length(Lens, b, seq):
-                t = T.meta_var(T.if_then_else(is_reverse(d), row_length(Lens, b, seq) - 1 - s, s))
-                cell[d, b, j] = new_cell(GateI, P, cell, gh, d, t, b, j)
-                state[d, b, j] = new_hidden(GateI, P, cell, gh, d, t, b, j)
-                Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
-            else:
-                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+    def step_unit_cpu(GateI, P, state, cell, gh, Y, d, t, b, j):
+        cell[d, b, j] = new_cell(GateI, P, cell, gh, d, t, b, j)
+        state[d, b, j] = new_hidden(GateI, P, cell, gh, d, t, b, j)
+        Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
 
     # grid (batch, directions, unit chunks) on CUDA; on the CPU one loop over the blocks, each a vector of units
-    update_launch = unit_loops(gpu, D, B, H, NT, update if gpu else update_cpu)
+    update_launch = unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
+                                                             step_unit if gpu else step_unit_cpu))
 
     @T.macro
     def steps(GateI, R, P, Lens, Y, state, cell, gh, seq):
         for s in range(seq):
             gemm(state, R, gh)   # all 4H gate rows in one GEMM
-            update_launch(GateI, P, Lens, Y, state, cell, gh, s, seq)
+            update_launch(Lens, Y, (GateI, P, state, cell, gh), s, seq)
 
     @T.prim_func
     def lstm_recurrence(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle,

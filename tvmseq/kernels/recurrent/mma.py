@@ -475,6 +475,46 @@ def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", 
         raise TvmseqError(f"persistent {kind}: cell must be one of {tuple(cells)}, got {cell!r}")
 
 
+def serial_variant(D, G, BS, NT, NCB, FI, red_words, LSTM, PEEP, seed, seed_cell, load_peepholes, prefetch,
+                   product_cpu, finish, final_state):
+    """The CPU variant of a staged-state kernel (`persistent_mma_func`, `wgmma.persistent_wgmma_func`), a T.macro
+    (GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, hbuf, seq): the GPU kernel's threads (d, g, q, t) in serial loops
+    around the kernel's own seed, product, gate math and final-state macros, each thread's registers (FI items a
+    chunk, NCB chunks) a row of buffers covering the grid; red (red_words) holds one block's partial sums."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def emulate(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, hbuf, seq):
+        red = T.alloc_buffer((red_words,), "float32")
+        hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
+        gi = T.alloc_buffer((FI * 4,), "float32")
+        if LSTM:
+            cst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
+            ps = T.alloc_buffer((3 * FI,), "float32")
+        else:
+            cst = T.meta_var(None)
+            ps = T.meta_var(None)
+        for d, g, q, t in T.grid(D, G, BS, NT):
+            seed(H0, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
+            if LSTM:
+                seed_cell(C0, cst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
+        for s, ci in T.grid(seq, NCB):
+            for d, g, q in T.grid(D, G, BS):
+                product_cpu(hbuf, Rw, red, s % 2, d, g, q + ci * BS)
+                for t in T.serial(NT):
+                    prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
+                    if PEEP:
+                        load_peepholes(Pw, ps, d, g, t)
+                    finish(Y, Lens, hbuf, hst, cst, ps, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d,
+                           g, t, s, q + ci * BS, ci, seq)
+        for d, g, q, t in T.grid(D, G, BS, NT):
+            final_state(Yh, Lens, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
+            if LSTM:
+                final_state(Yc, Lens, cst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
+
+    return emulate
+
+
 def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
                         target, config: MmaConfig | None = None, cell: str = "gru", lstm=None):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
@@ -922,6 +962,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         T.evaluate(T.cuda.func_call("tvmseq_flags_wait", T.address_of(flags[(d * BS + q) * G + T.min(w * KW // UB, G - 1)]),
                                     T.max(T.min(PW, G - w * KW // UB), 0), s, source_code=_WAIT_SRC))
 
+    serial_kernel = serial_variant(D, G, BS, NT, NCB, FI, NW * MC * NGU, LSTM, PEEP, seed, seed_cell, load_peepholes,
+                                   prefetch, product_cpu, finish, final_state)
+
     # ---- the kernel (`gpu` picks the branch while the script is parsed: one body for both), a GRU / RNN or an
     # LSTM signature around it (RbH: GRU / RNN only; Pw, C0, Yc: LSTM only, None otherwise)
     @T.macro
@@ -1065,60 +1108,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       if LSTM:
                           final_state(Yc, Lens, cst, 0, d, g, q, t, seq)
         else:
-            red = T.alloc_buffer((NW * MC * NGU,), "float32")
-            hst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
-            gi = T.alloc_buffer((FI * 4,), "float32")
-            if LSTM:
-                cst = T.alloc_buffer((D * G * BS * NT * NCB * FI,), "float32")
-                ps = T.alloc_buffer((3 * FI,), "float32")
-            else:
-                cst = T.meta_var(None)
-                ps = T.meta_var(None)
-            for d, g, q, t in T.grid(D, G, BS, NT):
-                seed(H0, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
-                if LSTM:
-                    seed_cell(C0, cst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
-            for s, ci in T.grid(seq, NCB):
-                for d, g, q in T.grid(D, G, BS):
-                    product_cpu(hbuf, Rw, red, s % 2, d, g, q + ci * BS)
-                    for t in T.serial(NT):
-                        prefetch(GI, RbH, Lens, gi, d, g, t, s, q + ci * BS, seq)
-                        if PEEP:
-                            load_peepholes(Pw, ps, d, g, t)
-                        finish(Y, Lens, hbuf, hst, cst, ps, (((d * G + g) * BS + q) * NT + t) * NCB * FI, red, gi, d,
-                               g, t, s, q + ci * BS, ci, seq)
-            for d, g, q, t in T.grid(D, G, BS, NT):
-                final_state(Yh, Lens, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
-                if LSTM:
-                    final_state(Yc, Lens, cst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, seq)
+            serial_kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, hbuf, seq)
 
-    if LSTM:
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
-                 y: T.handle, y_h: T.handle, y_c: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-            Pw = T.match_buffer(p_w, (D, 3 * H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            C0 = T.match_buffer(c0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), dtype)
-            Yh = T.match_buffer(y_h, (D, B, H), dtype)
-            Yc = T.match_buffer(y_c, (D, B, H), dtype)
-            kernel(GI, Rw, None, Pw, Lens, H0, C0, Y, Yh, Yc, seq)
-    else:
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-                 y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (D, G3, H), dtype)
-            RbH = T.match_buffer(rb_h, (D, H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), dtype)
-            Yh = T.match_buffer(y_h, (D, B, H), dtype)
-            kernel(GI, Rw, RbH, None, Lens, H0, None, Y, Yh, None, seq)
-
+    main = cells.recurrence_prim_func(kernel, cell, D, B, H, dtype)
     return rg.scheduled(main, f"{cell}_recurrence_mma", cooperative=gpu and not CSYNC)

@@ -147,76 +147,38 @@ def one_step_func(cell: str, spec, target_json: str):
     def lstm_peep(P, d, j):
         return (lambda q: P[d, q * H + j]) if lstm.has_peepholes else None
 
-    if cell == "lstm":
-        @T.prim_func
-        def main(X: T.Buffer((1, B, I), dtype), W: T.Buffer((D, G, I), dtype), R: T.Buffer((D, G, H), dtype),
-                 bias: T.Buffer((D, G), "float32"), P: T.Buffer((D, 3 * H), "float32"),
-                 H0: T.Buffer((D, B, H), "float32"), C0: T.Buffer((D, B, H), "float32"),
-                 Y: T.Buffer((1, D, B, H), dtype), Yh: T.Buffer((D, B, H), dtype), Yc: T.Buffer((D, B, H), dtype)):
-            for blk in bx(nblk):
-                for w in ty(KS):
-                    for lane in tx(WS):
-                        ax = T.alloc_buffer((NA,), "float32", scope="local")
-                        ah = T.alloc_buffer((NA,), "float32", scope="local")
-                        wx = T.alloc_buffer((WX,), "float32", scope="local")
-                        wh = T.alloc_buffer((WH,), "float32", scope="local")
-                        red = T.alloc_buffer((KS, 2 * NA), "float32", scope=red_scope)
-                        item = T.meta_var(blk)
-                        d = T.meta_var(item // H)
-                        j = T.meta_var(item % H)
-                        if item < D * H:
-                            sums(X, W, R, H0, ax, ah, wx, wh, red, d, j, w, lane)
-                            if w == 0 and lane == 0:
-                                for b in T.serial(B):
-                                    c_new = lstm.cell(fns, clip, d, lstm_pre(ax, ah, bias, d, j, b), lstm_peep(P, d, j),
-                                                      C0[d, b, j])
-                                    h_new = lstm.hidden(fns, clip, d, lstm_pre(ax, ah, bias, d, j, b),
-                                                        lstm_peep(P, d, j), c_new)
-                                    Y[0, d, b, j] = T.Cast(dtype, h_new)
-                                    Yh[d, b, j] = T.Cast(dtype, h_new)
-                                    Yc[d, b, j] = T.Cast(dtype, c_new)
+    # The cell's math for batch row b of unit (d, j) from its sums ax (W . x) and ah (R . h0), writing Y and Y_h
+    # (and Y_c). Every cell takes the same buffers, None where it has none: bias, RbH (GRU), P (LSTM), H0, C0
+    # (LSTM), Y, Yh, Yc (LSTM).
+    @T.macro
+    def gru_unit(bias, RbH, P, H0, C0, Y, Yh, Yc, ax, ah, d, j, b):
+        z = fns[0](d, clip(ax[b] + bias[d, j] + ah[b]))
+        r = fns[0](d, clip(ax[B + b] + bias[d, H + j] + ah[B + b]))
+        n = fns[1](d, clip(ax[2 * B + b] + bias[d, 2 * H + j] + r * (ah[2 * B + b] + RbH[d, j])))
+        h_new = (T.float32(1) - z) * n + z * H0[d, b, j]
+        Y[0, d, b, j] = T.Cast(dtype, h_new)
+        Yh[d, b, j] = T.Cast(dtype, h_new)
 
-        return scheduled(main, "lstm_one_step", cooperative=False)
+    @T.macro
+    def rnn_unit(bias, RbH, P, H0, C0, Y, Yh, Yc, ax, ah, d, j, b):
+        h_new = fns[0](d, clip(ax[b] + bias[d, j] + ah[b]))
+        Y[0, d, b, j] = T.Cast(dtype, h_new)
+        Yh[d, b, j] = T.Cast(dtype, h_new)
 
-    if cell == "gru":
-        f_act, g_act = fns
+    @T.macro
+    def lstm_unit(bias, RbH, P, H0, C0, Y, Yh, Yc, ax, ah, d, j, b):
+        c_new = lstm.cell(fns, clip, d, lstm_pre(ax, ah, bias, d, j, b), lstm_peep(P, d, j), C0[d, b, j])
+        h_new = lstm.hidden(fns, clip, d, lstm_pre(ax, ah, bias, d, j, b), lstm_peep(P, d, j), c_new)
+        Y[0, d, b, j] = T.Cast(dtype, h_new)
+        Yh[d, b, j] = T.Cast(dtype, h_new)
+        Yc[d, b, j] = T.Cast(dtype, c_new)
 
-        @T.prim_func
-        def main(X: T.Buffer((1, B, I), dtype), W: T.Buffer((D, G, I), dtype), R: T.Buffer((D, G, H), dtype),
-                 bias: T.Buffer((D, G), "float32"), RbH: T.Buffer((D, H), "float32"),
-                 H0: T.Buffer((D, B, H), "float32"), Y: T.Buffer((1, D, B, H), dtype),
-                 Yh: T.Buffer((D, B, H), dtype)):
-            for blk in bx(nblk):
-                for w in ty(KS):
-                    for lane in tx(WS):
-                        ax = T.alloc_buffer((NA,), "float32", scope="local")
-                        ah = T.alloc_buffer((NA,), "float32", scope="local")
-                        wx = T.alloc_buffer((WX,), "float32", scope="local")
-                        wh = T.alloc_buffer((WH,), "float32", scope="local")
-                        red = T.alloc_buffer((KS, 2 * NA), "float32", scope=red_scope)
-                        item = T.meta_var(blk)
-                        d = T.meta_var(item // H)
-                        j = T.meta_var(item % H)
-                        if item < D * H:
-                            sums(X, W, R, H0, ax, ah, wx, wh, red, d, j, w, lane)
-                            if w == 0 and lane == 0:
-                                for b in T.serial(B):
-                                    z = f_act(d, clip(ax[b] + bias[d, j] + ah[b]))
-                                    r = f_act(d, clip(ax[B + b] + bias[d, H + j] + ah[B + b]))
-                                    n = g_act(d, clip(ax[2 * B + b] + bias[d, 2 * H + j] + r * (ah[2 * B + b]
-                                                                                               + RbH[d, j])))
-                                    h_new = (T.float32(1) - z) * n + z * H0[d, b, j]
-                                    Y[0, d, b, j] = T.Cast(dtype, h_new)
-                                    Yh[d, b, j] = T.Cast(dtype, h_new)
+    unit = {"gru": gru_unit, "rnn": rnn_unit, "lstm": lstm_unit}[cell]
 
-        return scheduled(main, "gru_one_step", cooperative=False)
-
-    f_act = fns[0]
-
-    @T.prim_func
-    def main(X: T.Buffer((1, B, I), dtype), W: T.Buffer((D, G, I), dtype), R: T.Buffer((D, G, H), dtype),
-             bias: T.Buffer((D, G), "float32"), H0: T.Buffer((D, B, H), "float32"),
-             Y: T.Buffer((1, D, B, H), dtype), Yh: T.Buffer((D, B, H), dtype)):
+    @T.macro
+    def one_step(X, W, R, bias, RbH, P, H0, C0, Y, Yh, Yc):
+        """Every cell's kernel body: a block (warps w, lanes) per unit (d, j) sums its gate rows, thread (0, 0)
+        applies the cell's `unit` math to each batch row."""
         for blk in bx(nblk):
             for w in ty(KS):
                 for lane in tx(WS):
@@ -232,8 +194,28 @@ def one_step_func(cell: str, spec, target_json: str):
                         sums(X, W, R, H0, ax, ah, wx, wh, red, d, j, w, lane)
                         if w == 0 and lane == 0:
                             for b in T.serial(B):
-                                h_new = f_act(d, clip(ax[b] + bias[d, j] + ah[b]))
-                                Y[0, d, b, j] = T.Cast(dtype, h_new)
-                                Yh[d, b, j] = T.Cast(dtype, h_new)
+                                unit(bias, RbH, P, H0, C0, Y, Yh, Yc, ax, ah, d, j, b)
 
-    return scheduled(main, "rnn_one_step", cooperative=False)
+    # the cells' signatures (module doc)
+    if cell == "lstm":
+        @T.prim_func
+        def main(X: T.Buffer((1, B, I), dtype), W: T.Buffer((D, G, I), dtype), R: T.Buffer((D, G, H), dtype),
+                 bias: T.Buffer((D, G), "float32"), P: T.Buffer((D, 3 * H), "float32"),
+                 H0: T.Buffer((D, B, H), "float32"), C0: T.Buffer((D, B, H), "float32"),
+                 Y: T.Buffer((1, D, B, H), dtype), Yh: T.Buffer((D, B, H), dtype), Yc: T.Buffer((D, B, H), dtype)):
+            one_step(X, W, R, bias, None, P, H0, C0, Y, Yh, Yc)
+    elif cell == "gru":
+        @T.prim_func
+        def main(X: T.Buffer((1, B, I), dtype), W: T.Buffer((D, G, I), dtype), R: T.Buffer((D, G, H), dtype),
+                 bias: T.Buffer((D, G), "float32"), RbH: T.Buffer((D, H), "float32"),
+                 H0: T.Buffer((D, B, H), "float32"), Y: T.Buffer((1, D, B, H), dtype),
+                 Yh: T.Buffer((D, B, H), dtype)):
+            one_step(X, W, R, bias, RbH, None, H0, None, Y, Yh, None)
+    else:
+        @T.prim_func
+        def main(X: T.Buffer((1, B, I), dtype), W: T.Buffer((D, G, I), dtype), R: T.Buffer((D, G, H), dtype),
+                 bias: T.Buffer((D, G), "float32"), H0: T.Buffer((D, B, H), "float32"),
+                 Y: T.Buffer((1, D, B, H), dtype), Yh: T.Buffer((D, B, H), dtype)):
+            one_step(X, W, R, bias, None, None, H0, None, Y, Yh, None)
+
+    return scheduled(main, f"{cell}_one_step", cooperative=False)

@@ -19,7 +19,8 @@ except ImportError:  # runtime-only TVM: nothing is built here
 from ...errors import TvmseqError
 from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, batch_extent, check_batch, cpu_activation, cpu_unit_chunk,
-                  cpu_weights_fp32, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops)
+                  cpu_weights_fp32, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops,
+                  unit_update)
 
 
 @dataclass(frozen=True)
@@ -74,38 +75,26 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
     convert_r = cpu_weights_fp32(gpu, dt)
 
     @T.macro
-    def update(GateI, Lens, Y, state, gh, s, seq, b, d, jc, tx):
-        if jc * NT + tx < H:
-            length = row_length(Lens, b, seq)
-            t = T.if_then_else(is_reverse(d), length - 1 - s, s)
-            j = jc * NT + tx
-            if s < length:
-                hn = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
-                state[d, b, j] = hn
-                Y[t, d, b, j] = T.Cast(dt, hn)
-            else:
-                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+    def step_unit(GateI, state, gh, Y, d, t, b, j):
+        hn = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
+        state[d, b, j] = hn
+        Y[t, d, b, j] = T.Cast(dt, hn)
 
-    # the CPU variant: one expression per unit, indices as meta_var (see gru.recurrence_func)
+    # the CPU variant: one expression per unit (see gru.unit_update)
     @T.macro
-    def update_cpu(GateI, Lens, Y, state, gh, s, seq, b, d, jc, tx):
-        j = T.meta_var(jc * NT + tx)
-        if j < H:
-            if s < row_length(Lens, b, seq):
-                t = T.meta_var(T.if_then_else(is_reverse(d), row_length(Lens, b, seq) - 1 - s, s))
-                state[d, b, j] = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
-                Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
-            else:
-                Y[s, d, b, j] = T.Cast(dt, T.float32(0))
+    def step_unit_cpu(GateI, state, gh, Y, d, t, b, j):
+        state[d, b, j] = act(d, clip(GateI[d, t, b, j] + partial_sum(gh, S, d, b, j)))
+        Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
 
     # grid (batch, directions, unit chunks), as the GRU's gate kernel
-    update_launch = unit_loops(gpu, D, B, H, NT, update if gpu else update_cpu)
+    update_launch = unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
+                                                             step_unit if gpu else step_unit_cpu))
 
     @T.macro
     def steps(GateI, R, Lens, Y, state, gh, seq):
         for s in range(seq):
             gemm(state, R, gh)
-            update_launch(GateI, Lens, Y, state, gh, s, seq)
+            update_launch(Lens, Y, (GateI, state, gh), s, seq)
 
     @T.prim_func
     def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,

@@ -200,6 +200,51 @@ def stacked_lstm_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None
     return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "lstm", lstm or LstmCell())
 
 
+def stack_prim_func(body, cell: str, L: int, LW: int, B: int, H: int, dtype: str):
+    """The prim_func of a stack kernel (`stack.stacked_gru_func`'s interface: gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h;
+    an LSTM's: gate_i0, R, W, bias_i, P, h0, c0, Y, Y_h, Y_c) around the T.macro body(GI0, Rw, Ww, cb, seq), cb
+    the cell's buffers (BI, RbH, H0, Y, Yh) or (BI, Pw, H0, C0, Y, Yh, Yc). LW: the layers with an input W (L - 1)."""
+    from tvm.script import tirx as T
+
+    from .cells import CELL_GATES
+
+    G3 = CELL_GATES[cell] * H
+    if cell == "gru":
+        @T.prim_func
+        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
+                 h0: T.handle, y: T.handle, y_h: T.handle):
+            seq = T.int32()
+            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+            BI = T.match_buffer(bias_i, (LW, G3), "float32")
+            RbH = T.match_buffer(rb_h, (L, H), "float32")
+            H0 = T.match_buffer(h0, (L, B, H), "float32")
+            Y = T.match_buffer(y, (L, seq, B, H), dtype)
+            Yh = T.match_buffer(y_h, (L, B, H), dtype)
+            body(GI0, Rw, Ww, (BI, RbH, H0, Y, Yh), seq)
+
+        return main
+
+    @T.prim_func
+    def main_lstm(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, p_w: T.handle,
+                  h0: T.handle, c0: T.handle, y: T.handle, y_h: T.handle, y_c: T.handle):
+        seq = T.int32()
+        GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
+        Rw = T.match_buffer(r_w, (L, G3, H), dtype)
+        Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
+        BI = T.match_buffer(bias_i, (LW, G3), "float32")
+        Pw = T.match_buffer(p_w, (L, 3 * H), "float32")
+        H0 = T.match_buffer(h0, (L, B, H), "float32")
+        C0 = T.match_buffer(c0, (L, B, H), "float32")
+        Y = T.match_buffer(y, (L, seq, B, H), dtype)
+        Yh = T.match_buffer(y_h, (L, B, H), dtype)
+        Yc = T.match_buffer(y_c, (L, B, H), dtype)
+        body(GI0, Rw, Ww, (BI, Pw, H0, C0, Y, Yh, Yc), seq)
+
+    return main_lstm
+
+
 def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
     """The row-split stack kernel of a cell: the staging, compute, reduction and hand-off are shared; the
     cell brings its weight rows (NG per matrix), the sum each row adds into, its states, the update math
@@ -225,7 +270,7 @@ def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
     RR, RS, Hp, KT, KL = geo.RR, geo.RS, geo.Hp, geo.KT, geo.KL
     BC, NC, Bp, vp, FI, XN = geo.BC, geo.NC, geo.Bp, geo.vp, geo.FI, geo.XN
     NG, NS = geo.NG, geo.NS
-    S, LW, G3 = slots, max(L - 1, 1), NG * H
+    S, LW = slots, max(L - 1, 1)
     slot_words = Bp * Hp
     ll_words = L * S * slot_words
     unroll = T.unroll if gpu else T.serial
@@ -462,37 +507,4 @@ def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
             for l, g, w in T.grid(L, G, W_):
                 final_cell(cb, hs, (l * G + g) * W_ + w, CPU_ROWS, l, g, w, 0, seq)
 
-    if cell == "gru":
-        @T.prim_func
-        def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
-                 h0: T.handle, y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
-            Rw = T.match_buffer(r_w, (L, G3, H), dtype)
-            Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
-            BI = T.match_buffer(bias_i, (LW, G3), "float32")
-            RbH = T.match_buffer(rb_h, (L, H), "float32")
-            H0 = T.match_buffer(h0, (L, B, H), "float32")
-            Y = T.match_buffer(y, (L, seq, B, H), dtype)
-            Yh = T.match_buffer(y_h, (L, B, H), dtype)
-            body(GI0, Rw, Ww, (BI, RbH, H0, Y, Yh), seq)
-
-        return rg.scheduled(main, "gru_stack", cooperative=gpu)
-
-    @T.prim_func
-    def main_lstm(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, p_w: T.handle,
-                  h0: T.handle, c0: T.handle, y: T.handle, y_h: T.handle, y_c: T.handle):
-        seq = T.int32()
-        GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
-        Rw = T.match_buffer(r_w, (L, G3, H), dtype)
-        Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
-        BI = T.match_buffer(bias_i, (LW, G3), "float32")
-        Pw = T.match_buffer(p_w, (L, 3 * H), "float32")
-        H0 = T.match_buffer(h0, (L, B, H), "float32")
-        C0 = T.match_buffer(c0, (L, B, H), "float32")
-        Y = T.match_buffer(y, (L, seq, B, H), dtype)
-        Yh = T.match_buffer(y_h, (L, B, H), dtype)
-        Yc = T.match_buffer(y_c, (L, B, H), dtype)
-        body(GI0, Rw, Ww, (BI, Pw, H0, C0, Y, Yh, Yc), seq)
-
-    return rg.scheduled(main_lstm, "lstm_stack", cooperative=gpu)
+    return rg.scheduled(stack_prim_func(body, cell, L, LW, B, H, dtype), f"{cell}_stack", cooperative=gpu)

@@ -127,7 +127,7 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
 
     from .. import recurrent_gemm as rg
     from .engine import make_engine_pass
-    from .rows import _PROGRESS_STORE_SRC, _PROGRESS_WAIT_SRC, RowSplitConfig, stacked_gru_rows_func
+    from .rows import _PROGRESS_STORE_SRC, _PROGRESS_WAIT_SRC, RowSplitConfig, stack_prim_func, stacked_gru_rows_func
 
     target = resolve(target)
     gpu = is_gpu(target)
@@ -245,20 +245,10 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
                     Yh[l, b, j] = T.Cast(dtype, T.if_then_else(seq > 0, hs[hrow, c * fin_iters + i], T.float32(0)))
 
     smem_shape, smem_scope = ((R_smem, Hp), "shared.dyn") if R_smem else ((1, 1), "local")
-    G3 = 3 * H
 
-    @T.prim_func
-    def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
-             h0: T.handle, y: T.handle, y_h: T.handle):
-        seq = T.int32()
-        GI0 = T.match_buffer(gate_i0, (seq, B, G3), "float32")
-        Rw = T.match_buffer(r_w, (L, G3, H), dtype)
-        Ww = T.match_buffer(w_w, (LW, G3, H), dtype)
-        BI = T.match_buffer(bias_i, (LW, G3), "float32")
-        RbH = T.match_buffer(rb_h, (L, H), "float32")
-        H0 = T.match_buffer(h0, (L, B, H), "float32")
-        Y = T.match_buffer(y, (L, seq, B, H), dtype)
-        Yh = T.match_buffer(y_h, (L, B, H), dtype)
+    @T.macro
+    def body(GI0, Rw, Ww, cb, seq):
+        BI, RbH, H0, Y, Yh = T.meta_var(cb)
         # LL words, then (GPU) one progress counter per block: the CPU variant runs layers in order, needs none
         ws = T.alloc_buffer((ll_words * 2 + (L * G if gpu else 0),), "int32", scope="global")
         if gpu:   # a compile-time branch: the GPU and CPU variants share one signature
@@ -324,7 +314,7 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
             for l, g, t in T.grid(L, G, NT):
                 final_state(Yh, hs, (l * G + g) * NT + t, l, g, t, seq)
 
-    return rg.scheduled(main, "gru_stack", cooperative=gpu)
+    return rg.scheduled(stack_prim_func(body, "gru", L, LW, B, H, dtype), "gru_stack", cooperative=gpu)
 
 
 # ---- LSTM stacks -------------------------------------------------------------------------------------

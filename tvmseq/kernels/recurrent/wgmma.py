@@ -58,7 +58,7 @@ from ...targets import is_gpu, resolve
 
 from ..projection.wgmma import ATOM, GATE_DTYPES, align_offset, encode_descriptor, mma_async
 from ..projection.wgmma import BK as KB   # k of a tile: one 128-byte swizzle row of fp16
-from .mma import _LSTM_TEMPS, GATES, check_args
+from .mma import _LSTM_TEMPS, GATES, check_args, serial_variant
 
 MC = 64              # rows of a state chunk: the wgmma M of one warpgroup
 NT = 128             # one warpgroup
@@ -471,6 +471,9 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     red[row * N + n] = red[row * N + n] + T.Cast("float32", hbuf[img(buf, d, c * MC + row, k)]) \
                         * T.Cast("float32", Rw[d, r_row(g, n), k])
 
+    serial_kernel = serial_variant(D, G, BS, NT, NCB, ITEMS, MC * N, LSTM, PEEP, seed, seed_cell, load_peepholes,
+                                   prefetch, product_cpu, finish, final_state)
+
     # ---- the kernel (`gpu` picks the branch while the script is parsed), a GRU / RNN or an LSTM signature around
     # it (RbH: GRU / RNN only; Pw, C0, Yc: LSTM only, None otherwise)
     @T.macro
@@ -532,61 +535,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     if LSTM:
                         final_state(Yc, Lens, cst, 0, d, g, q, t, seq)
         else:
-            red = T.alloc_buffer((MC * N,), "float32")
-            hst = T.alloc_buffer((D * G * BS * NT * NCB * ITEMS,), "float32")
-            gi = T.alloc_buffer((ITEMS * 4,), "float32")
-            if LSTM:
-                cst = T.alloc_buffer((D * G * BS * NT * NCB * ITEMS,), "float32")
-                ps = T.alloc_buffer((3 * ITEMS,), "float32")
-            else:
-                cst = T.meta_var(None)
-                ps = T.meta_var(None)
-            for dd, gg, qq, t in T.grid(D, G, BS, NT):
-                seed(H0, hbuf, hst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t)
-                if LSTM:
-                    seed_cell(C0, cst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t)
-            for s, ci in T.grid(seq, NCB):
-                for dd, gg, qq in T.grid(D, G, BS):
-                    product_cpu(hbuf, Rw, red, s % 2, dd, gg, qq + ci * BS)
-                    for t in T.serial(NT):
-                        prefetch(GI, RbH, Lens, gi, dd, gg, t, s, qq + ci * BS, seq)
-                        if PEEP:
-                            load_peepholes(Pw, ps, dd, gg, t)
-                        finish(Y, Lens, hbuf, hst, cst, ps, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, red,
-                               gi, dd, gg, t, s, qq + ci * BS, ci, seq)
-            for dd, gg, qq, t in T.grid(D, G, BS, NT):
-                final_state(Yh, Lens, hst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t, seq)
-                if LSTM:
-                    final_state(Yc, Lens, cst, (((dd * G + gg) * BS + qq) * NT + t) * NCB * ITEMS, dd, gg, qq, t,
-                                seq)
+            serial_kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, hbuf, seq)
 
-    if LSTM:
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
-                 y: T.handle, y_h: T.handle, y_c: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), gate_dtype)
-            Rw = T.match_buffer(r_w, (D, G3, H), "float16")
-            Pw = T.match_buffer(p_w, (D, 3 * H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            C0 = T.match_buffer(c0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), "float16")
-            Yh = T.match_buffer(y_h, (D, B, H), "float16")
-            Yc = T.match_buffer(y_c, (D, B, H), "float16")
-            kernel(GI, Rw, None, Pw, Lens, H0, C0, Y, Yh, Yc, seq)
-    else:
-        @T.prim_func
-        def main(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
-                 y: T.handle, y_h: T.handle):
-            seq = T.int32()
-            GI = T.match_buffer(gate_i, (D, seq, B, G3), gate_dtype)
-            Rw = T.match_buffer(r_w, (D, G3, H), "float16")
-            RbH = T.match_buffer(rb_h, (D, H), "float32")
-            Lens = T.match_buffer(lens, (B,), "int32")
-            H0 = T.match_buffer(h0, (D, B, H), "float32")
-            Y = T.match_buffer(y, (seq, D, B, H), "float16")
-            Yh = T.match_buffer(y_h, (D, B, H), "float16")
-            kernel(GI, Rw, RbH, None, Lens, H0, None, Y, Yh, None, seq)
-
+    main = cells.recurrence_prim_func(kernel, cell, D, B, H, dtype, gate_dtype)
     return rg.scheduled(main, f"{cell}_recurrence_wgmma", cooperative=gpu)
