@@ -157,9 +157,9 @@ def run_and_report(name: str, entries, run_one: Callable, columns: Sequence[str]
     return rows
 
 
-def add_build_run_arguments(parser) -> None:
+def add_build_run_arguments(parser, build_help: str = "build the CUDA module into DIR (no GPU needed)") -> None:
     """--build / --prebuilt / --out: the two halves of a benchmark (build here, run on the GPU)."""
-    parser.add_argument("--build", metavar="DIR", help="build the CUDA module into DIR (no GPU needed)")
+    parser.add_argument("--build", metavar="DIR", help=build_help)
     parser.add_argument("--prebuilt", metavar="DIR", help="run the module built by --build")
     parser.add_argument("--out", default=None, help="directory for the JSON and plot (default artifacts/bench)")
 

@@ -10,17 +10,30 @@ other runs), medians reported; outputs are compared first. Threads: TVM's pool a
 pool both use the machine's cores unless TVM_NUM_THREADS / OMP_NUM_THREADS (read by TVM's runtime) say
 otherwise; the number is recorded. Results: artifacts/bench/cpu_recurrent.json and cpu_corpus.json, each with
 a .png (speedup = onnxruntime ms / tvmseq ms).
+
+Two halves, for a machine with TVM's runtime only (no compiler, no network: no corpus fetch there):
+`--build DIR` here compiles every case selected (--quick, --cells, --hidden, --batches, --no-nodes, --no-model,
+--no-corpus, --models; corpus models over --max-model-mb left out unless named) for `--cpu-target` (default this
+machine; "llvm -mcpu=x86-64-v3" or "llvm -mcpu=sapphirerapids" for another), exports each with
+`tvmseq.build.export` and writes the ONNX files (a node's one file serves every batch: its batch is symbolic
+for onnxruntime), the inputs (.npz) and index.json; `--prebuilt DIR` there loads each .so with
+`tvmseq.runtime.load_model` and its onnxruntime session from the ONNX file, compares and times them as above,
+and writes the same JSON + plot, each row tagged with that machine's CPU and cores.
 """
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import platform
+import shutil
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from .common import print_table, ratio_bar_plot, save
+from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
 
 GRID = dict(cell=("GRU", "RNN", "LSTM"), hidden=(128, 256, 512, 1024), batch=(1, 8, 64))
 QUICK = dict(cell=("GRU", "RNN", "LSTM"), hidden=(128, 512), batch=(1, 8))
@@ -31,6 +44,12 @@ COLUMNS = ["case", "cell", "hidden", "batch", "steps", "tvmseq_ms", "ort_ms", "s
            "speedup_cpu", "max_err"]
 CORPUS_COLUMNS = ["case", "model", "shapes", "tvmseq_ms", "ort_ms", "speedup", "tvmseq_cpu_ms", "ort_cpu_ms",
                   "speedup_cpu", "max_err"]
+MAX_MODEL_MB = 16        # --build: larger corpus models left out unless named (nsnet2-48k, ddddocr-common)
+# table -> (result name, columns, plot labels, plot title, what `_summary` calls it, the rows it summarizes)
+TABLES = {"recurrent": ("cpu_recurrent", COLUMNS, ("case", "cell", "hidden", "batch"),
+                        "tvmseq (llvm) vs onnxruntime CPU", "nodes", "node"),
+          "corpus": ("cpu_corpus", CORPUS_COLUMNS, ("model", "shapes"),
+                     "real models: tvmseq (llvm) vs onnxruntime CPU", "corpus", "corpus")}
 
 
 def add_arguments(parser) -> None:
@@ -41,10 +60,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-nodes", action="store_true", help="skip the node grid")
     parser.add_argument("--no-corpus", action="store_true", help="skip the real-model corpus")
     parser.add_argument("--models", default=None, help="comma-separated corpus model ids (default: all)")
+    parser.add_argument("--hidden", default=None, help="comma-separated hidden sizes of the grid")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes of the grid")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of both sides (TVM_NUM_THREADS and onnxruntime's intra-op threads); "
                              "default: TVM's and onnxruntime's own (the cores)")
-    parser.add_argument("--out", default=None, help="directory for the JSON and plot (default artifacts/bench)")
+    parser.add_argument("--cpu-target", default="llvm",
+                        help='llvm target to compile for (default: this machine\'s CPU); e.g. "llvm -mcpu=x86-64-v3"')
+    parser.add_argument("--max-model-mb", type=float, default=MAX_MODEL_MB,
+                        help=f"with --build: leave out corpus models whose ONNX file is larger (default "
+                             f"{MAX_MODEL_MB}; models named in --models are always built)")
+    add_build_run_arguments(parser, "compile every case for --cpu-target into DIR, with its ONNX file and inputs "
+                                    "(for --prebuilt DIR on a machine with TVM's runtime only)")
 
 
 def _threads() -> dict:
@@ -97,25 +124,27 @@ def alternate(run_a, run_b, reps: int, warmup: int = 2, burst: int = BURST, sett
     return tuple(float(np.median(times[k])) * 1e3 for k in ("a", "b", "ca", "cb"))
 
 
-def compare(model, feeds: dict, reps: int, threads: int | None = None) -> dict:
+def compare(model, feeds: dict, reps: int, threads: int | None = None, target="llvm") -> dict:
     """Compile `model` for llvm, check it against onnxruntime, time both: {tvmseq_ms, ort_ms, speedup, max_err}.
     threads: onnxruntime's intra-op threads (TVM's come from TVM_NUM_THREADS, see `run`)."""
-    compiled, sess = _compile_with_peer(model, threads)
-    return _compare_compiled(compiled, sess, feeds, reps)
+    return _compare_compiled(build_case(model, target), _ort_session(model.SerializeToString(), threads), feeds, reps)
 
 
-def _compile_with_peer(model, threads: int | None):
-    """(tvmseq's model compiled for llvm, onnxruntime's CPU session) of one ONNX model."""
-    import onnxruntime as ort
-
+def build_case(model, target="llvm"):
+    """tvmseq's model compiled for an llvm target (a `tvmseq.runtime.Model`)."""
     from ..build import compile_onnx
 
-    compiled = compile_onnx(model, target="llvm")
+    return compile_onnx(model, target=target)
+
+
+def _ort_session(model_bytes: bytes, threads: int | None):
+    """onnxruntime's CPU session of one ONNX model (serialized)."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return compiled, sess
+    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 
 def _compare_compiled(compiled, sess, feeds: dict, reps: int) -> dict:
@@ -125,6 +154,26 @@ def _compare_compiled(compiled, sess, feeds: dict, reps: int) -> dict:
     t_tvm, t_ort, c_tvm, c_ort = alternate(lambda: compiled(**feeds), lambda: sess.run(None, feeds), reps)
     return {"tvmseq_ms": t_tvm, "ort_ms": t_ort, "speedup": t_ort / t_tvm, "tvmseq_cpu_ms": c_tvm,
             "ort_cpu_ms": c_ort, "speedup_cpu": c_ort / max(c_tvm, 1e-9), "max_err": err}
+
+
+def _time_row(stub: dict, compiled, sess, feeds: dict, reps: int, error: str | None = None) -> dict:
+    """One result row: `stub` + `_compare_compiled`, or + its error (a case that failed to build, load or run is
+    recorded; the rest still runs). Printed."""
+    row = dict(stub)
+    if error is None:
+        try:
+            row.update(_compare_compiled(compiled, sess, feeds, reps))
+        except Exception as err:  # noqa: BLE001
+            error = _error_line(err)
+    if error is not None:
+        row["error"] = error
+        print(f"{stub.get('model') or stub['case']}: {error}")
+    print_table([row], CORPUS_COLUMNS if "model" in stub else COLUMNS)
+    return row
+
+
+def _error_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
 
 
 def node_case(cell: str, hidden: int, batch: int, steps: int = STEPS, input_size: int | None = None):
@@ -182,17 +231,30 @@ def corpus_modules():
     return tuple(loaded)
 
 
-def corpus_rows(ids, reps: int, threads: int | None) -> list[dict]:
-    """One row per corpus model that passes on the CPU and timed input set: compiled once, compared with
-    onnxruntime and timed alternately at its test's sizes (`CORPUS_RUNS` input sets of the first sample rate)."""
+@dataclass
+class Case:
+    """One model of the benchmark: compiled once, timed on each input set of `runs` ([(row stub, feeds)])."""
+    table: str                     # "recurrent" or "corpus" (TABLES)
+    stem: str                      # its files' name in a build directory
+    model: object                  # onnx.ModelProto
+    runs: list
+    min_reps: int = 0              # timed runs at least (the denoiser's and the corpus's: 15)
+    onnx_stem: str | None = None   # one ONNX file for several cases (the grid's batches, `_batch_symbolic`)
+    source: Path | None = None     # the ONNX file it came from (a corpus model: copied as it is)
+
+
+def _corpus_cases(args, max_mb: float | None = None):
+    """A Case per corpus model that passes on the CPU (`CORPUS_RUNS` input sets of its test's sizes, first sample
+    rate), loaded when reached; with `max_mb`, models whose file is larger are left out unless --models names
+    them."""
     modules = corpus_modules()
     if modules is None:
         print("no tests/corpus.py here (not a source checkout): corpus skipped")
-        return []
+        return
     corpus, test_corpus = modules
     import onnx
 
-    rows = []
+    ids = _names(getattr(args, "models", None))
     for entry in corpus.CORPUS:
         if entry.expect != "pass" or (ids and entry.id not in ids):
             continue
@@ -201,21 +263,14 @@ def corpus_rows(ids, reps: int, threads: int | None) -> list[dict]:
         except corpus.FetchError as err:
             print(f"{entry.id}: not fetched ({err})")
             continue
+        if max_mb is not None and not ids and path.stat().st_size > max_mb * 1e6:
+            print(f"{entry.id}: left out ({path.stat().st_size / 1e6:.1f} MB > --max-model-mb {max_mb:g})")
+            continue
         model = onnx.load(str(path), load_external_data=False)
-        feeds_runs = test_corpus.input_sets(entry, model)[:CORPUS_RUNS]
-        compiled = sessions = None
-        for feeds in feeds_runs:
-            shapes = " ".join(f"{k}{list(v.shape)}" for k, v in feeds.items() if v.ndim)
-            row = {"case": "corpus", "model": entry.id, "shapes": shapes}
-            try:
-                if compiled is None:
-                    compiled, sessions = _compile_with_peer(model, threads)
-                row.update(_compare_compiled(compiled, sessions, feeds, reps))
-            except Exception as err:  # noqa: BLE001 - recorded, the rest of the corpus still runs
-                row["error"] = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
-            rows.append(row)
-            print_table([row], CORPUS_COLUMNS)
-    return rows
+        runs = [({"case": "corpus", "model": entry.id, "shapes": " ".join(f"{k}{list(v.shape)}" for k, v in
+                                                                      feeds.items() if v.ndim)}, feeds)
+                for feeds in test_corpus.input_sets(entry, model)[:CORPUS_RUNS]]
+        yield Case("corpus", f"corpus_{entry.id}", model, runs, 15, source=path)
 
 
 def denoiser_model(frames: int = DENOISER_FRAMES, seed: int = 0):
@@ -261,57 +316,207 @@ def run(args) -> list[dict]:
     threads = getattr(args, "threads", None)
     if threads:   # read by TVM's runtime when its thread pool starts (the first parallel kernel)
         os.environ["TVM_NUM_THREADS"] = str(threads)
-    key = "speedup_cpu" if threads == 1 else "speedup"   # one thread each: the CPU time is the robust one
-    suffix = "" if not threads else f"_t{threads}"
-    rows = [] if getattr(args, "no_nodes", False) else node_rows(args, threads)
-    if not args.no_model:
-        rows += denoiser_rows(max(args.reps, 15), threads)
-    if rows:
-        print()
-        print_table(rows, COLUMNS)
-        _summary("nodes", [r for r in rows if r["case"] == "node"], key)
-        save(f"cpu_recurrent{suffix}", rows, _meta(), ratio_bar_plot(
-            [r for r in rows if key in r], ("case", "cell", "hidden", "batch"), key,
-            f"tvmseq (llvm) vs onnxruntime CPU ({key})"), out_dir=args.out)
+    if getattr(args, "build", None) or getattr(args, "prebuilt", None):
+        return build_or_run(args, lambda d: build(d, args), lambda d, out: run_prebuilt(d, out, args), "tvmseq_cpu_")
+    from ..targets import resolve
+
+    target = resolve(getattr(args, "cpu_target", None) or "llvm")
+    meta = _meta(str(target))
+    rows = _report("recurrent", [r for c in _recurrent_cases(args) for r in _run_case(c, args, target)], args, meta)
     if getattr(args, "no_corpus", False):
         return rows
-    ids = set(args.models.split(",")) if getattr(args, "models", None) else None
-    corpus = corpus_rows(ids, max(args.reps, 15), threads)
-    if corpus:
-        print()
-        print_table(corpus, CORPUS_COLUMNS)
-        _summary("corpus", corpus, key)
-        save(f"cpu_corpus{suffix}", corpus, _meta(), ratio_bar_plot(
-            [r for r in corpus if key in r], ("model", "shapes"), key,
-            f"real models: tvmseq (llvm) vs onnxruntime CPU ({key})"), out_dir=args.out)
-    return rows + corpus
+    return rows + _report("corpus", [r for c in _corpus_cases(args) for r in _run_case(c, args, target)], args, meta)
 
 
-def node_rows(args, threads) -> list[dict]:
+def _run_case(case: Case, args, target) -> list[dict]:
+    """Compile one case here, then its rows (`_time_row`)."""
+    compiled = sess = error = None
+    try:
+        compiled = build_case(case.model, target)
+        sess = _ort_session(case.model.SerializeToString(), getattr(args, "threads", None))
+    except Exception as err:  # noqa: BLE001 - a model the CPU build cannot take yet: recorded, the rest stays
+        error = _error_line(err)
+    return [_time_row(stub, compiled, sess, feeds, max(args.reps, case.min_reps), error) for stub, feeds in case.runs]
+
+
+def _report(table: str, rows: list[dict], args, meta: dict, out_dir=None) -> list[dict]:
+    """The whole table printed, summarized and saved (JSON + plot) under its TABLES name in `out_dir` (default
+    --out)."""
+    if not rows:
+        return rows
+    threads = getattr(args, "threads", None)
+    key = "speedup_cpu" if threads == 1 else "speedup"   # one thread each: the CPU time is the robust one
+    name, columns, labels, title, what, case = TABLES[table]
+    print()
+    print_table(rows, columns)
+    _summary(what, [r for r in rows if r["case"] == case], key)
+    save(name + ("" if not threads else f"_t{threads}"), rows, meta,
+         ratio_bar_plot([r for r in rows if key in r], labels, key, f"{title} ({key})"),
+         out_dir=out_dir or getattr(args, "out", None))
+    return rows
+
+
+def _recurrent_cases(args):
+    """The node grid's cases, then the denoiser's two (unless --no-nodes / --no-model)."""
+    if not getattr(args, "no_nodes", False):
+        yield from _node_cases(args)
+    if not getattr(args, "no_model", False):
+        for case, cell, (model, feeds) in (("denoiser_gru_node", "GRU", node_case("GRU", 400, 1, DENOISER_FRAMES)),
+                                           ("denoiser_model", "GRUx2+FC", denoiser_model(DENOISER_FRAMES))):
+            stub = {"case": case, "cell": cell, "hidden": 400, "batch": 1, "steps": DENOISER_FRAMES}
+            yield Case("recurrent", case, model, [(stub, feeds)], 15)
+
+
+def _node_cases(args):
     grid = QUICK if args.quick else GRID
-    cells = args.cells.split(",") if getattr(args, "cells", None) else grid["cell"]
+    cells = _names(getattr(args, "cells", None)) or grid["cell"]
+    hidden = [int(h) for h in _names(getattr(args, "hidden", None))] or grid["hidden"]
+    batches = [int(b) for b in _names(getattr(args, "batches", None))] or grid["batch"]
+    for cell, h, batch in itertools.product(cells, hidden, batches):
+        model, feeds = node_case(cell, h, batch, STEPS)
+        stub = {"case": "node", "cell": cell, "hidden": h, "batch": batch, "steps": STEPS}
+        yield Case("recurrent", f"node_{cell}_h{h}_b{batch}_s{STEPS}", model, [(stub, feeds)],
+                   onnx_stem=f"node_{cell}_h{h}_s{STEPS}")
+
+
+def _names(text) -> list[str]:
+    return [v for v in str(text).split(",") if v] if text else []
+
+
+# ---------------------------------------------------------------------------------------------------
+# --build DIR (here, TVM's compiler) and --prebuilt DIR (TVM's runtime only)
+# ---------------------------------------------------------------------------------------------------
+def build(out_dir, args) -> Path:
+    """Compile and export every case selected for --cpu-target into `out_dir`, with its ONNX file and inputs;
+    index.json lists them (rewritten after each case)."""
+    from ..build import export
+    from ..targets import resolve
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = resolve(getattr(args, "cpu_target", None) or "llvm")
+    index = {"target": str(target), "cpu_target": getattr(args, "cpu_target", None) or "llvm",
+             "built_on": _machine(), "cases": []}
+    corpus = [] if getattr(args, "no_corpus", False) else _corpus_cases(args, getattr(args, "max_model_mb", None))
+    for case in itertools.chain(_recurrent_cases(args), corpus):
+        index["cases"].append(_build_case(case, out, target, export))
+        (out / "index.json").write_text(json.dumps(index, indent=1))
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(f"{out}: {len(index['cases'])} cases for {target}, {size / 1e6:.1f} MB")
+    return out
+
+
+def _build_case(case: Case, out: Path, target, export) -> dict:
+    """One case's files in `out`: ONNX model, inputs (one .npz a run), and the .so unless it failed to build;
+    its index entry."""
+    t0 = time.time()
+    entry = {"table": case.table, "onnx": _write_onnx(case, out), "min_reps": case.min_reps, "runs": []}
+    for i, (stub, feeds) in enumerate(case.runs):
+        np.savez_compressed(out / f"{case.stem}_in{i}.npz", **feeds)
+        entry["runs"].append({"row": stub, "feeds": f"{case.stem}_in{i}.npz"})
+    try:
+        export(build_case(case.model, target), out / f"{case.stem}.so")
+        entry["so"] = f"{case.stem}.so"
+    except Exception as err:  # noqa: BLE001 - recorded; the run half reports it as the row's error
+        entry["error"] = _error_line(err)
+    print(f"{case.stem}: {entry.get('error') or 'built'} in {time.time() - t0:.1f} s", flush=True)
+    return entry
+
+
+def _write_onnx(case: Case, out: Path) -> str:
+    name = f"{case.onnx_stem or case.stem}.onnx"
+    if case.source is not None:
+        shutil.copyfile(case.source, out / name)
+    else:   # a node: written again for each batch, with the same weights (drawn before the input)
+        (out / name).write_bytes((_batch_symbolic(case.model) if case.onnx_stem else case.model).SerializeToString())
+    return name
+
+
+def _batch_symbolic(model):
+    """A node model ([steps, batch, input] X) with its batch a symbol and its output shapes left to onnxruntime,
+    so that one file (the weights) serves every batch."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    x = next(i for i in copy.graph.input if i.name == "X")
+    x.type.tensor_type.shape.dim[1].dim_param = "batch"
+    for output in copy.graph.output:
+        output.type.tensor_type.ClearField("shape")
+    return copy
+
+
+def run_prebuilt(root, out_dir, args) -> list[dict]:
+    """Every case of a --build directory selected by this call's options: loaded (TVM's runtime only), compared
+    with onnxruntime and timed; the tables saved as in-process runs save them."""
+    _importable_without_compiler()
+    from ..runtime import load_model
+
+    root = Path(root)
+    index = json.loads((root / "index.json").read_text())
+    meta = _meta(index["target"]) | {"built_on": index.get("built_on"), "cpu_target": index.get("cpu_target")}
     rows = []
-    for cell, hidden, batch in itertools.product(cells, grid["hidden"], grid["batch"]):
-        model, feeds = node_case(cell, hidden, batch)
-        row = {"case": "node", "cell": cell, "hidden": hidden, "batch": batch, "steps": STEPS,
-               **compare(model, feeds, args.reps, threads)}
-        rows.append(row)
-        print_table([row], COLUMNS)
+    for table in TABLES:
+        entries = [e for e in index["cases"] if e["table"] == table and _selected(e["runs"][0]["row"], args)]
+        rows += _report(table, [r for e in entries for r in _run_entry(root, e, args, load_model)], args, meta,
+                        out_dir)
     return rows
 
 
-def denoiser_rows(reps: int, threads) -> list[dict]:
-    rows = []
-    for case, cell, (model, feeds) in (("denoiser_gru_node", "GRU", node_case("GRU", 400, 1, DENOISER_FRAMES)),
-                                       ("denoiser_model", "GRUx2+FC", denoiser_model())):
-        row = {"case": case, "cell": cell, "hidden": 400, "batch": 1, "steps": DENOISER_FRAMES}
+def _run_entry(root: Path, entry: dict, args, load_model) -> list[dict]:
+    compiled = sess = None
+    error = entry.get("error")
+    if error is None:
         try:
-            row.update(compare(model, feeds, reps, threads))
-        except Exception as err:  # noqa: BLE001 - a model the CPU build cannot take yet: recorded, the rest stays
-            row["error"] = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
-            print(f"{case}: {row['error']}")
-        rows.append(row)
+            compiled = load_model(root / entry["so"])
+            sess = _ort_session((root / entry["onnx"]).read_bytes(), getattr(args, "threads", None))
+        except Exception as err:  # noqa: BLE001
+            error = _error_line(err)
+    rows = []
+    for run in entry["runs"]:
+        with np.load(root / run["feeds"]) as data:
+            feeds = {k: data[k] for k in data.files}
+        rows.append(_time_row(run["row"], compiled, sess, feeds, max(args.reps, entry["min_reps"]), error)
+                    | _machine())
     return rows
+
+
+def _selected(row: dict, args) -> bool:
+    """Whether this call's options (--no-nodes, --cells, --hidden, --batches, --no-model, --no-corpus, --models)
+    keep a built case."""
+    if row["case"] == "corpus":
+        ids = _names(getattr(args, "models", None))
+        return not getattr(args, "no_corpus", False) and (not ids or row["model"] in ids)
+    if row["case"] != "node":
+        return not getattr(args, "no_model", False)
+    wanted = {"cell": _names(getattr(args, "cells", None)), "hidden": _names(getattr(args, "hidden", None)),
+              "batch": _names(getattr(args, "batches", None))}
+    return not getattr(args, "no_nodes", False) and all(not v or str(row[k]) in v for k, v in wanted.items())
+
+
+def _importable_without_compiler() -> None:
+    """With TVM's runtime alone, importing tvmseq.schedule_cpu (runtime.Model imports it for configure_threads)
+    fails inside TVM's dlight with a ValueError (a global function of the compiler missing), which its
+    ImportError guard does not catch: dlight is made unimportable for that one import, so the guard takes it."""
+    import sys
+
+    import tvm
+
+    if not tvm.base._RUNTIME_ONLY or "tvmseq.schedule_cpu" in sys.modules:
+        return
+    saved = sys.modules.get("tvm.s_tir.dlight")
+    sys.modules["tvm.s_tir.dlight"] = None
+    try:
+        from .. import schedule_cpu  # noqa: F401
+    finally:
+        if saved is None:
+            sys.modules.pop("tvm.s_tir.dlight", None)
+        else:
+            sys.modules["tvm.s_tir.dlight"] = saved
+
+
+def _machine() -> dict:
+    return {"cpu": _cpu_name(), "cores": os.cpu_count()}
 
 
 def _summary(what: str, rows: list[dict], key: str) -> None:
@@ -322,10 +527,8 @@ def _summary(what: str, rows: list[dict], key: str) -> None:
               f"{sum(s >= 0.5 for s in speedups)}/{len(speedups)} within 2x)")
 
 
-def _meta() -> dict:
-    from ..targets import resolve
-
-    meta = {"cpu": _cpu_name(), "threads": _threads(), "target": str(resolve("llvm")),
+def _meta(target: str) -> dict:
+    meta = {"cpu": _cpu_name(), "threads": _threads(), "target": target,
             "protocol": f"alternating bursts of {BURST}, {SETTLE_S} s settle between sides, medians"}
     try:
         import onnxruntime

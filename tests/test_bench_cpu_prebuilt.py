@@ -1,0 +1,96 @@
+"""`tvmseq bench cpu` in two halves: `--build DIR` (here, TVM's compiler, an explicit `--cpu-target`) and
+`--prebuilt DIR` (TVM's runtime only: a subprocess with TVM_USE_RUNTIME_LIB=1, as on a machine without the
+compiler), and the llvm target strings they take."""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the run half, in a process whose TVM has no compiler; what it imported is printed last
+RUN_HALF = """
+import argparse, json, sys
+from tvmseq.bench import cpu
+parser = argparse.ArgumentParser()
+cpu.add_arguments(parser)
+rows = cpu.run(parser.parse_args(sys.argv[1:]))
+import tvm
+print(json.dumps({"runtime_only": bool(tvm.base._RUNTIME_ONLY), "rows": len(rows),
+                  "modules": sorted(m for m in sys.modules if m == "onnx" or m.startswith((
+                      "tvm.relax", "tvm.meta_schedule", "onnx.", "tvmseq.build", "tvmseq.onnx", "tvmseq.targets")))}))
+"""
+
+
+def _target() -> str:
+    return "llvm -mcpu=x86-64-v3" if platform.machine() in ("x86_64", "AMD64") else "llvm"
+
+
+def test_build_then_prebuilt_without_compiler(tmp_path, monkeypatch):
+    from tvmseq.bench import cpu
+
+    monkeypatch.setattr(cpu, "QUICK", dict(cell=("GRU", "LSTM"), hidden=(16,), batch=(2, 3)))
+    monkeypatch.setattr(cpu, "STEPS", 5)
+    parser = argparse.ArgumentParser()
+    cpu.add_arguments(parser)
+    build_dir, out = tmp_path / "build", tmp_path / "out"
+    assert cpu.run(parser.parse_args(["--build", str(build_dir), "--quick", "--cells", "GRU", "--no-model",
+                                      "--no-corpus", "--cpu-target", _target()])) == []
+    index = json.loads((build_dir / "index.json").read_text())
+    assert [e["runs"][0]["row"]["batch"] for e in index["cases"]] == [2, 3] and "error" not in index["cases"][0]
+    assert index["cases"][0]["onnx"] == index["cases"][1]["onnx"] == "node_GRU_h16_s5.onnx"   # one file, both batches
+    if _target() != "llvm":
+        assert '"vector-width":256' in index["target"] and "x86-64-v3" in index["target"]
+    for entry in index["cases"]:
+        assert (build_dir / entry["so"]).exists() and (build_dir / entry["runs"][0]["feeds"]).exists()
+
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", RUN_HALF, "--prebuilt", str(build_dir), "--reps", "2",
+                           "--batches", "3", "--out", str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["runtime_only"] and report["modules"] == [] and report["rows"] == 1, report
+    saved = json.loads((out / "cpu_recurrent.json").read_text())
+    row = saved["rows"][0]
+    assert (row["cell"], row["batch"], row["cores"]) == ("GRU", 3, os.cpu_count()) and row["cpu"], row
+    assert row["max_err"] < 1e-4 and row["tvmseq_ms"] > 0 and row["ort_ms"] > 0, row
+    assert saved["target"] == index["target"] and (out / "cpu_recurrent.png").exists()
+
+
+def test_selection_of_built_cases():
+    from tvmseq.bench import cpu
+
+    parser = argparse.ArgumentParser()
+    cpu.add_arguments(parser)
+    args = parser.parse_args(["--prebuilt", "x", "--cells", "LSTM", "--hidden", "128,256", "--no-model",
+                              "--models", "gtcrn"])
+    node = {"case": "node", "cell": "LSTM", "hidden": 256, "batch": 8}
+    assert cpu._selected(node, args) and not cpu._selected({**node, "cell": "GRU"}, args)
+    assert not cpu._selected({**node, "hidden": 512}, args)
+    assert not cpu._selected({"case": "denoiser_model"}, args)
+    assert cpu._selected({"case": "corpus", "model": "gtcrn"}, args)
+    assert not cpu._selected({"case": "corpus", "model": "dtln-1"}, args)
+
+
+def test_llvm_target_with_explicit_cpu():
+    from tvm.target.codegen import llvm_get_vector_width
+
+    from tvmseq.errors import TvmseqError
+    from tvmseq.targets import resolve
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 CPU names")
+    for name, bits in (("llvm -mcpu=x86-64-v3", 256), ("llvm -mcpu=sapphirerapids", 512), ("llvm -mcpu=x86-64", 128),
+                       ('{"kind": "llvm", "mcpu": "x86-64-v3"}', 256)):
+        target = resolve(name)
+        assert llvm_get_vector_width(target) == bits, (name, str(target))
+    target = resolve("llvm -mcpu=x86-64-v3 -mattr=+avx2,+fma -vector-width=128")
+    assert list(target.attrs["mattr"]) == ["+avx2", "+fma"] and llvm_get_vector_width(target) == 128
+    with pytest.raises(TvmseqError, match="no such CPU"):
+        resolve("llvm -mcpu=nosuchcpu")
