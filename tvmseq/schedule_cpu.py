@@ -41,7 +41,8 @@ try:
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
     from tvm.sym import Analyzer
     from tvm.sym.pattern import detect_linear_equation
-except ImportError:     # TVM's runtime alone (no compiler): configure_threads still works
+except (ImportError, ValueError):   # TVM's runtime alone (no compiler; dlight's import then raises
+    # ValueError for a missing compiler function): configure_threads still works
     CPUScheduleRule = object
 
 PARALLEL_MIN_ELEMENTS = 1 << 15     # elementwise blocks smaller than this stay on one thread
@@ -159,11 +160,18 @@ def _guard_parallel(stmt):
 
 def _least_work(work) -> int:
     """`work` with every symbolic size set to 1 (a batch of 1, one frame): the least the loop nest does."""
-    analyzer = Analyzer()
-    for var in tirx.analysis.undefined_vars(work):
-        analyzer.bind(var, tirx.IntImm(str(var.ty.dtype) if hasattr(var, "ty") else "int64", 1))
-    least = analyzer.simplify(work)
-    return int(least) if isinstance(least, tirx.IntImm) else 0
+    for size in (1, 2, 8):
+        # an extent divided by a symbolic size folds a division by zero at 1 (PP-OCR's convs made NHWC by TVM's
+        # ConvertLayout, tried for issue #23): the next size up
+        analyzer = Analyzer()
+        for var in tirx.analysis.undefined_vars(work):
+            analyzer.bind(var, tirx.IntImm(str(var.ty.dtype) if hasattr(var, "ty") else "int64", size))
+        try:
+            least = analyzer.simplify(work)
+        except tvm.error.InternalError:
+            continue
+        return int(least) if isinstance(least, tirx.IntImm) else 0
+    return 0
 
 
 def _iterations(stmt):
@@ -203,10 +211,10 @@ class Contraction(CPUScheduleRule):
         if opened is None:
             return None
         sch, infos, anchor, block = opened
-        vec_iter = _contiguous_axis(block, anchor)
+        lanes = _lanes(target, str(block.writes[0].source.dtype))
+        vec_iter = _contiguous_axis(block, anchor, lanes)
         if vec_iter is None:
             return None
-        lanes = _lanes(target, str(block.writes[0].source.dtype))
         if not isinstance(vec_iter.dom, (int, tirx.IntImm)):
             # a symbolic width (ddddocr's and PP-OCR's convs along the image width): tried with a predicated last
             # tile; LoopPartition then left VectorizeLoop a loop of symbolic extent, which it refuses
@@ -231,8 +239,18 @@ class Contraction(CPUScheduleRule):
             if not isinstance(vec_iter.dom, (int, tirx.IntImm)) or int(vec_iter.dom) % lanes:
                 return None
             width = int(vec_iter.dom)
-        _tile_contraction(sch, anchor, infos[1:], vec_iter, width, lanes, padded)
+        # an epilogue over fewer columns than the product (tvmseq.cpu_layout's padded matmul weight, sliced back):
+        # inlined, it would write the padding's columns past its buffer; it runs per tile, as after pad_einsum
+        narrower = any(_narrower(sch.get(epi.block_rv).writes[0].source, block.writes[0].source) for epi in infos[1:])
+        _tile_contraction(sch, anchor, infos[1:], vec_iter, width, lanes, padded or narrower)
         return sch
+
+
+def _narrower(epilogue_out, product) -> bool:
+    """Whether an epilogue's output has the product's rank but not its shape (a slice of it)."""
+    analyzer = Analyzer()
+    return len(epilogue_out.shape) == len(product.shape) and \
+        not all(analyzer.can_prove_equal(x, y) for x, y in zip(epilogue_out.shape, product.shape))
 
 
 class InnerReduction(CPUScheduleRule):
@@ -378,6 +396,13 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     # its symbolic divisor reached a constant fold as zero: silero v5's Gemm with a symbolic batch)
     static_rows = row_o is not None and isinstance(get_extent(sch, row_o), int)
     head = outer + [col_o] + ([row_o] if static_rows else [])
+    symbolic = [lp for lp in head if not isinstance(get_extent(sch, lp), int)]
+    if len(symbolic) > 1:
+        # two symbolic loops fused (PP-OCR's batch and image height): the tile's region below is no longer
+        # bounded by constants (its write-back loops cannot unroll); all but the last stay serial outside, the
+        # last goes first in the fused loop (divided by constants only)
+        head = symbolic[-1:] + [lp for lp in head if isinstance(get_extent(sch, lp), int)]
+        sch.reorder(*symbolic[:-1], *head)
     par = sch.fuse(*head) if len(head) > 1 else head[0]
     if _static_product(sch, anchor.block_rv) >= PARALLEL_MIN_MACS:
         sch.parallel(par)
@@ -395,6 +420,8 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
         sch.unroll(lp)
     sch.decompose_reduction(anchor.block_rv, reduce[0])
     inner = sch.get_loops(acc)
+    _columns_innermost(sch, anchor, vec_iter, rows, others, inner, tile)
+    inner = sch.get_loops(acc)
     if tile_cols > lanes and tile_cols % lanes == 0:
         _, last = sch.split(inner[-1], factors=[None, lanes])
         inner = sch.get_loops(acc)
@@ -402,6 +429,29 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     for lp in inner[:-1]:
         if _below(sch, lp, tile) and get_extent(sch, lp) != 1:
             sch.unroll(lp)
+
+
+def _columns_innermost(sch, anchor, vec_iter, rows, others, acc_loops, tile) -> None:
+    """The write-back of a tile whose columns are not the output's last axis (a conv's output channels in
+    NCHW): its loops follow the output's axes, rows innermost; the columns go innermost instead, so it reads the
+    accumulators as the vectors they are (vectorized along the rows, predicated, the accumulators went to the
+    stack, and every multiply-add of the tile loaded and stored them: 10x slower), and stores them strided."""
+    region = sch.get(anchor.block_rv).writes[0].region
+    dims = [i for i, rng in enumerate(region) if isinstance(rng.min, tirx.Var)]
+    vec_dim = next(i for i in dims if region[i].min.same_as(vec_iter.var))
+    if vec_dim == len(region) - 1:
+        return
+    # the accumulators' local buffer with the columns last: one vector each
+    order = [d for d in range(len(region)) if d != vec_dim] + [vec_dim]
+    sch.transform_layout(anchor.block_rv, ("write", 0), lambda *idx: [idx[d] for d in order])
+    loops = [lp for lp in acc_loops if _below(sch, lp, tile) and get_extent(sch, lp) != 1]
+    if len(loops) != 2:
+        return
+    spatial_iters = [it for it in anchor.iters if it.kind == "S" and it is not vec_iter]
+    row_iter = next(it for it, lp in zip(spatial_iters, others) if lp.same_as(rows[-1]))
+    row_dim = next(i for i in dims if region[i].min.same_as(row_iter.var))
+    if vec_dim < row_dim:
+        sch.reorder(loops[1], loops[0])
 
 
 def _row_candidates(sch, anchor, vec_iter, others) -> list:
@@ -467,28 +517,43 @@ def _below(sch, loop, ancestor) -> bool:
     return False
 
 
-def _contiguous_axis(block, anchor):
+def _contiguous_axis(block, anchor, lanes: int = 0):
     """The spatial iter that indexes the output's last axis alone, provided every read either ignores it or
-    uses it only in its last index with coefficient 1 (stride 1 along the vector); else None."""
+    uses it only in its last index with coefficient 1 (stride 1 along the vector); else None. With `lanes`,
+    when that last axis is symbolic: another output axis of at least half a vector that qualifies (a conv's
+    output channels with its weight in HWIO, tvmseq.cpu_layout: the stores are strided, the loads are not)."""
     if not block.writes[0].region:      # a rank-0 result (a full reduction): no axis to vectorize along
         return None
-    last = block.writes[0].region[-1].min
-    candidates = [it for it in anchor.iters if it.kind == "S" and isinstance(last, tirx.Var)
-                  and last.same_as(it.var)]
-    if not candidates:
+    region = block.writes[0].region
+    spatial = {it.var: it for it in anchor.iters if it.kind == "S"}
+
+    def alone(index):
+        return next((it for var, it in spatial.items() if isinstance(index, tirx.Var) and index.same_as(var)), None)
+
+    last = alone(region[-1].min)
+    if last is None:
         return None
-    var = candidates[0].var
+    if lanes and not isinstance(last.dom, (int, tirx.IntImm)):
+        for rng in reversed(region[:-1]):
+            it = alone(rng.min)
+            if it is not None and isinstance(it.dom, (int, tirx.IntImm)) and 2 * int(it.dom) >= lanes \
+                    and _read_contiguously(block, it.var):
+                return it
+    return last if _read_contiguously(block, last.var) else None
+
+
+def _read_contiguously(block, var) -> bool:
+    """Whether every read of `block` either ignores `var` or uses it only in its last index, coefficient 1."""
     for read in block.reads:
         for dim, rng in enumerate(read.region):
-            used = _uses(rng.min, var)
-            if not used:
+            if not _uses(rng.min, var):
                 continue
             if dim != len(read.region) - 1:
-                return None
+                return False
             coeff = detect_linear_equation(rng.min, [var])
             if len(coeff) != 2 or not isinstance(coeff[0], tirx.IntImm) or coeff[0].value != 1:
-                return None
-    return candidates[0]
+                return False
+    return True
 
 
 def _uses(expr, var) -> bool:

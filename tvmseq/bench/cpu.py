@@ -449,7 +449,6 @@ def _batch_symbolic(model):
 def run_prebuilt(root, out_dir, args) -> list[dict]:
     """Every case of a --build directory selected by this call's options: loaded (TVM's runtime only), compared
     with onnxruntime and timed; the tables saved as in-process runs save them."""
-    _importable_without_compiler()
     from ..runtime import load_model
 
     root = Path(root)
@@ -492,27 +491,6 @@ def _selected(row: dict, args) -> bool:
     wanted = {"cell": _names(getattr(args, "cells", None)), "hidden": _names(getattr(args, "hidden", None)),
               "batch": _names(getattr(args, "batches", None))}
     return not getattr(args, "no_nodes", False) and all(not v or str(row[k]) in v for k, v in wanted.items())
-
-
-def _importable_without_compiler() -> None:
-    """With TVM's runtime alone, importing tvmseq.schedule_cpu (runtime.Model imports it for configure_threads)
-    fails inside TVM's dlight with a ValueError (a global function of the compiler missing), which its
-    ImportError guard does not catch: dlight is made unimportable for that one import, so the guard takes it."""
-    import sys
-
-    import tvm
-
-    if not tvm.base._RUNTIME_ONLY or "tvmseq.schedule_cpu" in sys.modules:
-        return
-    saved = sys.modules.get("tvm.s_tir.dlight")
-    sys.modules["tvm.s_tir.dlight"] = None
-    try:
-        from .. import schedule_cpu  # noqa: F401
-    finally:
-        if saved is None:
-            sys.modules.pop("tvm.s_tir.dlight", None)
-        else:
-            sys.modules["tvm.s_tir.dlight"] = saved
 
 
 def _machine() -> dict:

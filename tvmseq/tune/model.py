@@ -80,11 +80,14 @@ def _legalize_passes(target, database: Path | None) -> list:
     if targets.is_gpu(target):
         passes = list(schedule_gpu.legalize_passes(target))
     else:
+        from ..cpu_layout import weight_layouts_pass
         from ..schedule_cpu import schedule_pass
 
-        # reductions whose loops all have extent 1 first become plain elementwise blocks: an epilogue inlined
-        # into such a reduction is otherwise added in its init AND its update (tvmseq.schedule_gpu's doc)
-        passes = list(stock.legalize_passes(target)) + [schedule_gpu.unit_reductions_pass(), schedule_pass()]
+        # conv / matmul weights first take the layouts the CPU rules vectorize (tvmseq.cpu_layout); reductions whose
+        # loops all have extent 1 become plain elementwise blocks: an epilogue inlined into such a reduction is
+        # otherwise added in its init AND its update (tvmseq.schedule_gpu's doc)
+        passes = [weight_layouts_pass(), *stock.legalize_passes(target), schedule_gpu.unit_reductions_pass(),
+                  schedule_pass()]
     at = next((i for i, p in enumerate(passes) if p.info.name in _SCHEDULING_PASSES), len(passes))
     if database is not None:
         passes.insert(at, relax.transform.MetaScheduleApplyDatabase(str(database)))

@@ -1,0 +1,107 @@
+"""Constant-weight layouts on llvm, chosen so tvmseq.schedule_cpu vectorizes convs and matmul heads.
+
+A model's convolutions come from ONNX as conv2d(NCHW data, OIHW weight): the output's contiguous axis is the
+image width, which an OCR model (PP-OCR, ddddocr) leaves symbolic, so schedule_cpu's `Contraction` rule
+(vector along the output's last axis, static) declined and those convs ran as scalar loops (ddddocr 150 ms
+against onnxruntime's 8 at 64x64, 90% in its convs). With the weight in HWIO, the output channels are the
+weight's contiguous axis and the input ignores them: `Contraction` vectorizes along them (register tiles of
+a few output columns x whole vectors of channels, the stores strided by the image plane).
+
+`weight_layouts` rewrites each dense `relax.nn.conv2d` (groups 1, NCHW/OIHW) to take
+`permute_dims(weight, [2, 3, 1, 0])` with kernel_layout "HWIO"; the data and the output keep NCHW, so no
+activation is transposed. A constant weight's transpose is folded at build time (FoldConstant in TVM's
+legalize passes); a weight passed in (`weights="inputs"`) is transposed on each call (one small kernel).
+
+It also pads the columns of a constant matmul weight [K, N] to a multiple of PAD_COLUMNS and slices the product
+back to N (the OCR models' classifier heads: N = 8210 or 6625 classes). Contraction otherwise pads with
+pad_einsum, which copied the whole weight on every call (ddddocr: 1024 x 8210 floats, 34 MB written and read
+again: 3.9 of its 11 ms; 2.4 ms after). Only weights computed from constants alone (FoldConstant pads them).
+
+Tried first: TVM's ConvertLayout to NHWC/HWIO (channels-last activations). It took ddddocr to the same speed
+but failed on PP-OCR (0.27's ConvertLayout neither takes a MatchCast of a call nor remaps the variable of a
+MatchCast whose layout it leaves alone), and it put transposes wherever an op does not carry the layout
+(Clip as call_tir, the depthwise convs tvmseq.onnx.conv turns into sums of slices).
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+_HWIO = [2, 3, 1, 0]    # OIHW -> HWIO
+PAD_COLUMNS = 16        # a constant matmul weight's columns padded to a multiple of this (one AVX-512 vector)
+
+
+def _dense_nchw_conv2d(call) -> bool:
+    attrs = call.attrs
+    return (str(attrs.data_layout) == "NCHW" and str(attrs.kernel_layout) == "OIHW"
+            and str(attrs.out_layout) == "NCHW" and int(attrs.groups) == 1)
+
+
+def _constant_derived(expr, lookup, depth: int = 0) -> bool:
+    """Whether `expr` is a constant, or computed by ops from constants alone (FoldConstant folds it)."""
+    if isinstance(expr, tvm.ir.GenericConst):
+        return True
+    if isinstance(expr, relax.Var) and depth < 8:
+        bound = lookup(expr)
+        return bound is not None and _constant_derived(bound, lookup, depth + 1)
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.args and depth < 8:
+        return all(_constant_derived(a, lookup, depth + 1) for a in expr.args)
+    return False
+
+
+@mutator
+class _WeightLayouts(PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+        self.matmul = tvm.ir.Op.get("relax.matmul")
+        self.changed = 0
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.same_as(self.matmul):
+            return self._padded_matmul(call)
+        if not isinstance(call.op, tvm.ir.Op) or not call.op.same_as(self.conv2d) or not _dense_nchw_conv2d(call):
+            return call
+        data, weight = call.args
+        a = call.attrs
+        self.changed += 1
+        return relax.op.nn.conv2d(data, relax.op.permute_dims(weight, _HWIO), strides=a.strides, padding=a.padding,
+                                  dilation=a.dilation, groups=1, data_layout="NCHW", kernel_layout="HWIO",
+                                  out_layout="NCHW", out_dtype=a.out_dtype)
+
+    def _padded_matmul(self, call):
+        """matmul(x, W [K, N]) with a constant W whose N is not a whole number of SIMD vectors:
+        matmul(x, W padded to N') sliced to N, the padding folded at build time (module doc)."""
+        x, weight = call.args
+        ty = weight.ty
+        shape = getattr(ty, "shape", None)
+        if shape is None or ty.ndim != 2 or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
+            return call
+        n = int(shape.values[1])
+        if n % PAD_COLUMNS == 0 or n < 2 * PAD_COLUMNS or str(ty.dtype) not in ("float32", "int32") \
+                or not _constant_derived(weight, self.lookup_binding):
+            return call
+        padded = -(-n // PAD_COLUMNS) * PAD_COLUMNS
+        self.changed += 1
+        weight = relax.op.nn.pad(weight, [0, 0, 0, padded - n])
+        out = self.builder_.emit(relax.op.matmul(x, weight, out_dtype=call.attrs.out_dtype))
+        axis = out.ty.ndim - 1
+        return relax.op.strided_slice(out, axes=[axis], begin=[0], end=[n], assume_inbound=True)
+
+
+def weight_layouts(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with its dense NCHW conv2d calls taking HWIO weights and its constant matmul weights padded (module
+    doc); `mod` itself when nothing changes."""
+    rewrite = _WeightLayouts(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
+    return rewrite.builder_.get() if rewrite.changed else mod
+
+
+def weight_layouts_pass() -> tvm.transform.Pass:
+    """`weight_layouts` as a module pass (llvm only: run it before legalization)."""
+    return tvm.transform.module_pass(lambda mod, _ctx: weight_layouts(mod), opt_level=0,
+                                     name="TvmseqWeightLayouts")
