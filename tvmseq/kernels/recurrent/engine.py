@@ -115,6 +115,15 @@ def fits_on_chip(D: int, B: int, H: int, dtype: str, target=None, config=None, c
     return rg.fit_report(target, config, lambda tgt: default_gru_config(D, B, H, dtype, tgt, cell), why_not)
 
 
+def require_fit(geo, H: int, why, name: str, shape: str) -> None:
+    """Raise (`name` the kernel, `shape` its sizes) when the engine geometry cannot run (`why` from its check, None
+    when it can) or its blocks do not cover the H units."""
+    if why:
+        raise TvmseqError(f"{name} {shape}: {why}")
+    if geo.G * geo.U < H:
+        raise TvmseqError(f"{name}: {geo.G} blocks x {geo.U} units do not cover H={H}")
+
+
 def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
     """(do_pass macro, vp): a pass of the engine over local weight rows [r0, r0 + nr): poll the LL words of
     one state vector (this thread's k-slice of batch chunk c), multiply by the rows (registers first,
@@ -174,6 +183,14 @@ def make_engine_pass(geo, H: int, B: int, r0: int, nr: int, ll_wait, gpu: bool):
         reduce(acc, lane, red, warp)
 
     return do_pass, vp
+
+
+def finished_item(geo, g, t, c, i):
+    """(v, b, j) of the i-th item that thread t of block g finishes in batch chunk c: v = bb * U + u among the
+    U * BC items of a pass, b its batch row, j its hidden unit (v, b or j out of range: a padding item). Bound
+    with T.meta_var, so the CUDA source inlines the expressions instead of naming them."""
+    v = i * geo.NT + t
+    return v, c * geo.BC + v // geo.U, g * geo.U + v % geo.U
 
 
 def weight_row_of_slot(passes, WS: int, BC: int):
@@ -237,13 +254,10 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
     config = config or default_gru_config(D, B, H, dtype, target, cell)
     geo = _geometry(D, B, H, config, gpu, cell)
     why = geo.check(rg.gpu_facts(target) if gpu else None, config.num_blocks * D)
-    if why:
-        raise TvmseqError(f"persistent {label} D={D} B={B} H={H} {dtype}: {why}")
+    require_fit(geo, H, why, f"persistent {label}", f"D={D} B={B} H={H} {dtype}")
     G, W, NT, WS = geo.G, geo.W, geo.NT, geo.warp_size
     U, R_reg, R_smem, KT, Hp = geo.U, geo.R_reg, geo.R_smem, geo.KT, geo.Hp
     BC, NC, Bp = geo.BC, geo.NC, geo.Bp
-    if G * U < H:
-        raise TvmseqError(f"persistent {label}: {G} blocks x {U} units do not cover H={H}")
     if slots < 2:
         raise TvmseqError(f"persistent {label}: needs at least 2 LL slots, got {slots}")
     S = slots
@@ -317,9 +331,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
         so words left by an earlier launch can never match a step of this one."""
         for c in range(NC):
             for i in unroll(fin_iters):
-                v = T.meta_var(i * NT + t)
-                b = T.meta_var(c * BC + v // U)
-                j = T.meta_var(g * U + v % U)
+                v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
                 hs[hrow, c * fin_iters + i] = T.if_then_else(
                     v < UV and b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
                 if v < UV and b < B and j < H:
@@ -382,9 +394,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
     @T.macro
     def finish_lbr1(Y, Lens, ws, hs, hrow, red, gi, d, g, t, s, c, seq):
         for i in unroll(fin_iters):
-            v = T.meta_var(i * NT + t)
-            b = T.meta_var(c * BC + v // U)
-            j = T.meta_var(g * U + v % U)
+            v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
             if v < UV and b < B and j < H:
                 L = T.meta_var(length(Lens, b, seq))
                 h = T.meta_var(hs[hrow, c * fin_iters + i])
@@ -395,9 +405,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
     def finish_zr(Lens, ws, hs, zs, hrow, red, gi, d, g, t, s, c, seq):
         """lbr=0, pass A: z kept for pass B, r * h_{n-1} published to the second buffer."""
         for i in unroll(fin_iters):
-            v = T.meta_var(i * NT + t)
-            b = T.meta_var(c * BC + v // U)
-            j = T.meta_var(g * U + v % U)
+            v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
             if v < UV and b < B and j < H:
                 zs[hrow, i] = f_act(d, clipf(gi[i * 4] + gate_sum(red, 0, 2 * U, v)))
                 r = T.meta_var(f_act(d, clipf(gi[i * 4 + 1] + gate_sum(red, 1, 2 * U, v))))
@@ -407,9 +415,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
     def finish_h(Y, Lens, ws, hs, zs, hrow, red, gi, d, g, t, s, c, seq):
         """lbr=0, pass B: h gate from (r*h) R_h^T, state update, publish h_n."""
         for i in unroll(fin_iters):
-            v = T.meta_var(i * NT + t)
-            b = T.meta_var(c * BC + v // U)
-            j = T.meta_var(g * U + v % U)
+            v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
             if v < UV and b < B and j < H:
                 L = T.meta_var(length(Lens, b, seq))
                 h = T.meta_var(hs[hrow, c * fin_iters + i])
@@ -423,9 +429,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
         """Y_h <- state (0 for a zero-length row)."""
         for c in range(NC):
             for i in unroll(fin_iters):
-                v = T.meta_var(i * NT + t)
-                b = T.meta_var(c * BC + v // U)
-                j = T.meta_var(g * U + v % U)
+                v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
                 if v < UV and b < B and j < H:
                     if has_seq_lens:
                         Yh[d, b, j] = T.Cast(dtype, T.if_then_else(length(Lens, b, seq) > 0,
@@ -457,9 +461,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
         """Cell state <- c0 (float32, the finishing thread's own copy: it never leaves the chip)."""
         for c in range(NC):
             for i in unroll(fin_iters):
-                v = T.meta_var(i * NT + t)
-                b = T.meta_var(c * BC + v // U)
-                j = T.meta_var(g * U + v % U)
+                v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
                 cs[hrow, c * fin_iters + i] = T.if_then_else(
                     v < UV and b < B and j < H, C0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
 
@@ -475,9 +477,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
     def finish_lstm(Y, Lens, ws, hs, cs, hrow, red, gi, ps, d, g, t, s, c, seq):
         """c and h of every item this thread finishes (kept past the row's end), h published."""
         for i in unroll(fin_iters):
-            v = T.meta_var(i * NT + t)
-            b = T.meta_var(c * BC + v // U)
-            j = T.meta_var(g * U + v % U)
+            v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
             if v < UV and b < B and j < H:
                 L = T.meta_var(length(Lens, b, seq))
                 cp = T.meta_var(cs[hrow, c * fin_iters + i])

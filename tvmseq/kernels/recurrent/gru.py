@@ -57,21 +57,28 @@ class GruSpec:
     gates: ClassVar[int] = 3  # rows of W per hidden unit: z, r, h
 
     def __post_init__(self):
-        check_batch(self.batch)
-        if self.direction not in DIRECTIONS:
-            raise TvmseqError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
-        if self.num_directions != (2 if self.direction == "bidirectional" else 1):
-            raise TvmseqError(f"direction {self.direction} needs num_directions "
-                              f"{2 if self.direction == 'bidirectional' else 1}, got {self.num_directions}")
-        # a relax dtype (the importer's struct info) as its name: specs key caches and schedule databases
-        object.__setattr__(self, "dtype", str(self.dtype))
-        if self.dtype not in ("float32", "float16"):
-            raise TvmseqError(f"GRU supports float32 and float16, got {self.dtype}")
-        if not self.activations:
-            acts = (Activation.make("Sigmoid"), Activation.make("Tanh")) * self.num_directions
-            object.__setattr__(self, "activations", acts)
-        if len(self.activations) != 2 * self.num_directions:
-            raise TvmseqError(f"GRU needs {2 * self.num_directions} activations, got {len(self.activations)}")
+        check_spec(self, "GRU", ("Sigmoid", "Tanh"))
+
+
+def check_spec(spec, cell: str, default_acts: tuple[str, ...]) -> None:
+    """The checks of a GruSpec / RnnSpec (`cell` names it in the errors): batch, direction against num_directions,
+    dtype (a relax dtype stored as its name: specs key caches and schedule databases) and activations, the ONNX
+    defaults `default_acts` (one direction's) when none are given."""
+    check_batch(spec.batch)
+    if spec.direction not in DIRECTIONS:
+        raise TvmseqError(f"direction must be one of {DIRECTIONS}, got {spec.direction!r}")
+    if spec.num_directions != (2 if spec.direction == "bidirectional" else 1):
+        raise TvmseqError(f"direction {spec.direction} needs num_directions "
+                          f"{2 if spec.direction == 'bidirectional' else 1}, got {spec.num_directions}")
+    object.__setattr__(spec, "dtype", str(spec.dtype))
+    if spec.dtype not in ("float32", "float16"):
+        raise TvmseqError(f"{cell} supports float32 and float16, got {spec.dtype}")
+    if not spec.activations:
+        acts = tuple(Activation.make(name) for name in default_acts) * spec.num_directions
+        object.__setattr__(spec, "activations", acts)
+    if len(spec.activations) != len(default_acts) * spec.num_directions:
+        raise TvmseqError(f"{cell} needs {len(default_acts) * spec.num_directions} activations, "
+                          f"got {len(spec.activations)}")
 
 
 def check_batch(batch) -> None:
@@ -411,6 +418,24 @@ def cpu_weights_fp32(gpu: bool, dt: str) -> bool:
     return not gpu and dt == "float16"
 
 
+def time_loop(steps, gpu: bool, dt: str, D: int, G: int, H: int):
+    """T.macro run(R, bufs, seq) of a per-step recurrence (GRU, RNN, LSTM): its T.macro steps(R', bufs, seq) on
+    the weights R [D, G, H] as the step GEMM reads them, R itself or (`cpu_weights_fp32`) a float32 copy."""
+    convert_r = cpu_weights_fp32(gpu, dt)
+
+    @T.macro
+    def run(R, bufs, seq):
+        if convert_r:   # float16 on the CPU: R converted once, the step GEMM loads float32 rows
+            Rf = T.alloc_buffer((D, G, H), "float32")
+            for d, g, k in T.grid(D, G, H):
+                Rf[d, g, k] = T.Cast("float32", R[d, g, k])
+            steps(Rf, bufs, seq)
+        else:
+            steps(R, bufs, seq)
+
+    return run
+
+
 def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule | None = None
                     ) -> tirx.PrimFunc:
     """The time loop of a GRU node. Inputs: gate_i [D, T, B, 3H] f32, R [D, 3H, H], rb_h [D, H] f32,
@@ -431,7 +456,6 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
     gemm_h, S2 = (gemm_zr, S1) if lbr else step_gemm_plan(gpu, D, B, H, dt, sched, H, 2 * H, G, target)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
     row_length = row_length_fn(has_lens)
-    convert_r = cpu_weights_fp32(gpu, dt)
 
     @T.macro
     def reset_gate(GateI, Lens, state, gh, rh, s, seq, b, d, jc, tx):
@@ -483,13 +507,16 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                                                              step_unit if gpu else step_unit_cpu))
 
     @T.macro
-    def steps(GateI, R, RbH, Lens, Y, state, gh, rh, seq):
+    def steps(R, bufs, seq):
+        GateI, RbH, Lens, Y, state, gh, rh = T.meta_var(bufs)
         for s in range(seq):
             gemm_zr(state, R, gh)
             if not lbr:
                 reset_launch(GateI, Lens, state, gh, rh, s, seq)
                 gemm_h(rh, R, gh)
             update_launch(Lens, Y, (GateI, RbH, state, gh), s, seq)
+
+    run_steps = time_loop(steps, gpu, dt, D, G, H)
 
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
@@ -507,13 +534,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
         gh = T.alloc_buffer((max(S1, S2), D, B, G), "float32")   # split-K partial sums, added below
         rh = T.alloc_buffer((D, B, H), "float32")
         load_state(state, H0)
-        if convert_r:
-            Rf = T.alloc_buffer((D, G, H), "float32")
-            for d, g, k in T.grid(D, G, H):
-                Rf[d, g, k] = T.Cast("float32", R[d, g, k])
-            steps(GateI, Rf, RbH, Lens, Y, state, gh, rh, seq)
-        else:
-            steps(GateI, R, RbH, Lens, Y, state, gh, rh, seq)
+        run_steps(R, (GateI, RbH, Lens, Y, state, gh, rh), seq)
         store_final_state(Yh, state, Lens, seq)
 
     return gru_recurrence.with_attr("tirx.is_scheduled", True)

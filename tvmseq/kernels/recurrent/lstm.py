@@ -34,7 +34,7 @@ except ImportError:  # runtime-only TVM: nothing is built here
 from ...errors import TvmseqError
 from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_unit_chunk,
-                  cpu_weights_fp32, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops,
+                  partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, time_loop, unit_loops,
                   unit_update)
 
 GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
@@ -116,7 +116,6 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
     row_length = row_length_fn(spec.has_seq_lens)
     gemm, S = step_gemm_plan(gpu, D, B, H, dt, sched, G, 0, G, target)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, spec.has_seq_lens, dt)
-    convert_r = cpu_weights_fp32(gpu, dt)
 
     def pre(gate, GateI, gh, d, t, b, j):
         """Gate `gate`'s pre-activation of unit j before peephole and clip: input projection + the step
@@ -170,10 +169,13 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
                                                              step_unit if gpu else step_unit_cpu))
 
     @T.macro
-    def steps(GateI, R, P, Lens, Y, state, cell, gh, seq):
+    def steps(R, bufs, seq):
+        GateI, P, Lens, Y, state, cell, gh = T.meta_var(bufs)
         for s in range(seq):
             gemm(state, R, gh)   # all 4H gate rows in one GEMM
             update_launch(Lens, Y, (GateI, P, state, cell, gh), s, seq)
+
+    run_steps = time_loop(steps, gpu, dt, D, G, H)
 
     @T.prim_func
     def lstm_recurrence(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle,
@@ -194,13 +196,7 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
         gh = T.alloc_buffer((S, D, B, G), "float32")   # split-K partial sums, added by the gate kernel
         load_state(state, H0)
         load_state(cell, C0)
-        if convert_r:   # float16 on the CPU: R converted once, the step GEMM loads float32 rows
-            Rf = T.alloc_buffer((D, G, H), "float32")
-            for d, g, k in T.grid(D, G, H):
-                Rf[d, g, k] = T.Cast("float32", R[d, g, k])
-            steps(GateI, Rf, P, Lens, Y, state, cell, gh, seq)
-        else:
-            steps(GateI, R, P, Lens, Y, state, cell, gh, seq)
+        run_steps(R, (GateI, P, Lens, Y, state, cell, gh), seq)
         store_final_state(Yh, state, Lens, seq)
         store_final_state(Yc, cell, Lens, seq)
 

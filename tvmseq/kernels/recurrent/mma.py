@@ -475,7 +475,33 @@ def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", 
         raise TvmseqError(f"persistent {kind}: cell must be one of {tuple(cells)}, got {cell!r}")
 
 
-def serial_variant(D, G, BS, NT, NCB, FI, red_words, LSTM, PEEP, seed, seed_cell, load_peepholes, prefetch,
+def staged_cell(kind, cell, acts, D, lstm):
+    """(NG, acts, lstm, lstm_fns) of a staged-state kernel's cell (`mma`, `wgmma`: kind names it): its gate rows a
+    unit, its checked activations and, for an LSTM, its update math (default `cells.LstmCell()`) and the f, g, h
+    activations of each direction (None for a GRU / RNN)."""
+    from . import cells
+
+    if (lstm is not None) and cell != "lstm":
+        raise TvmseqError(f"persistent {kind} {cell.upper()}: LSTM update math given for cell {cell!r}")
+    acts = cells.check_acts(acts, D, cell)
+    if cell != "lstm":
+        return GATES[cell], acts, None, None
+    return GATES[cell], acts, lstm or cells.LstmCell(), cells.direction_activations(acts, D)
+
+
+def checked_geometry(kind, cell, D, B, H, cfg, make_geometry, facts):
+    """make_geometry(cfg) of a staged-state kernel, raising when no configuration fits (cfg None) or the geometry
+    does not (`facts`: the GPU's, None on the CPU)."""
+    if cfg is None:
+        raise TvmseqError(f"persistent {kind} {cell.upper()} D={D} B={B} H={H}: no configuration fits")
+    geo = make_geometry(cfg)
+    why = geo.check(facts)
+    if why:
+        raise TvmseqError(f"persistent {kind} {cell.upper()} D={D} B={B} H={H}: {why}")
+    return geo
+
+
+def serial_variant(D, G, BS, NT, NCB, FI, red_words, LSTM, PEEP, seed_state, load_peepholes, prefetch,
                    product_cpu, finish, final_state):
     """The CPU variant of a staged-state kernel (`persistent_mma_func`, `wgmma.persistent_wgmma_func`), a T.macro
     (GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, hbuf, seq): the GPU kernel's threads (d, g, q, t) in serial loops
@@ -495,9 +521,9 @@ def serial_variant(D, G, BS, NT, NCB, FI, red_words, LSTM, PEEP, seed, seed_cell
             cst = T.meta_var(None)
             ps = T.meta_var(None)
         for d, g, q, t in T.grid(D, G, BS, NT):
-            seed(H0, hbuf, hst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
+            seed_state(H0, hst, hbuf, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, True)
             if LSTM:
-                seed_cell(C0, cst, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t)
+                seed_state(C0, cst, None, (((d * G + g) * BS + q) * NT + t) * NCB * FI, d, g, q, t, False)
         for s, ci in T.grid(seq, NCB):
             for d, g, q in T.grid(D, G, BS):
                 product_cpu(hbuf, Rw, red, s % 2, d, g, q + ci * BS)
@@ -531,26 +557,14 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     from .. import recurrent_gemm as rg
 
     check_args(D, B, H, dtype, directions, cell)
-    if (lstm is not None) and cell != "lstm":
-        raise TvmseqError(f"persistent mma {cell.upper()}: LSTM update math given for cell {cell!r}")
+    NG, acts, lstm, lstm_fns = staged_cell("mma", cell, acts, D, lstm)
     target = resolve(target)
     gpu = is_gpu(target)
-    NG = GATES[cell]
-    acts = cells.check_acts(acts, D, cell)
     LSTM = cell == "lstm"
-    if LSTM:
-        from .cells import LstmCell
-
-        lstm = lstm or LstmCell()
-    lstm_fns = cells.direction_activations(acts, D) if LSTM else None   # f, g, h of each direction
     PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell, dtype=dtype) if gpu else MmaConfig(chunk_rows=32))
-    if cfg is None:
-        raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: no configuration fits")
-    geo = MmaGeometry(D, B, H, NG, cfg, dtype)
-    why = geo.check(rg.gpu_facts(target) if gpu else None)
-    if why:
-        raise TvmseqError(f"persistent mma {cell.upper()} D={D} B={B} H={H}: {why}")
+    geo = checked_geometry("mma", cell, D, B, H, cfg, lambda c: MmaGeometry(D, B, H, NG, c, dtype),
+                           rg.gpu_facts(target) if gpu else None)
     UB, NW, NT, G, Hp, KW, KTW = geo.UB, geo.NW, geo.NT, geo.G, geo.Hp, geo.KW, geo.KTW
     NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
                                                  geo.ITEMS, geo.FI)
@@ -630,40 +644,30 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                         source_code=_ST_ASYNC_SRC[dtype]))
 
     @T.macro
-    def seed(H0, hbuf, hst, hoff, d, g, q, t):
-        """Own state <- h0 (float32; item i of this block's chunk ci at hst[hoff + ci * FI + i]); both halves of
-        the fp16 buffer <- h0 / zeros on this block's units and rows, zero on padding rows and units; the last
-        unit group also zeroes the padding columns [G*UB, Hp) of its rows."""
+    def seed_state(S0, st, hbuf, hoff, d, g, q, t, to_image):
+        """Own state st <- s0 (float32; item i of this block's chunk ci at st[hoff + ci * FI + i]). to_image (h; the
+        LSTM's c never leaves the chip): also both halves of the fp16 buffer <- h0 / zeros on this block's units and
+        rows, zero on padding rows and units, and the last unit group zeroes the padding columns [G*UB, Hp) of its
+        rows."""
         for ci in T.serial(NCB):
             for i in unroll(FI):
                 v = T.meta_var(i * NT + t)
                 b = T.meta_var((q + ci * BS) * MC + v // UB)
                 j = T.meta_var(g * UB + v % UB)
                 if v < ITEMS:
-                    hst[hoff + ci * FI + i] = T.if_then_else(
-                        b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
-                    if j < Hp and not DSMEM:   # dsmem: `push_state` after the seeding
-                        hbuf[hidx(0, d, b, j)] = T.Cast(dtype, hst[hoff + ci * FI + i])
-                        hbuf[hidx(1, d, b, j)] = T.Cast(dtype, 0)
-            if PADC > 0 and not DSMEM:
+                    st[hoff + ci * FI + i] = T.if_then_else(
+                        b < B and j < H, S0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
+                    if to_image:
+                        if j < Hp and not DSMEM:   # dsmem: `push_state` after the seeding
+                            hbuf[hidx(0, d, b, j)] = T.Cast(dtype, st[hoff + ci * FI + i])
+                            hbuf[hidx(1, d, b, j)] = T.Cast(dtype, 0)
+            if to_image and PADC > 0 and not DSMEM:
                 if g == G - 1:
                     for i in T.serial(math.ceil(MC * PADC / NT)):
                         v = T.meta_var(i * NT + t)
                         if v < MC * PADC:
                             hbuf[hidx(0, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.Cast(dtype, 0)
                             hbuf[hidx(1, d, (q + ci * BS) * MC + v // PADC, G * UB + v % PADC)] = T.Cast(dtype, 0)
-
-    @T.macro
-    def seed_cell(C0, cst, hoff, d, g, q, t):
-        """LSTM: own cell state <- c0 (float32, beside the items' h in `seed`; it never leaves the chip)."""
-        for ci in T.serial(NCB):
-            for i in unroll(FI):
-                v = T.meta_var(i * NT + t)
-                b = T.meta_var((q + ci * BS) * MC + v // UB)
-                j = T.meta_var(g * UB + v % UB)
-                if v < ITEMS:
-                    cst[hoff + ci * FI + i] = T.if_then_else(
-                        b < B and j < H, C0[d, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
 
     @T.macro
     def load_peepholes(Pw, ps, d, g, t):
@@ -962,7 +966,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         T.evaluate(T.cuda.func_call("tvmseq_flags_wait", T.address_of(flags[(d * BS + q) * G + T.min(w * KW // UB, G - 1)]),
                                     T.max(T.min(PW, G - w * KW // UB), 0), s, source_code=_WAIT_SRC))
 
-    serial_kernel = serial_variant(D, G, BS, NT, NCB, FI, NW * MC * NGU, LSTM, PEEP, seed, seed_cell, load_peepholes,
+    serial_kernel = serial_variant(D, G, BS, NT, NCB, FI, NW * MC * NGU, LSTM, PEEP, seed_state, load_peepholes,
                                    prefetch, product_cpu, finish, final_state)
 
     # ---- the kernel (`gpu` picks the branch while the script is parsed: one body for both), a GRU / RNN or an
@@ -1025,9 +1029,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                               for slot in T.serial(2):
                                   T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](T.address_of(dmbar[slot]),
                                                                                      T.Cast("uint32", in_bytes))
-                      seed(H0, hbuf, hst, 0, d, g, q, t)
+                      seed_state(H0, hst, hbuf, 0, d, g, q, t, True)
                       if LSTM:
-                          seed_cell(C0, cst, 0, d, g, q, t)
+                          seed_state(C0, cst, None, 0, d, g, q, t, False)
                       if PEEP:
                           load_peepholes(Pw, ps, d, g, t)
                       if DSMEM:

@@ -16,11 +16,9 @@ try:
 except ImportError:  # runtime-only TVM: nothing is built here
     T = None
 
-from ...errors import TvmseqError
 from ..activations import Activation
-from .gru import (DIRECTIONS, StepSchedule, _clip_fn, batch_extent, check_batch, cpu_activation, cpu_unit_chunk,
-                  cpu_weights_fp32, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, unit_loops,
-                  unit_update)
+from .gru import (StepSchedule, _clip_fn, batch_extent, check_spec, cpu_activation, cpu_unit_chunk, partial_sum,
+                  reverse_fn, row_length_fn, state_macros, step_gemm_plan, time_loop, unit_loops, unit_update)
 
 
 @dataclass(frozen=True)
@@ -37,20 +35,7 @@ class RnnSpec:
     gates: ClassVar[int] = 1
 
     def __post_init__(self):
-        check_batch(self.batch)
-        if self.direction not in DIRECTIONS:
-            raise TvmseqError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
-        if self.num_directions != (2 if self.direction == "bidirectional" else 1):
-            raise TvmseqError(f"direction {self.direction} needs num_directions "
-                              f"{2 if self.direction == 'bidirectional' else 1}, got {self.num_directions}")
-        # a relax dtype (the importer's struct info) as its name: specs key caches and schedule databases
-        object.__setattr__(self, "dtype", str(self.dtype))
-        if self.dtype not in ("float32", "float16"):
-            raise TvmseqError(f"RNN supports float32 and float16, got {self.dtype}")
-        if not self.activations:
-            object.__setattr__(self, "activations", (Activation.make("Tanh"),) * self.num_directions)
-        if len(self.activations) != self.num_directions:
-            raise TvmseqError(f"RNN needs {self.num_directions} activations, got {len(self.activations)}")
+        check_spec(self, "RNN", ("Tanh",))
 
 
 def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedule | None = None
@@ -72,7 +57,6 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
     gemm, S = step_gemm_plan(gpu, D, B, H, dt, sched, H, 0, H, target)
     load_state, store_final_state = state_macros(gpu, D, B, H, NT, has_lens, dt)
     row_length = row_length_fn(has_lens)
-    convert_r = cpu_weights_fp32(gpu, dt)
 
     @T.macro
     def step_unit(GateI, state, gh, Y, d, t, b, j):
@@ -91,10 +75,13 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
                                                              step_unit if gpu else step_unit_cpu))
 
     @T.macro
-    def steps(GateI, R, Lens, Y, state, gh, seq):
+    def steps(R, bufs, seq):
+        GateI, Lens, Y, state, gh = T.meta_var(bufs)
         for s in range(seq):
             gemm(state, R, gh)
             update_launch(Lens, Y, (GateI, state, gh), s, seq)
+
+    run_steps = time_loop(steps, gpu, dt, D, H, H)
 
     @T.prim_func
     def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,
@@ -110,13 +97,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         state = T.alloc_buffer((D, B, H), "float32")
         gh = T.alloc_buffer((S, D, B, H), "float32")   # split-K partial sums, added below
         load_state(state, H0)
-        if convert_r:
-            Rf = T.alloc_buffer((D, H, H), "float32")
-            for d, g, k in T.grid(D, H, H):
-                Rf[d, g, k] = T.Cast("float32", R[d, g, k])
-            steps(GateI, Rf, Lens, Y, state, gh, seq)
-        else:
-            steps(GateI, R, Lens, Y, state, gh, seq)
+        run_steps(R, (GateI, Lens, Y, state, gh), seq)
         store_final_state(Yh, state, Lens, seq)
 
     return rnn_recurrence.with_attr("tirx.is_scheduled", True)

@@ -245,6 +245,36 @@ def stack_prim_func(body, cell: str, L: int, LW: int, B: int, H: int, dtype: str
     return main_lstm
 
 
+def progress_macros(L: int, G: int, S: int, NC: int, ll_words: int):
+    """(reset, wait_for_next_layer, publish) T.macros of a GPU stack kernel's flow control between layers (`stack`'s
+    module doc), shared by the row-split and the k-split stacks: block gb's progress counter (iterations finished)
+    is int32 word ll_words * 2 + gb of ws, after the LL words; layer l's blocks are [l * G, (l + 1) * G)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def reset(ws, gb, t):
+        if t == 0:
+            ws[ll_words * 2 + gb] = 0
+
+    @T.macro
+    def wait_for_next_layer(ws, l, t, it):
+        if l + 1 < L and t < 32:
+            # before this iteration publishes step s+1 into slot (s+1) % S: layer l+1 has
+            # read what that slot held (its iteration it - S*NC)
+            T.evaluate(T.cuda.func_call(
+                "tvmseq_progress_wait", T.address_of(ws[ll_words * 2 + (l + 1) * G]), G,
+                it - S * NC + 1, source_code=_PROGRESS_WAIT_SRC))
+
+    @T.macro
+    def publish(ws, gb, t, it):
+        if t == 0:  # after the barrier that ends the passes: every thread of the block has read its LL words
+            T.evaluate(T.cuda.func_call(
+                "tvmseq_progress_store", T.address_of(ws[ll_words * 2 + gb]), it + 1,
+                source_code=_PROGRESS_STORE_SRC))
+
+    return reset, wait_for_next_layer, publish
+
+
 def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
     """The row-split stack kernel of a cell: the staging, compute, reduction and hand-off are shared; the
     cell brings its weight rows (NG per matrix), the sum each row adds into, its states, the update math
@@ -252,7 +282,7 @@ def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
     from tvm.script import tirx as T
 
     from .. import recurrent_gemm as rg
-    from .cells import direction_activations
+    from .cells import clip_fn, direction_activations
 
     target = resolve(target)
     gpu = is_gpu(target)
@@ -273,14 +303,12 @@ def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
     S, LW = slots, max(L - 1, 1)
     slot_words = Bp * Hp
     ll_words = L * S * slot_words
+    reset_progress, wait_for_next_layer, publish_progress = progress_macros(L, G, S, NC, ll_words)
     unroll = T.unroll if gpu else T.serial
     ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT, poll=rg.PollOptions(report="lane0"))
     reduce = rg.make_warp_reduce(WS, vp)
     f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
-    if clip is None:
-        clipf = lambda x: x  # noqa: E731
-    else:
-        clipf = lambda x: T.min(T.max(x, T.float32(-float(clip))), T.float32(float(clip)))  # noqa: E731
+    clipf = clip_fn(clip)
 
     def word(layer, slot):
         return (layer * S + slot) * slot_words
@@ -462,22 +490,13 @@ def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
                     g = T.meta_var(gb % G)
                     load_weights(Rw, Ww, a_reg, a_smem, l, g, t // WS, t % WS)
                     seed_cell(cb, ws, hs, 0, 1, l, g, t // WS, t % WS)
-                    if t == 0:
-                        ws[ll_words * 2 + gb] = 0
+                    reset_progress(ws, gb, t)
                     T.cuda.grid_sync()
                     for it in T.serial(seq * NC):
-                        if l + 1 < L and t < 32:
-                            # before this iteration publishes step s+1 into slot (s+1) % S: layer l+1 has
-                            # read what that slot held (its iteration it - S*NC)
-                            T.evaluate(T.cuda.func_call(
-                                "tvmseq_progress_wait", T.address_of(ws[ll_words * 2 + (l + 1) * G]), G,
-                                it - S * NC + 1, source_code=_PROGRESS_WAIT_SRC))
+                        wait_for_next_layer(ws, l, t, it)
                         stage(ws, xs, cval, l, it // NC, it % NC, it % 2, t)
                         T.tvm_storage_sync("shared")
-                        if t == 0:  # every thread of the block has read this iteration's LL words
-                            T.evaluate(T.cuda.func_call(
-                                "tvmseq_progress_store", T.address_of(ws[ll_words * 2 + gb]), it + 1,
-                                source_code=_PROGRESS_STORE_SRC))
+                        publish_progress(ws, gb, t, it)
                         compute(xs, a_reg, a_smem, acc, it % 2, t // WS, t % WS)
                         reduce(acc, t % WS, red, t // WS)
                         T.evaluate(T.cuda.func_call("tvmseq_syncwarp", source_code=_SYNCWARP_SRC))

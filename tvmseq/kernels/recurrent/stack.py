@@ -117,6 +117,16 @@ def fits_on_chip(L: int, B: int, H: int, dtype: str, target=None, config=None) -
     return rg.fit_report(target, config, lambda tgt: default_config(L, B, H, dtype, tgt), why_not, "pipelined")
 
 
+def check_stack_args(name: str, L: int, B: int, H: int, dtype: str, slots: int) -> None:
+    """The argument checks of a stack kernel (`name` names it in the errors)."""
+    if dtype not in _DTYPES:
+        raise TvmseqError(f"{name}: dtype must be one of {_DTYPES}, got {dtype}")
+    if L < 1 or min(B, H) < 1:
+        raise TvmseqError(f"{name}: layers, batch and hidden must be >= 1, got L={L} B={B} H={H}")
+    if slots < 2:
+        raise TvmseqError(f"{name}: needs at least 2 LL slots, got {slots}")
+
+
 def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
                      slots: int = DEFAULT_SLOTS):
     """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) for a pipelined stack of L GRU layers (module doc).
@@ -126,42 +136,33 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
     from tvm.script import tirx as T
 
     from .. import recurrent_gemm as rg
-    from .engine import make_engine_pass
-    from .rows import _PROGRESS_STORE_SRC, _PROGRESS_WAIT_SRC, RowSplitConfig, stack_prim_func, stacked_gru_rows_func
+    from .cells import clip_fn
+    from .engine import finished_item, make_engine_pass, require_fit
+    from .rows import RowSplitConfig, progress_macros, stack_prim_func, stacked_gru_rows_func
 
     target = resolve(target)
     gpu = is_gpu(target)
-    if dtype not in _DTYPES:
-        raise TvmseqError(f"stacked GRU: dtype must be one of {_DTYPES}, got {dtype}")
-    if L < 1 or min(B, H) < 1:
-        raise TvmseqError(f"stacked GRU: layers, batch and hidden must be >= 1, got L={L} B={B} H={H}")
-    if slots < 2:
-        raise TvmseqError(f"stacked GRU: needs at least 2 LL slots, got {slots}")
+    check_stack_args("stacked GRU", L, B, H, dtype, slots)
     config = config or default_config(L, B, H, dtype, target)
     if isinstance(config, RowSplitConfig):
         return stacked_gru_rows_func(L, B, H, dtype, target, acts, clip, config, slots)
     f_act, g_act = acts or (Activation.make("Sigmoid"), Activation.make("Tanh"))
     geo = _geometry(B, H, config, gpu)
     why = stack_fits(geo, rg.gpu_facts(target), L) if gpu else geo.check(None, 0)
-    if why:
-        raise TvmseqError(f"stacked GRU L={L} B={B} H={H} {dtype}: {why}")
+    require_fit(geo, H, why, "stacked GRU", f"L={L} B={B} H={H} {dtype}")
     G, W_, NT, WS = geo.G, geo.W, geo.NT, geo.warp_size
     U, R_reg, R_smem, KT, Hp = geo.U, geo.R_reg, geo.R_smem, geo.KT, geo.Hp
     BC, NC, Bp = geo.BC, geo.NC, geo.Bp
-    if G * U < H:
-        raise TvmseqError(f"stacked GRU: {G} blocks x {U} units do not cover H={H}")
     S, LW = slots, max(L - 1, 1)
     slot_words = Bp * Hp
     ll_words = L * S * slot_words
+    reset_progress, wait_for_next_layer, publish_progress = progress_macros(L, G, S, NC, ll_words)
     UV = U * BC
     fin_iters = math.ceil(UV / NT)
     unroll = T.unroll if gpu else T.serial
     ll_store, ll_wait = rg.make_ll_ops(gpu, BC, KT, poll=rg.PollOptions(report="lane0"))
     f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
-    if clip is None:
-        clipf = lambda x: x  # noqa: E731
-    else:
-        clipf = lambda x: T.min(T.max(x, T.float32(-float(clip))), T.float32(float(clip)))  # noqa: E731
+    clipf = clip_fn(clip)
 
     def word(layer, slot):
         return (layer * S + slot) * slot_words
@@ -199,15 +200,11 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
                     T.if_then_else(rr < 3 * U, f32(Rw[l, row, T.min(k, H - 1)]),
                                    f32(Ww[T.max(l - 1, 0), row, T.min(k, H - 1)])), T.float32(0))
 
-    def item(g, t, c, i):
-        v = i * NT + t
-        return v, c * BC + v // U, g * U + v % U
-
     @T.macro
     def seed(H0, ws, hs, hrow, l, g, t):
         for c in range(NC):
             for i in unroll(fin_iters):
-                v, b, j = T.meta_var(item(g, t, c, i))
+                v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
                 hs[hrow, c * fin_iters + i] = T.if_then_else(
                     v < UV and b < B and j < H, H0[l, T.min(b, B - 1), T.min(j, H - 1)], T.float32(0))
                 if v < UV and b < B and j < H:
@@ -218,7 +215,7 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
     @T.macro
     def finish(GI0, BI, RbH, Y, ws, hs, hrow, red_r, red_i, l, g, t, s, c):
         for i in unroll(fin_iters):
-            v, b, j = T.meta_var(item(g, t, c, i))
+            v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
             if v < UV and b < B and j < H:
                 # the input part of the gates: layer 0's precomputed projection, else the input pass
                 gz = T.meta_var(T.if_then_else(l == 0, GI0[s, T.min(b, B - 1), T.min(j, H - 1)],
@@ -240,7 +237,7 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
     def final_state(Yh, hs, hrow, l, g, t, seq):
         for c in range(NC):
             for i in unroll(fin_iters):
-                v, b, j = T.meta_var(item(g, t, c, i))
+                v, b, j = T.meta_var(finished_item(geo, g, t, c, i))
                 if v < UV and b < B and j < H:
                     Yh[l, b, j] = T.Cast(dtype, T.if_then_else(seq > 0, hs[hrow, c * fin_iters + i], T.float32(0)))
 
@@ -265,26 +262,17 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
                     g = T.meta_var(gb % G)
                     load_weights(Rw, Ww, a_reg, a_smem, l, g, t)
                     seed(H0, ws, hs, 0, l, g, t)
-                    if t == 0:
-                        ws[ll_words * 2 + gb] = 0
+                    reset_progress(ws, gb, t)
                     T.cuda.grid_sync()
                     for it in T.serial(seq * NC):
-                        if l + 1 < L and t < 32:
-                            # before this iteration publishes step s+1 into slot (s+1) % S: layer l+1 has
-                            # read what that slot held (its iteration it - S*NC)
-                            T.evaluate(T.cuda.func_call(
-                                "tvmseq_progress_wait", T.address_of(ws[ll_words * 2 + (l + 1) * G]), G,
-                                it - S * NC + 1, source_code=_PROGRESS_WAIT_SRC))
+                        wait_for_next_layer(ws, l, t, it)
                         if l > 0:
                             pass_inp(ws, word(l - 1, (it // NC + 1) % S), it // NC + 1, a_reg, a_smem, cval, acc,
                                      red_i, t % WS, t // WS, t, it % NC)
                         pass_rec(ws, word(l, (it // NC) % S), it // NC, a_reg, a_smem, cval, acc, red_r,
                                  t % WS, t // WS, t, it % NC)
                         T.tvm_storage_sync("shared")
-                        if t == 0:
-                            T.evaluate(T.cuda.func_call(
-                                "tvmseq_progress_store", T.address_of(ws[ll_words * 2 + gb]), it + 1,
-                                source_code=_PROGRESS_STORE_SRC))
+                        publish_progress(ws, gb, t, it)
                         finish(GI0, BI, RbH, Y, ws, hs, 0, red_r, red_i, l, g, t, it // NC, it % NC)
                         T.tvm_storage_sync("shared")
                     final_state(Yh, hs, 0, l, g, t, seq)
@@ -353,12 +341,7 @@ def stacked_lstm_func(L: int, B: int, H: int, dtype: str, target, acts=None, cli
     from .cells import LstmCell
     from .rows import RowSplitConfig, stacked_lstm_rows_func
 
-    if dtype not in _DTYPES:
-        raise TvmseqError(f"stacked LSTM: dtype must be one of {_DTYPES}, got {dtype}")
-    if L < 1 or min(B, H) < 1:
-        raise TvmseqError(f"stacked LSTM: layers, batch and hidden must be >= 1, got L={L} B={B} H={H}")
-    if slots < 2:
-        raise TvmseqError(f"stacked LSTM: needs at least 2 LL slots, got {slots}")
+    check_stack_args("stacked LSTM", L, B, H, dtype, slots)
     if config is not None and not isinstance(config, RowSplitConfig):
         raise TvmseqError(f"stacked LSTM: config must be a rows.RowSplitConfig (the k-split engine has "
                           f"no LSTM stack), got {type(config).__name__}")

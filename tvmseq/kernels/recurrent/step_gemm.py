@@ -262,45 +262,47 @@ def tiled_gemm_macro(gpu: bool, D: int, M: int, K: int, dt: str, tile: GemmTile,
             for e in unroll(tm * tn):
                 acc[tt, e] = T.float32(0)
 
+    def operand(buf, is_r, z, r, k):
+        """Element (r, k) of split z's operand: src row r, or R's row row_offset + r as float32."""
+        return f32(buf[z // S, row_offset + r, k]) if is_r else buf[z // S, r, k]
+
+    @T.macro
+    def fetch_operand(buf, st, is_r, L, nvec, r0, rows, tt, z, kt, t0):
+        """Slice kt of split z of one operand (nvec vectors of V from row r0, rows of them valid): global ->
+        registers, zero outside its rows and K."""
+        for l in unroll(L):
+            idx = T.meta_var(l * NT + t0 + tt)
+            r = T.meta_var(r0 + idx // KV)
+            k = T.meta_var(((z % S) * per + kt) * bk + (idx % KV) * V)
+            if idx < nvec and r < rows and k < K:
+                for v in vec(V):
+                    st[tt, l * V + v] = operand(buf, is_r, z, r, k + v)
+            else:
+                for v in vec(V):
+                    st[tt, l * V + v] = T.float32(0)
+
     @T.macro
     def fetch(src, R, stA, stR, z, bym, bxn, t0, kt):
         # slice kt of this split: global -> registers (zero outside M, N, K)
         for tt in T.serial(NTL):
-            for l in unroll(LA):
-                idx = T.meta_var(l * NT + t0 + tt)
-                m = T.meta_var(bym * bm + idx // KV)
-                k = T.meta_var(((z % S) * per + kt) * bk + (idx % KV) * V)
-                if idx < nA and m < M and k < K:
-                    for v in vec(V):
-                        stA[tt, l * V + v] = src[z // S, m, k + v]
-                else:
-                    for v in vec(V):
-                        stA[tt, l * V + v] = T.float32(0)
-            for l in unroll(LR):
-                idx = T.meta_var(l * NT + t0 + tt)
-                n = T.meta_var(bxn * bn + idx // KV)
-                k = T.meta_var(((z % S) * per + kt) * bk + (idx % KV) * V)
-                if idx < nR and n < N and k < K:
-                    for v in vec(V):
-                        stR[tt, l * V + v] = f32(R[z // S, row_offset + n, k + v])
-                else:
-                    for v in vec(V):
-                        stR[tt, l * V + v] = T.float32(0)
+            fetch_operand(src, stA, False, LA, nA, bym * bm, M, tt, z, kt, t0)
+            fetch_operand(R, stR, True, LR, nR, bxn * bn, N, tt, z, kt, t0)
+
+    @T.macro
+    def stash_operand(st, sm, L, nvec, stride, tt, t0):
+        """One operand's registers -> shared, transposed to [k][row] (`stride` floats a k)."""
+        for l in unroll(L):
+            idx = T.meta_var(l * NT + t0 + tt)
+            if idx < nvec:
+                for v in unroll(V):
+                    sm[((idx % KV) * V + v) * stride + idx // KV] = st[tt, l * V + v]
 
     @T.macro
     def stash(stA, stR, As, Rs, t0):
         # registers -> shared, transposed to [k][row]
         for tt in T.serial(NTL):
-            for l in unroll(LA):
-                idx = T.meta_var(l * NT + t0 + tt)
-                if idx < nA:
-                    for v in unroll(V):
-                        As[((idx % KV) * V + v) * SA + idx // KV] = stA[tt, l * V + v]
-            for l in unroll(LR):
-                idx = T.meta_var(l * NT + t0 + tt)
-                if idx < nR:
-                    for v in unroll(V):
-                        Rs[((idx % KV) * V + v) * SR + idx // KV] = stR[tt, l * V + v]
+            stash_operand(stA, As, LA, nA, SA, tt, t0)
+            stash_operand(stR, Rs, LR, nR, SR, tt, t0)
 
     @T.macro
     def compute(As, Rs, acc, fa, fb, t0):

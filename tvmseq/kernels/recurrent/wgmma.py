@@ -58,7 +58,7 @@ from ...targets import is_gpu, resolve
 
 from ..projection.wgmma import ATOM, GATE_DTYPES, align_offset, encode_descriptor, mma_async
 from ..projection.wgmma import BK as KB   # k of a tile: one 128-byte swizzle row of fp16
-from .mma import _LSTM_TEMPS, GATES, check_args, serial_variant
+from .mma import _LSTM_TEMPS, GATES, check_args, checked_geometry, serial_variant, staged_cell
 
 MC = 64              # rows of a state chunk: the wgmma M of one warpgroup
 NT = 128             # one warpgroup
@@ -211,26 +211,14 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     check_args(D, B, H, dtype, directions, cell, kind="wgmma", dtypes=("float16",), cells=("gru", "rnn", "lstm"))
     if gate_dtype not in GATE_DTYPES:
         raise TvmseqError(f"persistent wgmma: gate_dtype {gate_dtype!r} not one of {GATE_DTYPES}")
-    if (lstm is not None) and cell != "lstm":
-        raise TvmseqError(f"persistent wgmma {cell.upper()}: LSTM update math given for cell {cell!r}")
+    NG, acts, lstm, lstm_fns = staged_cell("wgmma", cell, acts, D, lstm)
     target = resolve(target)
     gpu = is_gpu(target)
-    NG = GATES[cell]
-    acts = cells.check_acts(acts, D, cell)
     LSTM = cell == "lstm"
-    if LSTM:
-        from .cells import LstmCell
-
-        lstm = lstm or LstmCell()
-    lstm_fns = cells.direction_activations(acts, D) if LSTM else None   # f, g, h of each direction
     PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell) if gpu else WgmmaRecConfig(8, 1))
-    if cfg is None:
-        raise TvmseqError(f"persistent wgmma {cell.upper()} D={D} B={B} H={H}: no configuration fits")
-    geo = WgmmaRecGeometry(D, B, H, NG, cfg)
-    why = geo.check(rg.gpu_facts(target) if gpu else None)
-    if why:
-        raise TvmseqError(f"persistent wgmma {cell.upper()} D={D} B={B} H={H}: {why}")
+    geo = checked_geometry("wgmma", cell, D, B, H, cfg, lambda c: WgmmaRecGeometry(D, B, H, NG, c),
+                           rg.gpu_facts(target) if gpu else None)
     UB, BS, N, G, NKB, Hp, NCH, NCB, ITEMS = (geo.UB, geo.BS, geo.N, geo.G, geo.NKB, geo.Hp, geo.NCH, geo.NCB,
                                               geo.ITEMS)
     R_HALFS, S_HALFS = geo.R_HALFS, geo.S_HALFS
@@ -290,19 +278,21 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     T.float16(0))
 
     @T.macro
-    def seed(H0, hbuf, hst, hoff, d, g, q, t):
-        """Own state <- h0 (float32), buffer 0 <- h0 (fp16), buffer 1 <- 0 on this block's rows and units
-        (0 past B and H); the last unit group also zeroes the padding columns [G*UB, Hp) of its rows."""
+    def seed_state(S0, st, hbuf, hoff, d, g, q, t, to_image):
+        """Own state st <- s0 (float32) on this block's rows and units (0 past B and H). to_image (h; the LSTM's c
+        never leaves the chip): also buffer 0 <- h0 (fp16), buffer 1 <- 0, and the last unit group zeroes the
+        padding columns [G*UB, Hp) of its rows."""
         for ci in T.serial(NCB):
             for it in unroll(ITEMS):
                 row, u = item(t, it)
                 b = T.meta_var((q + ci * BS) * MC + row)
                 j = T.meta_var(g * UB + u)
-                hst[hoff + ci * ITEMS + it] = T.if_then_else(b < B and j < H, H0[d, T.min(b, B - 1), T.min(j, H - 1)],
-                                                             T.float32(0))
-                hbuf[img(0, d, b, j)] = T.Cast("float16", hst[hoff + ci * ITEMS + it])
-                hbuf[img(1, d, b, j)] = T.float16(0)
-            if Hp > G * UB:
+                st[hoff + ci * ITEMS + it] = T.if_then_else(b < B and j < H, S0[d, T.min(b, B - 1), T.min(j, H - 1)],
+                                                            T.float32(0))
+                if to_image:
+                    hbuf[img(0, d, b, j)] = T.Cast("float16", st[hoff + ci * ITEMS + it])
+                    hbuf[img(1, d, b, j)] = T.float16(0)
+            if to_image and Hp > G * UB:
                 if g == G - 1:
                     for i in T.serial(math.ceil(MC * (Hp - G * UB) / NT)):
                         v = T.meta_var(i * NT + t)
@@ -311,17 +301,6 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                                 T.float16(0)
                             hbuf[img(1, d, (q + ci * BS) * MC + v // (Hp - G * UB), G * UB + v % (Hp - G * UB))] = \
                                 T.float16(0)
-
-    @T.macro
-    def seed_cell(C0, cst, hoff, d, g, q, t):
-        """LSTM: own cell state <- c0 (float32, beside the items' h; it never leaves the chip)."""
-        for ci in T.serial(NCB):
-            for it in unroll(ITEMS):
-                row, u = item(t, it)
-                b = T.meta_var((q + ci * BS) * MC + row)
-                j = T.meta_var(g * UB + u)
-                cst[hoff + ci * ITEMS + it] = T.if_then_else(b < B and j < H, C0[d, T.min(b, B - 1), T.min(j, H - 1)],
-                                                             T.float32(0))
 
     @T.macro
     def load_peepholes(Pw, ps, d, g, t):
@@ -471,7 +450,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     red[row * N + n] = red[row * N + n] + T.Cast("float32", hbuf[img(buf, d, c * MC + row, k)]) \
                         * T.Cast("float32", Rw[d, r_row(g, n), k])
 
-    serial_kernel = serial_variant(D, G, BS, NT, NCB, ITEMS, MC * N, LSTM, PEEP, seed, seed_cell, load_peepholes,
+    serial_kernel = serial_variant(D, G, BS, NT, NCB, ITEMS, MC * N, LSTM, PEEP, seed_state, load_peepholes,
                                    prefetch, product_cpu, finish, final_state)
 
     # ---- the kernel (`gpu` picks the branch while the script is parsed), a GRU / RNN or an LSTM signature around
@@ -508,9 +487,9 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
                     # compute-sanitizer racecheck reported write-write hazards on the tiles (H100, 2026-11-23)
                     T.ptx["fence.proxy.async"]()
                     T.tvm_storage_sync("shared")
-                    seed(H0, hbuf, hst, 0, d, g, q, t)
+                    seed_state(H0, hst, hbuf, 0, d, g, q, t, True)
                     if LSTM:
-                        seed_cell(C0, cst, 0, d, g, q, t)
+                        seed_state(C0, cst, None, 0, d, g, q, t, False)
                     if PEEP:
                         load_peepholes(Pw, ps, d, g, t)
                     if t < SLOTS:
