@@ -210,8 +210,7 @@ class Contraction(CPUScheduleRule):
         opened = _open_contraction(self, func, target)
         if opened is None:
             return None
-        sch, infos, anchor, block = opened
-        lanes = _lanes(target, str(block.writes[0].source.dtype))
+        sch, infos, anchor, block, lanes = opened
         vec_iter = _contiguous_axis(block, anchor, lanes)
         if vec_iter is None:
             return None
@@ -263,8 +262,7 @@ class InnerReduction(CPUScheduleRule):
         opened = _open_contraction(self, func, target)
         if opened is None:
             return None
-        sch, infos, anchor, block = opened
-        lanes = _lanes(target, str(block.writes[0].source.dtype))
+        sch, infos, anchor, block, lanes = opened
         reduce = [it for it in anchor.iters if it.kind == "R"]
         if not reduce or not isinstance(reduce[-1].dom, (int, tirx.IntImm)) or int(reduce[-1].dom) % lanes \
                 or not _contiguous_reads(block, reduce[-1].var) or all(it.kind != "S" for it in anchor.iters):
@@ -336,15 +334,16 @@ def _after_padding(sch, anchor_rv, lanes: int):
 
 
 def _open_contraction(rule, func, target):
-    """(schedule, [anchor, epilogue], anchor, its block) of a PrimFunc one reduction rule may take (module doc),
-    or None: what Contraction and InnerReduction both begin with."""
+    """(schedule, [anchor, epilogue], anchor, its block, vector lanes of its output dtype) of a PrimFunc one
+    reduction rule may take (module doc), or None: what Contraction and InnerReduction both begin with."""
     if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
         return None
     sch = s_tir.Schedule(func)
     infos = _anchor_and_epilogue(sch)
     if infos is None:
         return None
-    return sch, infos, infos[0], sch.get(infos[0].block_rv)
+    block = sch.get(infos[0].block_rv)
+    return sch, infos, infos[0], block, _lanes(target, str(block.writes[0].source.dtype))
 
 
 def _anchor_and_epilogue(sch, lanes: int = 0):

@@ -163,7 +163,7 @@ class UnfusedSpatial:
     def apply(self, func, target, _tunable):
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        if not blocks or any(iv.iter_type != tirx.IterVar.DataPar for b in blocks for iv in sch.get(b).iter_vars):
+        if not blocks or not all(_spatial(sch, b) for b in blocks):
             return None
         for block in blocks:
             loops = sch.get_loops(block)
