@@ -4,7 +4,9 @@ match it to float rounding, QLinearMatMul and QLinearConv bit for bit; com.micro
 runs tvmseq's float LSTM on the dequantized weights, which differs from onnxruntime by onnxruntime's
 per-step uint8 rounding of h only. A numpy model of onnxruntime's kernel (X and h quantized before their
 GEMMs) shows both halves of that statement; a CRNN (Conv -> bidirectional LSTM -> MatMul) quantized by
-`onnxruntime.quantization.quantize_dynamic` checks the standard output of the quantizer end to end."""
+`onnxruntime.quantization.quantize_dynamic` checks the standard output of the quantizer end to end. The
+centered operands of MatMulInteger / ConvInteger are stored in int8 or int16 (int32 products): checked bit for bit
+against exact numpy sums at odd sizes, with zero points that push a weight out of int8 (int16 then)."""
 from __future__ import annotations
 
 import functools
@@ -52,6 +54,39 @@ def _compile(model, **options):
 
 def _as_list(out):
     return [np.asarray(o) for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+# ---------------------------------------------------------------------------------------------------
+# integer contractions in numpy: the int32 sums the narrow (int8/int16) centered operands must give
+# ---------------------------------------------------------------------------------------------------
+def centered(q: np.ndarray, zero_point, axis: int = -1) -> np.ndarray:
+    """q - zero_point in int64 (a 1-D zero point along `axis` of q)."""
+    zp = np.asarray(zero_point, np.int64)
+    if zp.ndim == 1:
+        shape = [1] * q.ndim
+        shape[axis] = -1
+        zp = zp.reshape(shape)
+    return q.astype(np.int64) - zp
+
+
+def matmul_integer_reference(a, b, a_zp, b_zp) -> np.ndarray:
+    """ONNX MatMulInteger: (a - a_zp) @ (b - b_zp) exactly (int64), as int32; a 1-D a_zp per row, b_zp per column."""
+    return (centered(a, a_zp, axis=-2) @ centered(b, b_zp, axis=-1)).astype(np.int32)
+
+
+def conv_integer_reference(x, w, x_zp, w_zp, pads, strides) -> np.ndarray:
+    """ONNX ConvInteger, 2-D, group 1: sum over taps of (x - x_zp) * (w - w_zp) exactly, as int32."""
+    xc = np.pad(centered(x, x_zp), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    wc = centered(w, w_zp, axis=0)
+    kh, kw = w.shape[2:]
+    oh = (xc.shape[2] - kh) // strides[0] + 1
+    ow = (xc.shape[3] - kw) // strides[1] + 1
+    y = np.zeros((x.shape[0], w.shape[0], oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xc[:, :, i:i + strides[0] * (oh - 1) + 1:strides[0], j:j + strides[1] * (ow - 1) + 1:strides[1]]
+            y += np.einsum("nchw,oc->nohw", patch, wc[:, :, i, j])
+    return y.astype(np.int32)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -127,6 +162,118 @@ def test_conv_integer_matches_onnxruntime(w_dtype, group, spatial, per_channel_z
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, ort_run(model, {"x": x})[0] if not per_channel_zp else
                                   _float_conv_of_centered(node, x, 117, w, w_zp))
+
+
+# ---------------------------------------------------------------------------------------------------
+# narrow centered operands (int8 / int16) with int32 products: bit-exact against the numpy references above
+# ---------------------------------------------------------------------------------------------------
+def _full_range(rng, dtype, shape):
+    """Random 8-bit values with both ends of the type present (the extremes of w - zp)."""
+    info = np.iinfo(dtype)
+    values = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+    values.flat[0], values.flat[-1] = info.min, info.max
+    return values
+
+
+@pytest.mark.parametrize("w_dtype,zero_point,stored", [
+    (np.int8, 0, "int8"), (np.uint8, 128, "int8"),      # w - zp within [-128, 127]
+    (np.int8, 5, "int16"), (np.int8, -1, "int16"),     # int8 less a non-zero zero point leaves int8's range
+    (np.uint8, 119, "int16"), (np.uint8, 0, "int16")])  # ddddocr-old-int8's weights: uint8, zero points 94..178
+def test_constant_centered_weight_is_stored_in_the_narrowest_exact_type(w_dtype, zero_point, stored):
+    from tvm import relax
+
+    from tvmseq.onnx import quantized
+
+    w = _full_range(np.random.default_rng(11), w_dtype, (5, 7))
+    got = quantized._centered(relax.BlockBuilder(), relax.const(w), relax.const(np.array(zero_point, w_dtype)))
+    assert str(got.ty.dtype) == stored
+    np.testing.assert_array_equal(got.value.numpy(), centered(w, zero_point))
+
+
+def test_per_channel_zero_points_fall_back_to_int16_when_one_channel_leaves_int8():
+    from tvm import relax
+
+    from tvmseq.onnx import quantized
+
+    w = np.array([[-128, 127], [-100, 100]], np.int8)
+    zp = np.array([0, 28], np.int8)                    # rows [-128, 127] and [-128, 72]: int8
+    bb = relax.BlockBuilder()
+    assert str(quantized._centered(bb, relax.const(w), relax.const(zp), axis=0).ty.dtype) == "int8"
+    zp[1] = -29                                        # row 1 up to 100 + 29 = 129: int16
+    got = quantized._centered(bb, relax.const(w), relax.const(zp), axis=0)
+    assert str(got.ty.dtype) == "int16"
+    np.testing.assert_array_equal(got.value.numpy(), centered(w, zp, axis=0))
+
+
+def _contraction_operand_dtypes(mod) -> list[tuple[str, ...]]:
+    """(dtype of each argument) of every matmul / conv call in the imported module's main function."""
+    from tvm import relax
+
+    ops = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d"}
+    found = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and getattr(value.op, "name", None) in ops:
+                found.append(tuple(str(a.ty.dtype) for a in value.args))
+    return found
+
+
+def _matmul_integer_model(a_shape, b, a_zp, b_zp):
+    node = helper.make_node("MatMulInteger", ["A", "B", "a_zp", "b_zp"], ["Y"])
+    return _model([node], [helper.make_tensor_value_info("A", TensorProto.UINT8, a_shape)],
+                  _outputs(("Y", TensorProto.INT32)), {"B": b, "a_zp": a_zp, "b_zp": b_zp})
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (3, 7, 5), (5, 33, 41), (7, 129, 50)])
+@pytest.mark.parametrize("b_dtype,b_zp,stored", [(np.int8, 0, "int8"), (np.uint8, 119, "int16")])
+def test_matmul_integer_narrow_weight_is_bit_exact(M, K, N, b_dtype, b_zp, stored):
+    """MatMulInteger with uint8 A (zero point 255: A - a_zp down to -255) and B stored narrow: the int32 result
+    equals the exact sum, and onnxruntime's. N = 41, 50: cpu_layout pads the narrow weight's columns."""
+    rng = np.random.default_rng(M * 100 + N)
+    b = _full_range(rng, b_dtype, (K, N))
+    model = _matmul_integer_model(["M", K], b, np.array(255, np.uint8), np.array(b_zp, b_dtype))
+    assert _contraction_operand_dtypes(tvmseq.from_onnx(model, target="llvm")) == [("int16", stored)]
+    compiled = _compile(model)
+    for rows in (M, M + 2):
+        a = _full_range(rng, np.uint8, (rows, K))
+        got = _as_list(compiled(A=a))[0]
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, matmul_integer_reference(a, b, 255, b_zp))
+        np.testing.assert_array_equal(got, ort_run(model, {"A": a})[0])
+
+
+def test_matmul_integer_per_row_and_per_column_zero_points():
+    """A 1-D a_zero_point is one per row of A, a 1-D b_zero_point one per column of B (ONNX MatMulInteger)."""
+    rng = np.random.default_rng(12)
+    b = _full_range(rng, np.uint8, (9, 6))
+    a_zp, b_zp = rng.integers(0, 256, 4).astype(np.uint8), rng.integers(0, 256, 6).astype(np.uint8)
+    model = _matmul_integer_model([4, 9], b, a_zp, b_zp)
+    a = _full_range(rng, np.uint8, (4, 9))
+    np.testing.assert_array_equal(_as_list(_compile(model)(A=a))[0], matmul_integer_reference(a, b, a_zp, b_zp))
+
+
+@pytest.mark.parametrize("cin,cout,kernel,strides,width", [
+    (1, 5, 3, (2, 2), 9), (3, 24, 3, (1, 1), 11), (7, 37, 1, (1, 1), 13), (24, 19, 3, (2, 1), 7)])
+@pytest.mark.parametrize("w_dtype,w_zp,stored", [(np.int8, 0, "int8"), (np.uint8, 126, "int16")])
+def test_conv_integer_narrow_weight_is_bit_exact(cin, cout, kernel, strides, width, w_dtype, w_zp, stored):
+    """ConvInteger on a symbolic image width (the OCR models: HWIO weight, vectors along the output channels)
+    with the weight stored narrow: the int32 result equals the exact sum at two widths."""
+    rng = np.random.default_rng(cin * 100 + cout)
+    w = _full_range(rng, w_dtype, (cout, cin, kernel, kernel))
+    pads = [kernel // 2] * 4
+    node = helper.make_node("ConvInteger", ["x", "w", "x_zp", "w_zp"], ["y"], pads=pads, strides=list(strides),
+                            kernel_shape=[kernel, kernel])
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, cin, 6, "W"])],
+                   _outputs(("y", TensorProto.INT32)), {"w": w, "x_zp": np.array(0, np.uint8),
+                                                        "w_zp": np.array(w_zp, w_dtype)})
+    assert _contraction_operand_dtypes(tvmseq.from_onnx(model, target="llvm")) == [("int16", stored)]
+    compiled = _compile(model)
+    for wd in (width, width + 5):
+        x = _full_range(rng, np.uint8, (1, cin, 6, wd))
+        got = _as_list(compiled(x=x))[0]
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, conv_integer_reference(x, w, 0, w_zp, pads, strides))
 
 
 def _float_conv_of_centered(node, x, x_zp, w, w_zp):

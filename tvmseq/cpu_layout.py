@@ -80,7 +80,7 @@ class _WeightLayouts(PyExprMutator):
         if shape is None or ty.ndim != 2 or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
             return call
         n = int(shape.values[1])
-        if n % PAD_COLUMNS == 0 or n < 2 * PAD_COLUMNS or str(ty.dtype) not in ("float32", "int32") \
+        if n % PAD_COLUMNS == 0 or n < 2 * PAD_COLUMNS or str(ty.dtype) not in ("float32", "int32", "int16", "int8") \
                 or not _constant_derived(weight, self.lookup_binding):
             return call
         padded = -(-n // PAD_COLUMNS) * PAD_COLUMNS

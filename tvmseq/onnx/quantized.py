@@ -23,9 +23,13 @@ How tvmseq imports them:
   - DynamicQuantizeLinear: onnxruntime's arithmetic (qmath.h GetQuantizationParameter, MlasQuantizeLinear):
     range [min(x, 0), max(x, 0)], scale = range / 255 (1 when the range is empty), zero point and values
     rounded half to even. TVM's own converter rounds half away from zero and divides by a zero scale.
-  - ConvInteger, DynamicQuantizeMatMul, MatMulIntegerToFloat: (A - a_zp)(B - b_zp) accumulated in int32
-    as onnxruntime does, then scaled in float32 (a_scale * b_scale) and the bias added: onnxruntime's
-    numbers up to float rounding. MatMulInteger stays with TVM's converter, which computes exactly that.
+  - ConvInteger, MatMulInteger, DynamicQuantizeMatMul, MatMulIntegerToFloat: (A - a_zp)(B - b_zp)
+    accumulated in int32 as onnxruntime does, then (the fused ops) scaled in float32 (a_scale * b_scale)
+    and the bias added: onnxruntime's numbers up to float rounding. The centered operands are stored
+    narrow, the products widened to int32 by the contraction (out_dtype): a constant weight in int8 where
+    every (w - zp) fits it, else int16, an activation in int16 (both exact: an 8-bit value less an 8-bit
+    zero point lies in [-255, 255]); with int32 operands the convs and ddddocr-old-int8's classifier head
+    read 2-4x the bytes (the head 34 MB, onnxruntime's 8 MB of uint8).
   - QLinearMatMul, QLinearConv (static quantization, QOperator format): the same int32 products (plus
     QLinearConv's int32 bias) requantized as MlasRequantizeOutput does: bit-exact uint8/int8 outputs.
 """
@@ -36,7 +40,7 @@ import tvm
 from tvm import relax, te, tirx
 
 from ..errors import UnsupportedOnnxError
-from .conv import Conv
+from .conv import Conv, _pads, _static
 from .importer import OnnxOpConverter, register_converter
 from .lstm import LSTM, _direction
 
@@ -245,9 +249,22 @@ class DynamicQuantizeLinear(OnnxOpConverter):
         return relax.Tuple([y, scale, bb.emit(relax.op.astype(zp, "uint8"))])
 
 
+def _narrowest(centered: np.ndarray) -> np.ndarray:
+    """`centered` (int32) as int8 when every value fits it, else int16, which holds any (w - zp) of uint8/int8
+    operands: the contraction reads 4x/2x fewer weight bytes than int32 (ddddocr-old-int8's 8210-class head:
+    34 MB of int32), and its out_dtype int32 still sums the products exactly."""
+    for dtype in (np.int8, np.int16):
+        info = np.iinfo(dtype)
+        if centered.size == 0 or (centered.min() >= info.min and centered.max() <= info.max):
+            return centered.astype(dtype)
+    raise AssertionError("a centered 8-bit value lies in [-255, 255]")
+
+
 def _centered(bb, value, zero_point, axis: int = -1):
-    """value - zero_point in int32 (a constant when both are constants); a zero point of rank 1 lies along
-    `axis` of value (per output channel of a ConvInteger weight, per column of a MatMul's B)."""
+    """value - zero_point in the narrowest exact integer type: a constant (both constant) in int8 or int16
+    (`_narrowest`), a computed one in int16 (uint8/int8 less an 8-bit zero point lies in [-255, 255]); a zero
+    point of rank 1 lies along `axis` of value (per output channel of a ConvInteger weight, per column of a
+    MatMul's B). The consumers multiply in int32 (out_dtype), so the results equal int32 operands' bit for bit."""
     ndim = value.ty.ndim
     axis = axis % ndim
     along = [1] * ndim
@@ -256,14 +273,14 @@ def _centered(bb, value, zero_point, axis: int = -1):
     v = _constant(value)
     z = _constant(zero_point) if zero_point is not None else np.zeros((), np.int32)
     if v is not None and z is not None:
-        return relax.const(v.astype(np.int32) - z.astype(np.int32).reshape(along if z.ndim == 1 else z.shape))
-    centered = bb.emit(relax.op.astype(value, "int32"))
+        z = z.astype(np.int32).reshape(along if z.ndim == 1 else z.shape)
+        return relax.const(_narrowest(v.astype(np.int32) - z))
     if zero_point is None:
-        return centered
-    z32 = relax.op.astype(zero_point, "int32")
+        return value            # its own 8-bit type: the int32 products widen it exactly
+    z16 = bb.normalize(relax.op.astype(zero_point, "int16"))
     if zero_point.ty.ndim == 1:
-        z32 = relax.op.reshape(z32, along)
-    return bb.emit(relax.op.subtract(centered, z32))
+        z16 = relax.op.reshape(z16, along)
+    return bb.emit(relax.op.subtract(bb.emit(relax.op.astype(value, "int16")), z16))
 
 
 def _scaled_product(bb, acc, a_scale, b_scale, bias):
@@ -273,10 +290,43 @@ def _scaled_product(bb, acc, a_scale, b_scale, bias):
     return out if bias is None else bb.emit(relax.op.add(out, bias))
 
 
+_CONV_OPS = {1: relax.op.nn.conv1d, 2: relax.op.nn.conv2d, 3: relax.op.nn.conv3d}
+
+
+def _widened(bb, value):
+    """`value` in int32 (a constant stays one)."""
+    array = _constant(value)
+    return relax.const(array.astype(np.int32)) if array is not None else bb.emit(relax.op.astype(value, "int32"))
+
+
+def _dense_conv_attrs(x, w, attr, node):
+    """(strides, pads, dilations) of a dense (group 1) conv of known rank and pads; None for any other."""
+    nd = x.ty.ndim - 2
+    if int(attr.get("group", 1)) != 1 or nd not in _CONV_OPS or x.ty.shape is None or w.ty.shape is None:
+        return None
+    w_dims = _static(w.ty.shape.values)
+    kernel = list(attr.get("kernel_shape", w_dims[2:] if w_dims else []))
+    strides = list(attr.get("strides", [1] * nd))
+    dilations = list(attr.get("dilations", [1] * nd))
+    pads = _pads(attr, node, x.ty.shape.values[2:], kernel, strides, dilations) if len(kernel) == nd else None
+    return None if pads is None else (strides, pads, dilations)
+
+
+def _integer_conv(bb, x, w, attr, params, node):
+    """x conv w with products and sums in int32 (out_dtype) of the narrow centered operands: a dense conv as
+    one relax conv op. Grouped and depthwise convs (and auto_pad SAME_* on symbolic sizes) go through tvmseq's
+    Conv converter, whose rewrites multiply in the operands' own type: their operands are widened to int32."""
+    dense = _dense_conv_attrs(x, w, attr, node)
+    if dense is None:
+        return Conv._impl_v1(bb, [_widened(bb, x), _widened(bb, w), None], attr, params)
+    strides, pads, dilations = dense
+    op = _CONV_OPS[x.ty.ndim - 2]
+    return bb.normalize(op(x, w, strides=strides, padding=pads, dilation=dilations, out_dtype="int32"))
+
+
 @register_converter("ConvInteger")
 class ConvInteger(OnnxOpConverter):
-    """ONNX ConvInteger (opset 10): (x - x_zero_point) conv (w - w_zero_point) in int32, through tvmseq's Conv
-    converter (its rewrites of grouped and depthwise convolutions included)."""
+    """ONNX ConvInteger (opset 10): (x - x_zero_point) conv (w - w_zero_point) in int32 (`_integer_conv`)."""
 
     @classmethod
     def _impl_v10(cls, bb, inputs, attr, params):
@@ -287,13 +337,29 @@ class ConvInteger(OnnxOpConverter):
         x_zp, w_zp = _optional(inputs, 2), _optional(inputs, 3)
         if x_zp is not None and [int(d) for d in x_zp.ty.shape.values if isinstance(d, tirx.IntImm)] not in ([], [1]):
             raise UnsupportedOnnxError(node, op, "input 'x_zero_point' must be a scalar (per-tensor)")
-        x32 = _centered(bb, x, x_zp)
-        w32 = _centered(bb, w, w_zp, axis=0)       # a 1-D w_zero_point: one per output channel
-        return Conv._impl_v1(bb, [x32, w32, None], attr, params)
+        centered_w = _centered(bb, w, w_zp, axis=0)       # a 1-D w_zero_point: one per output channel
+        return _integer_conv(bb, _centered(bb, x, x_zp), centered_w, attr, params, node)
 
 
-def _matmul_int32(bb, a32, b32):
-    return bb.emit(relax.op.matmul(a32, b32, out_dtype="int32"))
+def _matmul_int32(bb, a, b):
+    """a @ b with the products and sums in int32, whatever the (narrower) integer types of a and b."""
+    return bb.emit(relax.op.matmul(a, b, out_dtype="int32"))
+
+
+@register_converter("MatMulInteger")
+class MatMulInteger(OnnxOpConverter):
+    """ONNX MatMulInteger (opset 10): (A - a_zero_point)(B - b_zero_point) in int32. TVM's converter widens B to
+    int32 before centering it (ddddocr-old-int8's head then read 34 MB of int32 weights); here B stays in
+    int8/int16 (`_centered`). A 1-D a_zero_point is one per row of A, a 1-D b_zero_point one per column of B."""
+
+    @classmethod
+    def _impl_v10(cls, bb, inputs, attr, params):
+        node, op = cls.node_name(attr), "MatMulInteger"
+        a, b = inputs[0], inputs[1]
+        _check_dtype(a, "A", _WEIGHT_DTYPES, node, op)
+        _check_dtype(b, "B", _WEIGHT_DTYPES, node, op)
+        return _matmul_int32(bb, _centered(bb, a, _optional(inputs, 2), axis=-2),
+                             _centered(bb, b, _optional(inputs, 3), axis=-1))
 
 
 @register_converter("DynamicQuantizeMatMul")
@@ -381,8 +447,8 @@ class QLinearConv(OnnxOpConverter):
         _check_dtype(x, "x", _WEIGHT_DTYPES, node, op)
         _check_dtype(w, "w", _WEIGHT_DTYPES, node, op)
         _check_dtype(bias, "B", ("int32",), node, op)
-        acc = bb.normalize(Conv._impl_v1(bb, [_centered(bb, x, x_zp), _centered(bb, w, w_zp, axis=0), None],
-                                         attr, params))
+        acc = bb.normalize(_integer_conv(bb, _centered(bb, x, x_zp), _centered(bb, w, w_zp, axis=0), attr, params,
+                                         node))
         if bias is not None:
             acc = bb.emit(relax.op.add(acc, relax.op.reshape(bias, [1, -1] + [1] * (acc.ty.ndim - 2))))
         return _requantized(bb, acc, x_scale, w_scale, y_scale, y_zp, axis=1)
