@@ -157,6 +157,7 @@ class Model:
         self.target_kind = target if isinstance(target, str) else target.kind.name
         self.device = _device(self.target_kind, device)
         self._vm_instance = None
+        self._main = None
         self.max_graph_shapes = max_graph_shapes
         self._graph_mode = bool(signature.get("cuda_graph")) if cuda_graph is None else bool(cuda_graph)
         if self._graph_mode and self.target_kind != "cuda":
@@ -169,6 +170,7 @@ class Model:
         self._weight_specs = [s for s in specs if s.get("weight")]
         self._weights: list | None = None        # on the device, uploaded once
         self._weight_values: list | None = None  # as given
+        self._host_inputs = {s["name"]: _HostInput(s) for s in specs}
         self._by_name = {}
         for spec in self._feed_specs:
             self._by_name[spec["name"]] = spec
@@ -200,6 +202,7 @@ class Model:
             resolve_artifacts(self.executable, self.signature.get("artifacts"))
             module = self.executable.jit() if hasattr(self.executable, "jit") else self.executable
             self._vm_instance = VirtualMachine(module, self.device)
+            self._main = self._vm_instance["main"]     # looked up once: ~1 us a call
         return self._vm_instance
 
     @property
@@ -269,9 +272,9 @@ class Model:
         if missing:
             raise TvmseqError(f"missing model input(s): {', '.join(missing)}")
         symbols: dict[str, int] = {}
-        tensors = [self._prepare(spec, values[spec["name"]], symbols, upload) for spec in specs]
+        checked = [self._checked(spec, values[spec["name"]], symbols) for spec in specs]
         self._check_bounds(symbols)
-        return tensors
+        return self._placed(checked, symbols, upload)
 
     def _check_bounds(self, symbols: dict) -> None:
         bounds = (self.signature.get("cuda_graph") or {}).get("bounds") or {}
@@ -283,25 +286,45 @@ class Model:
     def _prepare(self, spec, value, symbols, upload: bool = True):
         """Check one input against its spec and return it as a tensor on the model's device (a host
         array left on the host when not `upload`: CUDA-graph mode copies it straight into its buffer)."""
+        return self._placed([self._checked(spec, value, symbols)], symbols, upload)[0]
+
+    def _checked(self, spec, value, symbols) -> tuple:
+        """(host array or None, DLPack tensor view or None, the value, its spec), checked against `spec`
+        (shape, dtype, value checks of host arrays); symbolic dims bound into `symbols`."""
         name = spec.get("onnx_name", spec["name"])
-        host, tensor = _as_host_or_tensor(value, spec, name)
-        data = host if host is not None else tensor
-        shape, dtype = tuple(data.shape), str(data.dtype)
-        _check_shape_dtype(name, spec, shape, dtype, symbols)
+        if type(value) is np.ndarray and self._host_inputs[spec["name"]].matches(value, symbols):
+            host, tensor = value, None
+        else:   # not numpy, or a mismatch: the generic check says what is wrong
+            host, tensor = _as_host_or_tensor(value, spec, name)
+            data = host if host is not None else tensor
+            _check_shape_dtype(name, spec, tuple(data.shape), str(data.dtype), symbols)
         if host is not None:
-            for check in spec.get("checks", []):
+            for check in spec.get("checks", ()):
                 _run_check(check, name, host, symbols)
-            if not upload:
-                return _compact(host)
-            if self.device.dlpack_device_type() == _KDL_CPU and host.dtype.kind in "fiu":
-                # tvm.runtime.tensor takes ~60 us an input (empty + copyfrom), as long as a small model's
-                # whole run on the CPU: a copy into an aligned numpy buffer, wrapped by DLPack, takes ~2
-                return tvm_ffi.from_dlpack(_aligned_copy(host))
-            return tvm.runtime.tensor(_compact(host), self.device)
-        tensor = on_device(tensor, value, self.device, name) if upload or not tensor.is_contiguous() else tensor
-        for check in spec.get("checks", []):
-            _run_check(check, name, tensor, symbols)
-        return tensor
+        return host, tensor, value, spec
+
+    def _placed(self, checked: list, symbols: dict, upload: bool) -> list:
+        """Checked inputs (`_checked`) as tensors on the model's device, or host arrays when not `upload`."""
+        on_cpu = upload and self.device.dlpack_device_type() == _KDL_CPU
+        # tvm.runtime.tensor takes ~60 us an input (empty + copyfrom), as long as a small model's whole run on
+        # the CPU: the call's numeric host inputs are copied into one aligned numpy block wrapped by DLPack
+        copies = iter(_aligned_copies([h for h, _, _, _ in checked if h is not None and on_cpu
+                                       and h.dtype.kind in "fiu"]))
+        out = []
+        for host, tensor, value, spec in checked:
+            if host is None:
+                name = spec.get("onnx_name", spec["name"])
+                out.append(on_device(tensor, value, self.device, name) if upload or not tensor.is_contiguous()
+                           else tensor)
+                for check in spec.get("checks", ()):
+                    _run_check(check, name, out[-1], symbols)
+            elif not upload:
+                out.append(_compact(host))
+            elif on_cpu and host.dtype.kind in "fiu":
+                out.append(tvm_ffi.from_dlpack(next(copies)))
+            else:
+                out.append(tvm.runtime.tensor(_compact(host), self.device))
+        return out
 
     # ---- running --------------------------------------------------------------------------------
     def _reset_graphs(self) -> None:
@@ -387,8 +410,8 @@ class Model:
         if self._weight_specs and self._weight_values is None:
             raise TvmseqError("this model keeps its weights out of the executable: call set_weights(...) "
                               "(or tvmseq.load(path, weights=...)) first")
-        vm = self._vm
-        out = self._graph_run(tensors)[0] if self._graph_mode else vm["main"](*tensors, *self._device_weights())
+        main = self._main if self._main is not None else self._vm["main"]
+        out = self._graph_run(tensors)[0] if self._graph_mode else main(*tensors, *self._device_weights())
         return out if isinstance(out, tvm.runtime.Tensor) else tuple(out)
 
     def __call__(self, *args, **kwargs):
@@ -422,18 +445,55 @@ class Model:
 def _to_numpy(out):
     if not isinstance(out, tvm.runtime.Tensor):
         return tuple(_to_numpy(o) for o in out)
-    if out.device.dlpack_device_type() == _KDL_CPU and out.dtype in ("float32", "float16", "int64", "int32"):
+    if out.device.dlpack_device_type() == _KDL_CPU:
         # Tensor.numpy() takes ~30 us; a copy through DLPack ~1 (a copy: the output may be a constant of the model)
-        return np.from_dlpack(out).copy()
+        try:
+            return np.from_dlpack(out).copy()
+        except (RuntimeError, BufferError, TypeError):   # a dtype numpy does not take through DLPack (bfloat16)
+            pass
     return out.numpy()
 
 
-def _aligned_copy(arr: np.ndarray) -> np.ndarray:
-    """A compact copy of `arr` whose data starts on an _ALIGNMENT-byte boundary (TVM's compiled code assumes it)."""
-    raw = np.empty(arr.nbytes + _ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % _ALIGNMENT
-    out = raw[start:start + arr.nbytes].view(arr.dtype).reshape(arr.shape)
-    np.copyto(out, arr)
+class _HostInput:
+    """An input's dtype and shape as numpy compares them, worked out once: checking a numpy input against the
+    signature's strings took ~8 us an input (str(dtype) alone ~5), a good part of a small model's call."""
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, spec):
+        try:
+            self.dtype = np.dtype(spec["dtype"])
+        except TypeError:          # a dtype numpy lacks (bfloat16): only the generic check takes it
+            self.dtype = None
+        self.shape = None if spec["shape"] is None else tuple(spec["shape"])
+
+    def matches(self, arr: np.ndarray, symbols: dict) -> bool:
+        """Whether `arr` has this dtype and shape, its symbolic dims bound into `symbols` (False: the generic
+        `_check_shape_dtype` then says what is wrong)."""
+        if arr.dtype != self.dtype or self.shape is None or arr.ndim != len(self.shape):
+            return False
+        for got, want in zip(arr.shape, self.shape):
+            if want.__class__ is int:
+                if got != want:
+                    return False
+            elif symbols.setdefault(want, got) != got:
+                return False
+        return True
+
+
+def _aligned_copies(arrays: list) -> list:
+    """Compact copies of `arrays` in one numpy block, each starting on an _ALIGNMENT-byte boundary (TVM's
+    compiled code assumes it): one allocation a call instead of one an input."""
+    if not arrays:
+        return []
+    sizes = [-(-a.nbytes // _ALIGNMENT) * _ALIGNMENT for a in arrays]
+    raw = np.empty(sum(sizes) + _ALIGNMENT, np.uint8)
+    offset = -tvm_ffi.from_dlpack(raw).data_ptr() % _ALIGNMENT   # ~3x cheaper than raw.ctypes.data
+    out = []
+    for arr, size in zip(arrays, sizes):
+        copy = np.ndarray(arr.shape, arr.dtype, raw, offset)
+        copy[...] = arr
+        out.append(copy)
+        offset += size
     return out
 
 

@@ -1,0 +1,147 @@
+"""Per-call overhead of a CPU model (issue #23: small models such as silero VAD and dtln spend a good part of a call
+outside their kernels). The numpy call path checks inputs against facts worked out once (`_HostInput`), copies
+a call's inputs into one 64-byte aligned block (`_aligned_copies`) and reads outputs back through DLPack; these
+tests hold it to the generic path's results and errors, at odd symbolic sizes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+pytest.importorskip("tvm.script")
+if getattr(tvm.base, "_RUNTIME_ONLY", False):   # models are compiled here: TVM's compiler is needed
+    pytest.skip("TVM runtime only: these tests compile models", allow_module_level=True)
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import tvmseq  # noqa: E402
+from tvmseq import runtime  # noqa: E402
+from tvmseq.errors import TvmseqError  # noqa: E402
+
+
+def _model():
+    """Y = X * s + b over symbolic (B, T, 5), plus Z = Cast(K, int32) + 1 over (B,) and a bool output: three
+    inputs sharing the symbolic B, outputs of three dtypes."""
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["B", "T", 5])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, [])
+    k = helper.make_tensor_value_info("K", TensorProto.INT64, ["B"])
+    outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["B", "T", 5]),
+            helper.make_tensor_value_info("Z", TensorProto.INT32, ["B"]),
+            helper.make_tensor_value_info("P", TensorProto.BOOL, ["B", "T", 5])]
+    nodes = [helper.make_node("Mul", ["X", "s"], ["xs"]), helper.make_node("Add", ["xs", "b"], ["Y"]),
+             helper.make_node("Cast", ["K"], ["k32"], to=TensorProto.INT32),
+             helper.make_node("Add", ["k32", "one"], ["Z"]), helper.make_node("Greater", ["Y", "zero"], ["P"])]
+    inits = [numpy_helper.from_array(np.linspace(-1, 1, 5, dtype=np.float32), "b"),
+             numpy_helper.from_array(np.array(1, np.int32), "one"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    graph = helper.make_graph(nodes, "m", [x, s, k], outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return tvmseq.compile_onnx(_model(), target="llvm")
+
+
+def _feeds(batch, time, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"X": rng.standard_normal((batch, time, 5)).astype(np.float32), "s": np.array(1.5, np.float32),
+            "K": rng.integers(-9, 9, batch).astype(np.int64)}
+
+
+def _check(outputs, feeds):
+    """Y as numpy computes it (TVM may fuse the multiply-add: within an ulp), Z exactly, P from the Y given."""
+    y, z, p = outputs
+    assert (y.dtype, z.dtype, p.dtype) == (np.float32, np.int32, np.bool_)
+    np.testing.assert_allclose(y, feeds["X"] * np.float32(feeds["s"]) + np.linspace(-1, 1, 5, dtype=np.float32),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(z, feeds["K"].astype(np.int32) + 1)
+    np.testing.assert_array_equal(p, y > 0)
+
+
+@pytest.mark.parametrize("batch, time", [(1, 1), (3, 7), (5, 129)])
+def test_numpy_inputs_take_the_fast_checks_and_match_the_generic_path(compiled, batch, time, monkeypatch):
+    """Numpy inputs never reach the generic check (whose str(dtype) alone took ~5 us an input); the outputs
+    equal those of the same inputs fed as TVM tensors (the generic path) and the numpy formula."""
+    feeds = _feeds(batch, time)
+    generic = compiled(**{k: tvm.runtime.tensor(v) for k, v in feeds.items()})
+
+    def refuse(*_):
+        raise AssertionError("the generic check ran for a numpy input")
+
+    monkeypatch.setattr(runtime, "_check_shape_dtype", refuse)
+    fast = compiled(**feeds)
+    for got, same in zip(fast, generic):
+        assert got.dtype == same.dtype and got.shape == same.shape
+        np.testing.assert_array_equal(got, same)
+    _check(fast, feeds)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(X=np.zeros((2, 3, 5), np.float64)), "input 'X' has dtype float64, the model expects float32"),
+    (dict(X=np.zeros((2, 3, 4), np.float32)), r"input 'X' has shape \[2, 3, 4\], the model expects"),
+    (dict(X=np.zeros((2, 3), np.float32)), r"input 'X' has shape \[2, 3\] \(rank 2\)"),
+    (dict(K=np.zeros(3, np.int64)), "input 'K' axis 0 is 3 but dimension 'B' is 2 in another input"),
+    (dict(s=np.zeros(1, np.float32)), r"input 's' has shape \[1\]"),
+])
+def test_mismatched_numpy_inputs_keep_the_generic_one_line_errors(compiled, change, message):
+    feeds = {**_feeds(2, 3), **change}
+    with pytest.raises(TvmseqError, match=message) as err:
+        compiled(**feeds)
+    assert "\n" not in str(err.value)
+
+
+def test_strided_misaligned_and_scalar_inputs(compiled):
+    """A strided view, a view 4 bytes past an aligned start and a Python scalar: copied, right results, the
+    caller's arrays untouched."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal(2 * 9 * 10 + 1).astype(np.float32)
+    x = base[1:].reshape(2, 9, 10)[:, :, ::2]                 # strided and misaligned
+    k = np.arange(4, dtype=np.int64)[::2]
+    before = base.copy()
+    _check(compiled(X=x, s=2.0, K=k), {"X": x, "s": 2.0, "K": k})
+    np.testing.assert_array_equal(base, before)
+
+
+@pytest.mark.parametrize("arrays", [
+    [np.float32(1.5) * np.ones((), np.float32)],
+    [np.arange(7, dtype=np.float32), np.arange(3, dtype=np.int64), np.zeros((0, 4), np.float32)],
+    [np.arange(30, dtype=np.float64).reshape(5, 6)[:, ::2], np.arange(13, dtype=np.int8), np.ones(1, np.float16)],
+], ids=["rank0", "mixed-with-empty", "strided-int8-half"])
+def test_aligned_copies_are_compact_aligned_and_equal(arrays):
+    copies = runtime._aligned_copies(arrays)
+    assert len(copies) == len(arrays)
+    for arr, copy in zip(arrays, copies):
+        assert copy.dtype == arr.dtype and copy.shape == arr.shape and copy.flags.c_contiguous
+        assert copy.ctypes.data % runtime._ALIGNMENT == 0
+        assert not np.shares_memory(copy, arr)
+        np.testing.assert_array_equal(copy, arr)
+    for a, b in zip(copies, copies[1:]):                     # one block, the copies side by side, no overlap
+        assert not np.shares_memory(a, b)
+
+
+def test_outputs_are_numpy_copies_of_every_dtype(compiled):
+    """float32, int32 and bool outputs come back through DLPack as arrays the caller owns."""
+    feeds = _feeds(2, 3)
+    first = compiled(**feeds)
+    kept = [o.copy() for o in first]
+    for out in first:
+        out[...] = 0
+    again = compiled(**feeds)
+    _check(again, feeds)
+    for got, want in zip(again, kept):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_host_input_facts(compiled):
+    """_HostInput: static and symbolic dims, symbols shared between inputs, dtypes numpy lacks left to the
+    generic check."""
+    fact = runtime._HostInput({"shape": ["B", 4, "B"], "dtype": "float32"})
+    symbols = {}
+    assert fact.matches(np.zeros((3, 4, 3), np.float32), symbols) and symbols == {"B": 3}
+    assert not fact.matches(np.zeros((3, 4, 2), np.float32), {})
+    assert not fact.matches(np.zeros((2, 4, 2), np.float32), {"B": 3})
+    assert not fact.matches(np.zeros((3, 4, 3), np.float64), {})
+    assert not fact.matches(np.zeros((3, 4), np.float32), {})
+    assert not runtime._HostInput({"shape": [2], "dtype": "bfloat16"}).matches(np.zeros(2, np.float32), {})
+    assert not runtime._HostInput({"shape": None, "dtype": "float32"}).matches(np.zeros(2, np.float32), {})
