@@ -39,7 +39,7 @@ def variants(D: int, B: int, H: int, dtype: str, cell: str = "gru") -> list:
 
     tgt = resolve("cuda")
     facts = rg.gpu_facts(tgt)
-    ng = cells.GATES[cell]   # weight rows a unit: shared-memory rows come in whole units
+    ng = cells.CELL_GATES[cell]   # weight rows a unit: shared-memory rows come in whole units
     picks = [engine.default_gru_config(D, B, H, dtype, tgt, cell, measured=False),
              engine.default_gru_config(D, B, H, dtype, tgt, cell, measured=True)]
     for blocks in sorted({64 // D, 128 // D, 64, 128}):

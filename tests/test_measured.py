@@ -115,23 +115,30 @@ def _pick_rg():
     return dataclasses.asdict(rg.default_config(512, 1, "float32", resolve("cuda"), measured=False))
 
 
-# (op, tuning script, committed measurements it was merged from)
-SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep.json.gz"),
+# (op, tuning script, committed measurements it was merged from[, then more (script, measurements) merged in order])
+SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep.json.gz",
+            ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz")),
            ("recurrent_gemm", "tune_recurrent_gemm", "artifacts/bench/recurrent_gemm.json"),
            ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json.gz"),
            ("spmm", "tune_spmm", "artifacts/bench/spmm_tune.json.gz"),
            ("topk", "tune_topk", "artifacts/bench/topk_tune.json.gz"),
-           ("persistent_mma", "tune_persistent_mma", "artifacts/bench/pmma_sweep.json.gz")]
+           ("persistent_mma", "tune_persistent_mma", "artifacts/bench/pmma_sweep.json.gz",
+            ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz"))]
 
 
-@pytest.mark.parametrize("op,script,source", SOURCES, ids=[s[0] for s in SOURCES])
+@pytest.mark.parametrize("op,script,source,more",
+                         [(op, script, source, tuple(more)) for op, script, source, *more in SOURCES],
+                         ids=[s[0] for s in SOURCES])
 def test_committed_database_is_reproducible_from_the_committed_measurements(tmp_path, monkeypatch, op, script,
-                                                                           source):
-    if not (ROOT / source).exists():
-        pytest.skip(f"{source} not committed")
+                                                                           source, more):
+    merges = [(script, source), *more]
+    for _, path in merges:
+        if not (ROOT / path).exists():
+            pytest.skip(f"{path} not committed")
     original = measured.merge
     monkeypatch.setattr(measured, "merge", lambda *a, **k: original(*a, **dict(k, root=tmp_path)))
-    _script(script).merge(ROOT / source)
+    for name, path in merges:   # the LSTM sweep after the GRU's: the same order as the committed database
+        _script(name).merge(ROOT / path)
     got = json.loads((tmp_path / f"{op}.json").read_text())["entries"]
     want = json.loads((ROOT / "schedules" / "measured" / f"{op}.json").read_text())["entries"]
     strip = lambda es: [{k: v for k, v in e.items() if k != "source"} for e in es]  # noqa: E731

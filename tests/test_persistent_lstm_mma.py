@@ -67,6 +67,8 @@ CPU_CASES = [
     (1, 3, 29, "float16", "forward", None, None, False, 0, True, (16, 2, 16, 0, 1, 0, 0, 1, 0, 0, 2, 1, 1)),  # dsmem
     (2, 37, 29, "float32", "bidirectional", None, None, True, 0, True, (8, 2, 16, 0, 2)),  # FMA product, split
     (1, 19, 67, "float32", "reverse", None, 0.7, True, 1, False, (8, 4, 32, 0, 1, 0, 1)),  # half_stage
+    (2, 19, 100, "float32", "bidirectional", None, None, True, 0, True,
+     (8, 4, 16, 0, 2, 0, 0, 0, 0, 0, 13, 1, 1)),                                     # lstm_cluster_config's pick
 ]
 
 
@@ -103,6 +105,9 @@ def _spec(D, B, H, dtype="float16", **kw):
     (1, 8, 256, "float16", "persistent_mma"),    # the GRU database: the staged kernel beat the engine there
     (1, 64, 256, "float32", "persistent_mma"), (1, 8, 512, "float16", "persistent"),
     (1, 8, 512, "float32", "persistent"), (1, 256, 1024, "float32", "per_step"),
+    (1, 19, 100, "float32", "persistent_mma"), (2, 67, 37, "float16", "persistent_mma"),   # lstm_cluster_config
+    (1, 8, 128, "float32", "persistent_mma"),    # the LSTM's own sweep: the staged kernel beat the engine there
+    (1, 7, 100, "float32", "persistent"),        # below the rule's batch
 ])
 def test_path_choice(D, B, H, dtype, path):
     cuda = resolve("cuda")
@@ -129,6 +134,29 @@ def test_requested_mma_path_and_configs():
     for D, B, H in ((1, 64, 1024), (1, 256, 1024), (2, 64, 256)):
         cfg = pm.default_config(D, B, H, cuda, "lstm")
         assert pm.MmaGeometry(D, B, H, 4, cfg).check(gpu_facts(cuda)) is None, (D, B, H, cfg)
+
+
+@needs_compiler
+@pytest.mark.parametrize("D,B,H,knobs", [
+    (1, 8, 128, (8, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)),     # one cluster of 16 blocks
+    (1, 256, 128, (8, 4, 16, 0, 16, 0, 0, 0, 0, 0, 16, 1, 1)),  # 256 blocks: two an SM
+    (2, 256, 128, (16, 4, 16, 0, 16, 0, 0, 0, 0, 0, 8, 1, 1)),  # 8 units a block would need 512 blocks
+    (1, 9, 200, (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1)),
+    (2, 67, 37, (8, 4, 16, 0, 5, 0, 0, 0, 0, 0, 5, 1, 1)),
+    (1, 7, 128, None), (1, 8, 257, None), (2, 1024, 256, None),  # batch below 8, 17 groups, too many blocks
+])
+def test_lstm_cluster_config(D, B, H, knobs):
+    """The small-hidden LSTM rule (measured winners of schedules/plstm_sweep.py): its configs fit the H100."""
+    from tvmseq.kernels.recurrent_gemm import gpu_facts
+
+    facts = gpu_facts(resolve("cuda"))
+    cfg = pm.lstm_cluster_config(D, B, H, facts)
+    assert (cfg.knobs() if cfg else None) == knobs
+    if cfg:
+        assert pm.MmaGeometry(D, B, H, 4, cfg, "float16").check(facts) is None
+    for dtype in ("float16", "float32"):   # where the rule's pick does not fit (fp32 registers), the next rule's does
+        picked = pm.default_config(D, B, H, resolve("cuda"), "lstm", measured=False, dtype=dtype)
+        assert picked is None or pm.MmaGeometry(D, B, H, 4, picked, dtype).check(facts) is None, dtype
 
 
 @needs_compiler

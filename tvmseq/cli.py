@@ -175,7 +175,8 @@ def cmd_bench(args):
     module.run(args)
 
 
-TUNE_OPS = ("gemm", "persistent_gru", "persistent_mma", "step_gemm", "recurrent_gemm", "spmm", "topk")
+TUNE_OPS = ("gemm", "persistent_gru", "persistent_mma", "persistent_lstm", "step_gemm", "recurrent_gemm", "spmm",
+            "topk")
 
 
 def _tune_model(args) -> None:

@@ -86,6 +86,7 @@ MMA_TEST_CASES = [
     (1, 67, 257, "float32", "forward", None, None, True, 0, True, (8, 8, 32, 0, 2)),
     (2, 64, 256, "float32", "bidirectional", None, 0.8, True, 1, True, None),
     (1, 64, 512, "float32", "forward", None, None, True, 0, True, None),      # image, cluster 2
+    (1, 19, 100, "float32", "reverse", None, 0.7, True, 1, True, None),       # lstm_cluster_config: 13-block dsmem
 ]
 
 

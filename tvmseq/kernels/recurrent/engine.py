@@ -693,9 +693,10 @@ def lstm_spec_func(spec, target, config=None):
 
 
 def default_lstm_config(D: int, B: int, H: int, dtype: str, target):
-    """The engine's schedule for 4H x H weights per direction. No LSTM timings are measured yet, so this is
-    the GRU/RNN step-time fit (`STEP_FIT_US`, per pass: a 4-row pass is a pass like a 3-row one) on the LSTM's
-    geometry, or a measured winner once `schedules/measured/persistent_gru.json` holds cell 'lstm' entries."""
+    """The engine's schedule for 4H x H weights per direction: the measured winner where
+    `schedules/measured/persistent_gru.json` has a cell 'lstm' entry (`schedules/plstm_sweep.py`), else the
+    GRU/RNN step-time fit (`STEP_FIT_US`, per pass: a 4-row pass is a pass like a 3-row one) on the LSTM's
+    geometry (its picks were 0-15% slower than the best engine config at the 14 LSTM shapes swept)."""
     return default_gru_config(D, B, H, dtype, resolve(target), "lstm")
 
 

@@ -347,6 +347,9 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
     facts = rg.gpu_facts(target)
     fits = lambda cfg: cfg is not None and MmaGeometry(D, B, H, GATES[cell], cfg, dtype).check(facts) is None  # noqa: E731
     if cell == "lstm":
+        cluster = lstm_cluster_config(D, B, H, facts)
+        if fits(cluster):
+            return cluster
         derived = next((cfg for cfg in lstm_variants(default_config(D, B, H, target, "gru", measured, dtype))
                         if fits(cfg)), None)
         if derived:
@@ -407,6 +410,28 @@ def wide_block_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
     return best
 
 
+# the smallest LSTM batch `lstm_cluster_config` was measured at
+LSTM_CLUSTER_MIN_BATCH = 8
+
+
+def lstm_cluster_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
+    """LSTM, hidden <= 256, batch >= 8: each batch group's unit blocks form one cluster that hands the state over
+    in distributed shared memory (`dsmem`), 4 warps, one 16-row chunk a block (the batch split over clusters), 8
+    units a block where that needs at most 2 blocks an SM, else 16. Measured on the H100 against every engine
+    config and the GRU-derived staged picks (schedules/plstm_sweep.py, artifacts/bench/plstm_sweep.json.gz, recurrence
+    us a step, the best other kernel in brackets): fp16 H128 B8 0.81 (engine 1.70), B64 1.21 (2.40), B256 1.54
+    (2.85), bi B256 1.99 (3.85); fp32 H128 B8 1.59 (engine 1.69), B32 1.88 (2.96), B64 1.89 (2.89), bi B64 2.89
+    (3.91); fp16 H256 B8 1.27 (1.86). None where it does not apply or fit."""
+    if B < LSTM_CLUSTER_MIN_BATCH:
+        return None
+    split = math.ceil(B / 16)
+    for units in (8, 16):
+        groups = math.ceil(H / units)
+        if 2 <= groups <= CLUSTER_SYNC_MAX and D * groups * split <= 2 * facts.num_sms:
+            return MmaConfig(units, 4, 16, batch_split=split, cluster=groups, cluster_sync=True, dsmem=True)
+    return None
+
+
 def batch_split_config(D: int, B: int, H: int, facts, rows: int = 32) -> MmaConfig | None:
     """Two blocks an SM, each with its own 32-row chunks (8 units, 8 warps): the largest power-of-two split
     that keeps D x G x split <= 2 x SMs and gives every block a chunk; None when that is no split. Measured
@@ -444,10 +469,14 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
         return False, f"{dtype}: float16 (tensor cores) or float32 (FMA units: tensor cores would round to TF32)"
     if cell == "gru" and not lbr:
         return False, "linear_before_reset=0 needs every unit's r gate before the h-gate product"
-    # LSTM: no LSTM timings in the database yet; the GRU's at the same shape order the two kernels (both do 4/3
-    # of the GRU's work a step)
+    # LSTM: its own timings where the database has them, else the GRU's at the same shape order the two kernels
+    # (both do 4/3 of the GRU's work a step)
+    # ... and an LSTM small enough for one cluster a batch group was measured faster than the engine at every
+    # such shape timed (`lstm_cluster_config`)
     measured_faster = config is None and (beats_engine(D, B, H, cell, dtype, target)
-                                          or (cell == "lstm" and beats_engine(D, B, H, "gru", dtype, target)))
+                                          or (cell == "lstm" and beats_engine(D, B, H, "gru", dtype, target))
+                                          or (cell == "lstm" and lstm_cluster_config(D, B, H, rg.gpu_facts(target))
+                                              is not None))
     if dtype == "float32" and not (SIMT_MIN_BATCH <= B <= SIMT_MAX_BATCH and H <= SIMT_MAX_HIDDEN) \
             and not measured_faster:
         return False, (f"float32 batch {B} hidden {H}: the staged FMA kernel was measured faster only for batch "
