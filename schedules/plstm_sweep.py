@@ -6,6 +6,7 @@ fit on the LSTM's geometry, and no hidden-128 shape had a dsmem config.
 
   python3 schedules/plstm_sweep.py build out/plstm [CELLS]   # here: one library per cell, index.json
   python3 schedules/plstm_sweep.py build-auto out/odd CELLS   # here: only the importer's pick per cell
+  python3 schedules/plstm_sweep.py build-tiles out/ltile      # here: the per-step path's step GEMM tiles
   python3 schedules/plstm_sweep.py run out/plstm              # GPU machine: each cell's variants in one process
   python3 schedules/plstm_sweep.py merge out/plstm/results.json   # here: winners -> both measured databases
                                                   # (committed: artifacts/bench/plstm_sweep.json.gz, after the GRU's)
@@ -104,6 +105,43 @@ def auto_funcs(D, B, H, dtype, tgt):
     name = f"auto_lstm_d{D}_b{B}_h{H}_{dtype}"
     return ({name: func.with_attr("global_symbol", name)},
             [dict(kernel=path, config=why, func=name, D=D, B=B, H=H, dtype=dtype, cell="lstm")])
+
+
+# the per-step path's cells (fp32, batch >= 64 at hidden >= 512): its step GEMM [B, H] x [H, 4H] had only the
+# cost model's tile (the tuned database holds the GRU's 3H shapes)
+TILE_CELLS = [(1, 256, 1024, "float32"), (2, 256, 1024, "float32"), (1, 64, 1024, "float32"), (2, 64, 1024, "float32"),
+              (1, 256, 512, "float32"), (2, 256, 512, "float32")]
+TILES_PER_CELL = 10
+
+
+def tile_funcs(D, B, H, dtype, tgt):
+    """{name: prim_func}, [index rows] of the per-step LSTM with the step GEMM tiles the cost model ranks best
+    (the best bk of each tile shape and split; its own pick first)."""
+    from tvmseq.kernels.recurrent import gru, lstm
+    from tvmseq.kernels.recurrent import step_gemm as sg
+
+    r_bytes = 2 if dtype == "float16" else 4
+    best = {}
+    for bm, bn, tm, tn in sg.TILE_SHAPES:
+        for bk in sg.BK_CHOICES:
+            for split in sg.SPLITS:
+                tile = sg.normalized(sg.GemmTile(bm, bn, bk, tm, tn, split), H)
+                cost = sg.estimate_cycles(tile, B, 4 * H, H, D, r_bytes)
+                key = (bm, bn, tm, tn, tile.split_k)
+                if cost < best.get(key, (float("inf"), None))[0]:
+                    best[key] = (cost, tile)
+    pick = sg.normalized(sg.choose_tile(B, 4 * H, H, D, dtype, tgt, measured=False), H)
+    tiles = [pick] + [t for _, t in sorted(best.values(), key=lambda v: v[0]) if t != pick][:TILES_PER_CELL - 1]
+    spec = lstm.LstmSpec(D, B, H, H, dtype, direction="bidirectional" if D == 2 else "forward")
+    funcs, rows = {}, []
+    for tile in tiles:
+        name = (f"s_lstm_d{D}_b{B}_h{H}_{dtype}_{tile.bm}x{tile.bn}x{tile.bk}_{tile.tm}x{tile.tn}_s{tile.split_k}")
+        sched = gru.StepSchedule(tiled=True, tile=tile)
+        funcs[name] = lstm.recurrence_func(spec, tgt, sched).with_attr("global_symbol", name)
+        rows.append(dict(kernel="step_gemm", config=dict(bm=tile.bm, bn=tile.bn, bk=tile.bk, tm=tile.tm, tn=tile.tn,
+                                                          split_k=tile.split_k, vec=tile.vec),
+                         func=name, D=D, B=B, H=H, dtype=dtype, cell="lstm"))
+    return funcs, rows
 
 
 def build(out: Path, cells, funcs_of=None) -> None:
@@ -206,7 +244,7 @@ def run(out: Path) -> list[dict]:
         except subprocess.TimeoutExpired:
             print(lib, "timed out", flush=True)
         ok = [r for r in results if r["file"] == lib and r["ok"]]
-        for kernel in ("persistent_gru", "persistent_mma"):
+        for kernel in ("persistent_gru", "persistent_mma", "step_gemm"):
             mine = [r for r in ok if r["kernel"] == kernel]
             if mine:
                 best = min(mine, key=lambda r: r["us_step_wall"][0])
@@ -226,6 +264,7 @@ def merge(results: Path) -> None:
     import tune_persistent_gru
     import tune_persistent_mma
     from tvmseq.kernels.recurrent import mma as pm
+    from tvmseq.targets import resolve
     from tvmseq.tune import measured
 
     found = measured.read_results(results)   # a run's results.json (rows) or the committed artifact (a dict)
@@ -245,6 +284,17 @@ def merge(results: Path) -> None:
                    us=r["us_step_wall"][-1]) for r in rows if r["kernel"] == "persistent_mma"]
     trials += [dict(key=json.loads(k), config=pm.ENGINE_PICK, us=us) for k, us in engine_best.items()]
     measured.merge("persistent_mma", trials, tune_persistent_mma._rival, source=source)
+    tiles = [r for r in rows if r["kernel"] == "step_gemm"]
+    if tiles:   # the per-step path's step GEMM: [B, H] x [H, 4H] a direction, against the cost model's tile
+        from tvmseq.kernels.recurrent import step_gemm as sg
+
+        def model_tile(k):
+            return dataclasses.asdict(sg.normalized(sg.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"],
+                                                                   resolve("cuda"), measured=False), k["K"]))
+
+        measured.merge("step_gemm", [dict(key=dict(M=r["B"], N=4 * r["H"], K=r["H"], D=r["D"], dtype=r["dtype"]),
+                                          config=r["config"], us=r["us_step_wall"][-1]) for r in tiles],
+                       model_tile, source=f"{results}: us per step of the per-step LSTM (recurrence only)")
 
 
 if __name__ == "__main__":
@@ -253,6 +303,8 @@ if __name__ == "__main__":
         build(where, _cells(sys.argv[3] if len(sys.argv) > 3 else None))
     elif mode == "build-auto":   # the importer's pick only, e.g. at odd sizes
         build(where, _cells(sys.argv[3]), auto_funcs)
+    elif mode == "build-tiles":   # the per-step path's step GEMM tiles (TILE_CELLS)
+        build(where, _cells(sys.argv[3]) if len(sys.argv) > 3 else TILE_CELLS, tile_funcs)
     elif mode == "run":
         run(where)
     elif mode == "cell":
