@@ -74,6 +74,19 @@ def test_step_gemm_symbolic_batch_decides_threads_at_run_time(monkeypatch):
         np.testing.assert_allclose(out.numpy()[0], np.einsum("dmk,dnk->dmn", h, R), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("cores,threshold", [(None, None), (2, step_gemm.CPU_PARALLEL_MIN_MACS),
+                                              (16, step_gemm.CPU_MANY_CORES_MIN_MACS)])
+def test_step_split_threshold_follows_the_cores(monkeypatch, cores, threshold):
+    """A batch-1 hidden-512 LSTM step (1M multiply-adds) runs on one thread for 2 cores and is split for 16 (the
+    target's num-cores, else the threads of this process's pool)."""
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    target = resolve(f"llvm -num-cores={cores}") if cores else LLVM
+    assert step_gemm.cpu_parallel_min_macs(target) == (threshold or step_gemm.CPU_PARALLEL_MIN_MACS)
+    spec = lstm.LstmSpec(1, 1, 512, 512, "float32", direction="forward")
+    text = lstm.recurrence_func(spec, target).script()
+    assert ("T.parallel" in text) == (cores == 16)
+
+
 def _model(nodes, inputs, outputs, inits, opset=17):
     graph = helper.make_graph(nodes, "m", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)

@@ -33,8 +33,8 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 from ...errors import TvmseqError
 from ..activations import Activation
 from ..projection.gemm import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
-from .step_gemm import (TILED_MIN_BATCH, GemmTile, choose_tile, cpu_gemm_macro, cpu_lanes, normalized,
-                        tiled_gemm_macro)
+from .step_gemm import (TILED_MIN_BATCH, GemmTile, choose_tile, cpu_gemm_macro, cpu_lanes, cpu_parallel_min_macs,
+                        normalized, tiled_gemm_macro)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 
@@ -277,7 +277,8 @@ def step_gemm_plan(gpu: bool, D: int, B: int, H: int, dt: str, sched: StepSchedu
     tiled GEMM splits K). B is an int or a TIR variable (any batch). On the CPU (unless `sched.tiled` forces
     the tiled GEMM's serial variant) the SIMD GEMM of `step_gemm.cpu_gemm_macro`."""
     if not gpu and not sched.tiled:
-        return cpu_gemm_macro(D, B, H, dt, rows, row_offset, cpu_lanes(target)), 1
+        return cpu_gemm_macro(D, B, H, dt, rows, row_offset, cpu_lanes(target),
+                              min_macs=cpu_parallel_min_macs(target)), 1
     if sched.use_tiled(gpu, B):
         tile = normalized(sched.tile or choose_tile(B, rows, H, D, dt, target if gpu else None), H)
         return tiled_gemm_macro(gpu, D, B, H, dt, tile, rows, row_offset, out_cols), tile.split_k

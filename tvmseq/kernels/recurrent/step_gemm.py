@@ -427,8 +427,25 @@ CPU_BATCH_TILE = 4
 CPU_M_BLOCK = 64
 # below this a step stays on one thread: splitting it costs a launch and a join of TVM's pool every step, a
 # few microseconds when the cores are idle and far more when they are shared (a thread that lost its core
-# holds up the join); from 2M multiply-adds (~40 us on one core) the split pays
+# holds up the join); from 2M multiply-adds (~40 us on one core) the split pays (2-core Zen 4: 1 << 19 measured
+# GRU H512 B1 5.50 -> 5.54 ms, LSTM H512 B1 7.25 -> 9.96)
 CPU_PARALLEL_MIN_MACS = 1 << 21
+# ... with many cores a step of a few hundred thousand multiply-adds is already memory-bound on one core (R past
+# its L2) while the others idle: a 16-core Xeon ran batch-1 hidden-512 GRU / LSTM steps (0.8-1M MACs) serially in
+# 15.6 / 19.7 ms per 100 steps against onnxruntime's 2.75 / 3.13 on 16 threads (both ~15 ms on one thread)
+CPU_MANY_CORES, CPU_MANY_CORES_MIN_MACS = 8, 1 << 18
+
+
+def cpu_parallel_min_macs(target=None) -> int:
+    """Multiply-adds from which a CPU step GEMM is split over threads, for the cores of `target` (its
+    "num-cores" attribute, e.g. "llvm -mcpu=sapphirerapids -num-cores=16" for another machine; else the threads
+    this process's pool will use)."""
+    cores = target.attrs.get("num-cores") if target is not None else None
+    if not cores:
+        from ...schedule_cpu import configure_threads
+
+        cores = configure_threads()
+    return CPU_MANY_CORES_MIN_MACS if int(cores) >= CPU_MANY_CORES else CPU_PARALLEL_MIN_MACS
 
 
 def cpu_lanes(target=None) -> int:
@@ -438,22 +455,24 @@ def cpu_lanes(target=None) -> int:
     return 8
 
 
-def cpu_parallel(D: int, M, rows: int, K: int) -> bool:
+def cpu_parallel(D: int, M, rows: int, K: int, min_macs: int | None = None) -> bool:
     """Whether a CPU step GEMM can be large enough to split over threads (a symbolic M: at CPU_M_BLOCK rows;
-    `cpu_gemm_macro` then decides at run time with `cpu_parallel_at_run_time`)."""
+    `cpu_gemm_macro` then decides at run time with `cpu_parallel_at_run_time`); min_macs: the threshold
+    (default CPU_PARALLEL_MIN_MACS; `cpu_parallel_min_macs` for a target)."""
     m = M if isinstance(M, int) else CPU_M_BLOCK
-    return D * m * rows * K >= CPU_PARALLEL_MIN_MACS
+    return D * m * rows * K >= (min_macs or CPU_PARALLEL_MIN_MACS)
 
 
-def cpu_parallel_at_run_time(D: int, M, rows: int, K: int):
+def cpu_parallel_at_run_time(D: int, M, rows: int, K: int, min_macs: int | None = None):
     """The condition a step GEMM of symbolic batch M checks every step before splitting over threads: a
     TIR expression. (Counted as 8 rows at build time, a batch-1 LSTM H256 stepped on the pool and paid its
     launch and join 100 times, each a time slice while other processes held the cores.)"""
-    return M * (D * rows * K) >= CPU_PARALLEL_MIN_MACS
+    return M * (D * rows * K) >= (min_macs or CPU_PARALLEL_MIN_MACS)
 
 
 def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
-                   parallel: bool | None = None, shared_src: bool = False, bias: bool = False):
+                   parallel: bool | None = None, shared_src: bool = False, bias: bool = False,
+                   min_macs: int | None = None):
     """TVMScript macro `gemm(src, R, gh)` for the CPU: gh[0, d, m, row_offset + r] = sum_k src[d, m, k] *
     R[d, row_offset + r, k] for m < M (an int or a TIR variable), r < rows; float32 accumulation, R in any
     float dtype (converted as loaded). shared_src: src is [M, K], the same for every direction (the input
@@ -467,7 +486,7 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
     nrb = (rows + RT - 1) // RT
     MB = CPU_M_BLOCK
     nmb = (M + MB - 1) // MB
-    par = cpu_parallel(D, M, rows, K) if parallel is None else parallel
+    par = cpu_parallel(D, M, rows, K, min_macs) if parallel is None else parallel
     # a symbolic batch picks the parallel or the serial loop every step (forced `parallel`: always that one)
     guard = par and parallel is None and not isinstance(M, int)
     f32 = lambda v: T.Cast("float32", v)  # noqa: E731
@@ -553,7 +572,7 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
     @T.macro
     def body(src, R, gh, bias_buf):
         if guard:
-            if cpu_parallel_at_run_time(D, M, rows, K):
+            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
                 parallel_blocks(src, R, gh, bias_buf)
             else:
                 serial_blocks(src, R, gh, bias_buf)
