@@ -138,13 +138,16 @@ def run_cell(out: Path, lib: str) -> list[dict]:
     return results
 
 
-def run(out: Path) -> list[dict]:
+def run_libraries(out: Path, script: str, kinds=(None,)) -> list[dict]:
+    """Every library of out/index.json timed by `script cell OUT LIB` in a process of its own (a hang or a failed
+    launch costs that library only), each kind's winner printed (kinds: values of the rows' "kernel", None: all
+    rows), out/results.json written after each library."""
     index = json.loads((out / "index.json").read_text())
     results = []
     for lib in dict.fromkeys(e["file"] for e in index):
         t0 = time.time()
         try:
-            p = subprocess.run([sys.executable, __file__, "cell", str(out), lib], capture_output=True, text=True,
+            p = subprocess.run([sys.executable, script, "cell", str(out), lib], capture_output=True, text=True,
                                timeout=90)
             got = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("[")]
             if got:
@@ -153,13 +156,18 @@ def run(out: Path) -> list[dict]:
                 print(lib, "failed:", p.stderr[-600:], flush=True)
         except subprocess.TimeoutExpired:
             print(lib, "timed out", flush=True)
-        cell = [r for r in results if r["file"] == lib and r["ok"]]
-        if cell:
-            best = min(cell, key=lambda r: r["us_step_wall"][0])
-            print(f"{lib}: best {best['config']} {best['us_step_wall'][0]:.2f} us ({time.time() - t0:.0f}s)",
-                  flush=True)
+        for kind in kinds:
+            cell = [r for r in results if r["file"] == lib and r["ok"] and kind in (None, r.get("kernel"))]
+            if cell:
+                best = min(cell, key=lambda r: r["us_step_wall"][0])
+                print(f"{lib}{' ' + kind if kind else ''}: best {best['config']} {best['us_step_wall'][0]:.3f} us "
+                      f"(first {cell[0]['us_step_wall'][0]:.3f}; {time.time() - t0:.0f}s)", flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=1))   # after each cell: a timeout keeps the rest
     return results
+
+
+def run(out: Path) -> list[dict]:
+    return run_libraries(out, __file__)
 
 
 if __name__ == "__main__":

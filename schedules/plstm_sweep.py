@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -120,18 +119,12 @@ def tile_funcs(D, B, H, dtype, tgt):
     from tvmseq.kernels.recurrent import gru, lstm
     from tvmseq.kernels.recurrent import step_gemm as sg
 
-    r_bytes = 2 if dtype == "float16" else 4
-    best = {}
-    for bm, bn, tm, tn in sg.TILE_SHAPES:
-        for bk in sg.BK_CHOICES:
-            for split in sg.SPLITS:
-                tile = sg.normalized(sg.GemmTile(bm, bn, bk, tm, tn, split), H)
-                cost = sg.estimate_cycles(tile, B, 4 * H, H, D, r_bytes)
-                key = (bm, bn, tm, tn, tile.split_k)
-                if cost < best.get(key, (float("inf"), None))[0]:
-                    best[key] = (cost, tile)
+    from tvmseq.bench.gru import sweep_tiles
+
+    c = dict(dtype=dtype, bidirectional=D == 2, hidden=H, batch=B)
     pick = sg.normalized(sg.choose_tile(B, 4 * H, H, D, dtype, tgt, measured=False), H)
-    tiles = [pick] + [t for _, t in sorted(best.values(), key=lambda v: v[0]) if t != pick][:TILES_PER_CELL - 1]
+    ranked = [t for t, _ in sweep_tiles(c, tgt, 4 * TILES_PER_CELL, by_split=True, gates=4)]
+    tiles = [pick] + [t for t in ranked if t != pick][:TILES_PER_CELL - 1]
     spec = lstm.LstmSpec(D, B, H, H, dtype, direction="bidirectional" if D == 2 else "forward")
     funcs, rows = {}, []
     for tile in tiles:
@@ -229,29 +222,9 @@ def run_cell(out: Path, lib: str) -> list[dict]:
 
 
 def run(out: Path) -> list[dict]:
-    index = json.loads((out / "index.json").read_text())
-    results = []
-    for lib in dict.fromkeys(e["file"] for e in index):
-        t0 = time.time()
-        try:
-            p = subprocess.run([sys.executable, __file__, "cell", str(out), lib], capture_output=True, text=True,
-                               timeout=90)
-            got = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("[")]
-            if got:
-                results += got[-1]
-            else:
-                print(lib, "failed:", p.stderr[-600:], flush=True)
-        except subprocess.TimeoutExpired:
-            print(lib, "timed out", flush=True)
-        ok = [r for r in results if r["file"] == lib and r["ok"]]
-        for kernel in ("persistent_gru", "persistent_mma", "step_gemm"):
-            mine = [r for r in ok if r["kernel"] == kernel]
-            if mine:
-                best = min(mine, key=lambda r: r["us_step_wall"][0])
-                print(f"{lib} {kernel}: best {best['config']} {best['us_step_wall'][0]:.3f} us "
-                      f"(first {mine[0]['us_step_wall'][0]:.3f}; {time.time() - t0:.0f}s)", flush=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1))   # after each cell: a timeout keeps the rest
-    return results
+    import pgru_sweep
+
+    return pgru_sweep.run_libraries(out, __file__, ("persistent_gru", "persistent_mma", "step_gemm", None))
 
 
 def merge(results: Path) -> None:

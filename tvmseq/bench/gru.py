@@ -121,9 +121,10 @@ def _tile_json(tile) -> dict:
     return dict(asdict(tile), threads=tile.threads)
 
 
-def sweep_tiles(c, target, count: int = SWEEP_TILES, by_split: bool = False):
-    """The cost model's `count` best tile shapes for a config's step GEMM (the best bk and split of each; with
-    by_split, of each shape and split), cheapest first: what the sweep measures to check the model's ranking."""
+def sweep_tiles(c, target, count: int = SWEEP_TILES, by_split: bool = False, gates: int = 3):
+    """The cost model's `count` best tile shapes for a config's step GEMM [B, H] x [H, gates x H] (the best bk and
+    split of each; with by_split, of each shape and split), cheapest first: what the sweep measures to check the
+    model's ranking (gates 3: the GRU; schedules/plstm_sweep.py asks for the LSTM's 4)."""
     from ..kernels.recurrent import step_gemm as sg
 
     H, B, D = c["hidden"], c["batch"], 2 if c["bidirectional"] else 1
@@ -133,7 +134,7 @@ def sweep_tiles(c, target, count: int = SWEEP_TILES, by_split: bool = False):
         for bk in sg.BK_CHOICES:
             for split in sg.SPLITS:
                 tile = sg.normalized(sg.GemmTile(bm, bn, bk, tm, tn, split), H)
-                cost = sg.estimate_cycles(tile, B, 3 * H, H, D, r_bytes)
+                cost = sg.estimate_cycles(tile, B, gates * H, H, D, r_bytes)
                 key = (bm, bn, tm, tn, tile.split_k if by_split else 0)
                 if cost < best.get(key, (float("inf"), None))[0]:
                     best[key] = (cost, tile)
