@@ -454,6 +454,15 @@ def beats_engine(D: int, B: int, H: int, cell: str, dtype: str, target) -> bool:
     return bool(found) and found.get("model_config") == ENGINE_PICK
 
 
+def _cluster_fits(D: int, B: int, H: int, dtype: str, target) -> bool:
+    """Whether `lstm_cluster_config` applies to this LSTM and its config fits the GPU at this dtype."""
+    from .. import recurrent_gemm as rg
+
+    facts = rg.gpu_facts(target)
+    cfg = lstm_cluster_config(D, B, H, facts)
+    return cfg is not None and MmaGeometry(D, B, H, GATES["lstm"], cfg, dtype).check(facts) is None
+
+
 def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru", config=None) -> tuple[bool, str]:
     """Whether the tensor-core kernel runs this recurrence, and why not."""
     from .. import recurrent_gemm as rg
@@ -472,11 +481,10 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
     # LSTM: its own timings where the database has them, else the GRU's at the same shape order the two kernels
     # (both do 4/3 of the GRU's work a step)
     # ... and an LSTM small enough for one cluster a batch group was measured faster than the engine at every
-    # such shape timed (`lstm_cluster_config`)
+    # such shape timed, where that cluster config fits (`lstm_cluster_config`)
     measured_faster = config is None and (beats_engine(D, B, H, cell, dtype, target)
                                           or (cell == "lstm" and beats_engine(D, B, H, "gru", dtype, target))
-                                          or (cell == "lstm" and lstm_cluster_config(D, B, H, rg.gpu_facts(target))
-                                              is not None))
+                                          or (cell == "lstm" and _cluster_fits(D, B, H, dtype, target)))
     if dtype == "float32" and not (SIMT_MIN_BATCH <= B <= SIMT_MAX_BATCH and H <= SIMT_MAX_HIDDEN) \
             and not measured_faster:
         return False, (f"float32 batch {B} hidden {H}: the staged FMA kernel was measured faster only for batch "
