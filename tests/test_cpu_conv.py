@@ -1,7 +1,8 @@
-"""2-D convolutions on llvm (issue #23, the OCR models): the weight goes to HWIO (tvmseq.cpu_layout) and
-schedule_cpu's Contraction vectorizes along the output channels when the image width is symbolic. Checked
-against a float64 numpy reference at two widths: odd channel counts (below, at and past a SIMD vector),
-strides, padding, a 1x1 conv with symbolic batch, height and width, grouped and depthwise convs, epilogues."""
+"""Convolutions on llvm (issue #23): the weight goes to HWIO / WIO (tvmseq.cpu_layout) and schedule_cpu's
+Contraction vectorizes along the output channels when the image width (OCR models) or the frame axis (silero)
+is symbolic. Checked against a float64 numpy reference at two widths: odd channel counts (below, at and past a
+SIMD vector), strides, padding, a 1x1 conv with symbolic batch, height and width, grouped and depthwise convs,
+epilogues; 1-D convs with short and long (STFT) filters, padded channels, a weight passed in."""
 from __future__ import annotations
 
 import re
@@ -107,14 +108,14 @@ def test_conv2d_with_weights_as_inputs():
     np.testing.assert_allclose(compiled(X=x), want, rtol=1e-4, atol=1e-5)
 
 
-def _scheduled_conv(model):
+def _scheduled_conv(model, op: str = "conv2d"):
     from tvmseq.tune.model import fused_module
 
     target = tvm.target.Target("llvm")
     mod = cpu_layout.weight_layouts(tvmseq.from_onnx(model, target="llvm"))
     with target:
         scheduled = schedule_cpu.schedule_pass()(fused_module(mod, target))
-    return next(f for f in scheduled.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in f.script())
+    return next(f for f in scheduled.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and op in f.script())
 
 
 @pytest.mark.parametrize("name", ["3x3-24ch-silu-symW", "1x1-40ch-symBHW"])
@@ -129,15 +130,89 @@ def test_symbolic_width_conv_is_vectorized_along_channels(name):
 
 
 def test_weight_layouts_leaves_other_convs():
-    """Only dense NCHW conv2d calls change; a module without one comes back as it is."""
-    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4, "T"])
+    """Grouped convs, and a conv1d over a static frame axis, keep their layouts (InnerReduction or Contraction
+    along the frames vectorize those); a module without any other change comes back as it is."""
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 4, 9])
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
-    w = np.ones((6, 4, 3), np.float32)
-    graph = helper.make_graph([helper.make_node("Conv", ["X", "w"], ["Y"])], "c1", [x], [y],
-                              [numpy_helper.from_array(w, "w")])
+    graph = helper.make_graph([helper.make_node("Conv", ["X", "w"], ["c"]),
+                               helper.make_node("Conv", ["c", "g"], ["Y"], group=2)], "c1", [x], [y],
+                              [numpy_helper.from_array(np.ones((6, 4, 3), np.float32), "w"),
+                               numpy_helper.from_array(np.ones((6, 3, 3), np.float32), "g")])
     mod = tvmseq.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
                            target="llvm")
     assert cpu_layout.weight_layouts(mod).same_as(mod)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1-D convolutions over a symbolic frame axis (silero v4/v5): the weight goes to WIO, a constant one with its
+# output channels padded to whole vectors (the STFT's 258) and the output sliced back.
+# ---------------------------------------------------------------------------------------------------
+def conv1d_reference(x, w, b=None, stride=1, pads=(0, 0), dilation=1):
+    """ONNX Conv over [N, C, T] x [O, C, K] in float64, as the 2-D reference with a unit height."""
+    return conv2d_reference(x[:, :, None], w[:, :, None], b, (1, stride), (0, pads[0], 0, pads[1]),
+                            (1, dilation))[:, :, 0]
+
+
+# (cin, cout, taps, stride, pads, weights given as, frame counts run); the frame axis is symbolic
+CONV1D_CASES = {
+    "k3-129to128": (129, 128, 3, 1, (1, 1), "embedded", [3, 20]),           # silero v5's conv1d7
+    "k3-s2-128to64": (128, 64, 3, 2, (1, 1), "embedded", [5, 18]),          # its strided conv1d8
+    "k1-258to16": (258, 16, 1, 1, (0, 0), "embedded", [1, 8]),              # silero v4's conv1d2
+    "stft-256taps-258ch-s64": (1, 258, 256, 64, (0, 0), "embedded", [512, 1216]),   # padded to 272 channels
+    "k3-131ch-odd": (5, 131, 3, 1, (2, 0), "embedded", [4, 11]),            # padded to 144, a partial row tile
+    "k3-37ch-unpadded": (5, 37, 3, 1, (0, 2), "embedded", [3, 10]),         # 48 would add 30%: a partial vector
+    "stft-34ch-oiw": (1, 34, 256, 64, (0, 0), "embedded", [256, 704]),      # the same: OIW, taps in vector lanes
+    "k3-24ch-inputs": (7, 24, 3, 1, (1, 1), "inputs", [6, 13]),             # a weight passed in: WIO, not padded
+}
+
+
+def _conv1d_model(cin, cout, taps, stride, pads, seed=0):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((cout, cin, taps)) / np.sqrt(cin * taps)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    node = helper.make_node("Conv", ["X", "w", "b"], ["Y"], kernel_shape=[taps], strides=[stride], pads=list(pads))
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", cin, "T"])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    graph = helper.make_graph([node], "conv1d", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), w, b
+
+
+@pytest.mark.parametrize("name, layout", [("k3-129to128", "WIO"), ("stft-256taps-258ch-s64", "padded"),
+                                          ("k3-131ch-odd", "padded"), ("k3-37ch-unpadded", "WIO"),
+                                          ("stft-34ch-oiw", "OIW")])
+def test_conv1d_layout_choice(name, layout):
+    """WIO where the channels fill vectors or padding adds at most an eighth (padded, the output sliced back),
+    WIO for a short filter, else OIW (cpu_layout._conv1d_channels)."""
+    cin, cout, taps, stride, pads, _, _ = CONV1D_CASES[name]
+    mod = tvmseq.from_onnx(_conv1d_model(cin, cout, taps, stride, pads)[0], target="llvm")
+    relaid = cpu_layout.weight_layouts(mod)
+    text = relaid["main"].script()
+    assert relaid.same_as(mod) == (layout == "OIW")
+    assert ("strided_slice" in text) == (layout == "padded") and ('kernel_layout="WIO"' in text) == (layout != "OIW")
+
+
+@pytest.mark.parametrize("name", list(CONV1D_CASES))
+def test_conv1d_matches_reference(name):
+    cin, cout, taps, stride, pads, weights, frames = CONV1D_CASES[name]
+    model, w, b = _conv1d_model(cin, cout, taps, stride, pads)
+    compiled = tvmseq.compile_onnx(model, target="llvm", weights=weights, weights_min_elements=16)
+    rng = np.random.default_rng(3)
+    for batch, t in zip((1, 3), frames):
+        x = rng.uniform(-1, 1, (batch, cin, t)).astype(np.float32)
+        want = conv1d_reference(x, w, b, stride, pads)
+        np.testing.assert_allclose(compiled(X=x), want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at {x.shape}")
+
+
+@pytest.mark.parametrize("name", ["k3-129to128", "stft-256taps-258ch-s64", "k3-131ch-odd"])
+def test_symbolic_frames_conv1d_is_vectorized_along_channels(name):
+    """WIO weight (channels padded to whole vectors), every vector loop of the conv whole vectors of channels."""
+    cin, cout, taps, stride, pads, _, _ = CONV1D_CASES[name]
+    text = _scheduled_conv(_conv1d_model(cin, cout, taps, stride, pads)[0], "conv1d").script()
+    channels = -(-cout // 16) * 16
+    assert f"T.Buffer((T.int64({taps}), T.int64({cin}), T.int64({channels}))" in text
+    lanes = {int(n) for n in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)}
+    assert lanes == {16}, lanes
 
 
 # The OCR models' classifier head (ddddocr: [frames, 1024] x [1024, 8210] + bias): a constant weight whose

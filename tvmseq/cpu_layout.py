@@ -12,6 +12,10 @@ a few output columns x whole vectors of channels, the stores strided by the imag
 activation is transposed. A constant weight's transpose is folded at build time (FoldConstant in TVM's
 legalize passes); a weight passed in (`weights="inputs"`) is transposed on each call (one small kernel).
 
+Dense NCW conv1d calls over a symbolic frame axis get the same treatment (weight OIW -> WIO: silero v5's
+k=3 convs over 129-128 channels ran scalar, 57% of a call), a constant weight's output channels padded to whole
+vectors and the output sliced back (silero's STFT as a conv, 258 channels); `_conv1d_channels` says which.
+
 It also pads the columns of a constant matmul weight [K, N] to a multiple of PAD_COLUMNS and slices the product
 back to N (the OCR models' classifier heads: N = 8210 or 6625 classes). Contraction otherwise pads with
 pad_einsum, which copied the whole weight on every call (ddddocr: 1024 x 8210 floats, 34 MB written and read
@@ -29,13 +33,33 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 _HWIO = [2, 3, 1, 0]    # OIHW -> HWIO
+_WIO = [2, 1, 0]        # OIW -> WIO
 PAD_COLUMNS = 16        # a constant matmul weight's columns padded to a multiple of this (one AVX-512 vector)
 
 
-def _dense_nchw_conv2d(call) -> bool:
+def _dense_channels_first(call, data: str, kernel: str) -> bool:
     attrs = call.attrs
-    return (str(attrs.data_layout) == "NCHW" and str(attrs.kernel_layout) == "OIHW"
-            and str(attrs.out_layout) == "NCHW" and int(attrs.groups) == 1)
+    return (str(attrs.data_layout) == data and str(attrs.kernel_layout) == kernel
+            and str(attrs.out_layout) == data and int(attrs.groups) == 1)
+
+
+def _conv1d_channels(conv1d, constant: bool) -> int | None:
+    """Output channels a dense NCW conv1d's WIO weight gets (padded to whole vectors where it is a constant), or
+    None to leave the conv as it is (module doc). Only over a symbolic frame axis: a static one is vectorized
+    along the frames, or, one frame long, along the taps by schedule_cpu's InnerReduction (dtln's pointwise
+    convs; 2x slower as WIO). Channels that are no whole number of vectors leave a partial vector in the tile,
+    predicated and so scalar: a constant weight is padded instead where that adds little (silero's STFT, 258
+    channels: 1.3-1.6x); else WIO only for a short filter (a long one keeps OIW, its taps summed in vector
+    lanes by InnerReduction)."""
+    data, weight = (getattr(arg.ty, "shape", None) for arg in conv1d.args)
+    if data is None or weight is None or isinstance(data.values[-1], tvm.tirx.IntImm) \
+            or not all(isinstance(d, tvm.tirx.IntImm) for d in weight.values):
+        return None
+    channels, _, taps = (int(d) for d in weight.values)
+    padded = -(-channels // PAD_COLUMNS) * PAD_COLUMNS
+    if constant and 8 * padded <= 9 * channels:     # at most an eighth more work (258 -> 272; not 34 -> 48)
+        return padded
+    return channels if taps < PAD_COLUMNS else None
 
 
 def _constant_derived(expr, lookup, depth: int = 0) -> bool:
@@ -55,21 +79,48 @@ class _WeightLayouts(PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
         self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+        self.conv1d = tvm.ir.Op.get("relax.nn.conv1d")
         self.matmul = tvm.ir.Op.get("relax.matmul")
         self.changed = 0
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if isinstance(call.op, tvm.ir.Op) and call.op.same_as(self.matmul):
-            return self._padded_matmul(call)
-        if not isinstance(call.op, tvm.ir.Op) or not call.op.same_as(self.conv2d) or not _dense_nchw_conv2d(call):
+        if not isinstance(call.op, tvm.ir.Op):
             return call
+        if call.op.same_as(self.matmul):
+            return self._padded_matmul(call)
+        if call.op.same_as(self.conv2d) and _dense_channels_first(call, "NCHW", "OIHW"):
+            return self._relaid(call, relax.op.nn.conv2d, _HWIO, "NCHW", "HWIO")
+        if call.op.same_as(self.conv1d) and _dense_channels_first(call, "NCW", "OIW"):
+            return self._conv1d(call)
+        return call
+
+    def _conv1d(self, call):
+        """A dense NCW conv1d with its weight in WIO, its channels padded to whole vectors and the output sliced
+        back where `_conv1d_channels` says so; else the call as it is."""
+        data, weight = call.args
+        padded = _conv1d_channels(call, _constant_derived(weight, self.lookup_binding))
+        if padded is None:
+            return call
+        channels = int(weight.ty.shape.values[0])
+        if padded == channels:
+            return self._relaid(call, relax.op.nn.conv1d, _WIO, "NCW", "WIO")
+        self.changed += 1
+        a = call.attrs
+        weight = relax.op.nn.pad(relax.op.permute_dims(weight, _WIO), [0, 0, 0, 0, 0, padded - channels])
+        out = self.builder_.emit(relax.op.nn.conv1d(data, weight, strides=a.strides, padding=a.padding,
+                                                    dilation=a.dilation, data_layout="NCW", kernel_layout="WIO",
+                                                    out_layout="NCW", out_dtype=a.out_dtype))
+        return relax.op.strided_slice(out, axes=[1], begin=[0], end=[channels], assume_inbound=True)
+
+    def _relaid(self, call, conv, axes, data_layout: str, kernel_layout: str):
+        """The conv with its weight permuted to `kernel_layout` (output channels last); data and output as they were."""
         data, weight = call.args
         a = call.attrs
         self.changed += 1
-        return relax.op.nn.conv2d(data, relax.op.permute_dims(weight, _HWIO), strides=a.strides, padding=a.padding,
-                                  dilation=a.dilation, groups=1, data_layout="NCHW", kernel_layout="HWIO",
-                                  out_layout="NCHW", out_dtype=a.out_dtype)
+        return conv(data, relax.op.permute_dims(weight, axes), strides=a.strides, padding=a.padding,
+                    dilation=a.dilation, groups=1, data_layout=data_layout, kernel_layout=kernel_layout,
+                    out_layout=data_layout, out_dtype=a.out_dtype)
 
     def _padded_matmul(self, call):
         """matmul(x, W [K, N]) with a constant W whose N is not a whole number of SIMD vectors:

@@ -14,7 +14,10 @@ kernels are, and so are functions a MetaSchedule database scheduled):
   (`pragma_loop_partition_hint`) so they vectorize;
 - `InnerReduction`: a reduction whose output has no such axis but whose innermost reduction axis every input
   reads contiguously (a strided conv, a one-frame pointwise conv): partial sums in vector lanes (rfactor);
-- TVM's `dlight.cpu.GEMV` and `dlight.cpu.Reduction`;
+- TVM's `dlight.cpu.GEMV`;
+- `RowSums`: sums over a row's contiguous last axis broadcast back over the row (a layer norm's mean and
+  variance): each sum one pass of partial sums in vector lanes, the elementwise blocks vectorized;
+- TVM's `dlight.cpu.Reduction` (softmax);
 - `Elementwise`: every remaining block's innermost loop vectorized, its outer loops fused and split over
   threads when the block is large enough to pay for the thread pool's wake-up.
 
@@ -89,7 +92,8 @@ def schedule_pass() -> tvm.transform.Pass:
 
     # InnerReduction before dlight's GEMV, which vectorized a one-frame pointwise conv (a GEMV on a [C_out, C_in]
     # weight) along its output channels: a gather of 64-128 weight rows every k (dtln's 0.32 of 0.44 ms)
-    rules = dl.ApplyDefaultSchedule(Contraction(), InnerReduction(), dl.cpu.GEMV(), dl.cpu.Reduction(), Elementwise())
+    rules = dl.ApplyDefaultSchedule(Contraction(), InnerReduction(), dl.cpu.GEMV(), RowSums(), dl.cpu.Reduction(),
+                                     Elementwise())
     return tvm.transform.Sequential([rules, guard_parallel_pass()], name="TvmseqScheduleEach")
 
 
@@ -98,7 +102,7 @@ def schedule_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
     applies."""
     from tvm.s_tir import dlight as dl
 
-    for rule in (Contraction(), InnerReduction(), dl.cpu.GEMV(), dl.cpu.Reduction(), Elementwise()):
+    for rule in (Contraction(), InnerReduction(), dl.cpu.GEMV(), RowSums(), dl.cpu.Reduction(), Elementwise()):
         sch = rule.apply(func, target, False)
         if sch is not None:
             return sch.mod["main"].with_attr("tirx.is_scheduled", True)
@@ -294,6 +298,62 @@ def _lanes_reduction(sch, anchor, epilogues, last_reduce, lanes: int, out_rank: 
     sch.vectorize(sch.get_loops(partial)[-1])
     first_reduce = sch.get_loops(partial)[1]
     sch.decompose_reduction(partial, first_reduce)
+
+
+class RowSums(CPUScheduleRule):
+    """Sums over a row's contiguous last axis whose results the following elementwise blocks broadcast back
+    over the row (a mean-subtract, a layer norm's mean and variance). dlight's cpu.Reduction fused every
+    spatial loop of the output, the row's own axis included (the sum's keepdims axis counted as a shared one),
+    and recomputed the whole sum under it for each element: dtln-2's two 256-wide norms summed 256 x 256
+    values on the thread pool, 41% of its call. Here each sum is one pass: `lanes` partial sums (rfactor, as in
+    InnerReduction) added once a row, each elementwise block vectorized along its last axis, rows over threads
+    when large. Sums only: softmax's max and exp-sum stay with dlight (a vector exp is not what LLVM emits)."""
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        infos = try_inline_contiguous_spatial(sch, infos)
+        sums = [info for info in infos if not info.is_injective()]
+        if not sums or not infos[-1].is_injective():
+            return None
+        lanes = _lanes(target, str(sch.get(infos[-1].block_rv).writes[0].source.dtype))
+        if not all(_row_sum(sch.get(info.block_rv), info, lanes) for info in sums):
+            return None
+        for info in infos:
+            if info.is_injective():
+                _vectorize_parallel(sch, info.block_rv, lanes)
+            else:
+                last = [it for it in info.iters if it.kind == "R"][-1]
+                _lanes_reduction(sch, info, [], last, lanes, len(sch.get(info.block_rv).writes[0].region))
+        return sch
+
+
+def _row_sum(block, info, lanes: int) -> bool:
+    """Whether `block` adds up its reads over trailing reduction axes, the last one static, whole vectors and
+    read contiguously (what `_lanes_reduction` vectorizes)."""
+    kinds = "".join(it.kind for it in info.iters)
+    if kinds.rstrip("R") != kinds.rstrip("R").replace("R", "") or kinds[-1] != "R" or len(block.writes) != 1:
+        return False
+    last = info.iters[-1]
+    if not isinstance(last.dom, (int, tirx.IntImm)) or int(last.dom) % lanes or not _contiguous_reads(block, last.var):
+        return False
+    update = block.body
+    return isinstance(update, tirx.BufferStore) and isinstance(update.value, tirx.Add) \
+        and _loads(update.value.a, update.buffer) and isinstance(block.init, tirx.BufferStore) \
+        and _is_zero(block.init.value)
+
+
+def _loads(expr, buffer) -> bool:
+    """Whether `expr` is a load of `buffer` (in TVM 0.27 a TensorLoad whose `source` is the buffer)."""
+    return getattr(expr, "source", None) is not None and expr.source.same_as(buffer)
+
+
+def _is_zero(value) -> bool:
+    return isinstance(value, (tirx.FloatImm, tirx.IntImm)) and value.value == 0
 
 
 def _contiguous_reads(block, var) -> bool:
