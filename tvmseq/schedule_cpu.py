@@ -310,13 +310,10 @@ class RowSums(CPUScheduleRule):
     when large. Sums only: softmax's max and exp-sum stay with dlight (a vector exp is not what LLVM emits)."""
 
     def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        opened = _open_blocks(self, func, target)
+        if opened is None:
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
-        infos = try_inline_contiguous_spatial(sch, infos)
+        sch, infos = opened
         sums = [info for info in infos if not info.is_injective()]
         if not sums or not infos[-1].is_injective():
             return None
@@ -391,6 +388,18 @@ def _after_padding(sch, anchor_rv, lanes: int):
         if len(loops) > 1 and _static_product(sch, producer.block_rv) >= PARALLEL_MIN_ELEMENTS:
             sch.parallel(loops[0])
     return [infos[at[0]]] + after
+
+
+def _open_blocks(rule, func, target):
+    """(schedule, its blocks after inlining what inlines) of a PrimFunc `rule` may take on `target`, or None:
+    what RowSums and Elementwise begin with."""
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    return sch, try_inline_contiguous_spatial(sch, infos)
 
 
 def _open_contraction(rule, func, target):
@@ -646,14 +655,12 @@ class Elementwise(CPUScheduleRule):
     reduction keep their reduction loops serial under the parallel spatial ones."""
 
     def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        opened = _open_blocks(self, func, target)
+        if opened is None:
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
+        sch, infos = opened
         changed = False
-        for info in try_inline_contiguous_spatial(sch, infos):
+        for info in infos:
             block = sch.get(info.block_rv)
             if not block.writes:
                 continue
