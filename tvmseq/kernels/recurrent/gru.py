@@ -33,8 +33,9 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 from ...errors import TvmseqError
 from ..activations import Activation
 from ..projection.gemm import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
-from .step_gemm import (TILED_MIN_BATCH, GemmTile, choose_tile, cpu_gemm_macro, cpu_lanes, cpu_parallel_min_macs,
-                        normalized, tiled_gemm_macro)
+from .step_gemm import (CPU_PANEL, TILED_MIN_BATCH, GemmTile, choose_tile, cpu_gemm_macro, cpu_lanes,
+                        cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile, cpu_panel_count,
+                        cpu_parallel_min_macs, cpu_step_gemm_macro, normalized, tiled_gemm_macro)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 
@@ -275,7 +276,11 @@ def step_gemm_plan(gpu: bool, D: int, B: int, H: int, dt: str, sched: StepSchedu
     """One per-step GEMM, gh[s, d, b, row_offset + r] for r < rows (gh: [S, D, B, out_cols]): (macro
     gemm(src, R, gh), S) where S is the number of partial-sum slices its consumers must add (1 unless the
     tiled GEMM splits K). B is an int or a TIR variable (any batch). On the CPU (unless `sched.tiled` forces
-    the tiled GEMM's serial variant) the SIMD GEMM of `step_gemm.cpu_gemm_macro`."""
+    the tiled GEMM's serial variant) the SIMD GEMM of `step_gemm.cpu_gemm_macro`, or with `cpu_packs_r` the
+    one of `step_gemm.cpu_step_gemm_macro` (panels of packed R in long calls, that GEMM in short ones)."""
+    if cpu_packs_r(gpu, sched, out_cols, target):   # R as (R, panels, packed): `time_loop` packs it
+        return cpu_step_gemm_macro(D, B, H, dt, rows, row_offset, cpu_lanes(target),
+                                   min_macs=cpu_parallel_min_macs(target)), 1
     if not gpu and not sched.tiled:
         return cpu_gemm_macro(D, B, H, dt, rows, row_offset, cpu_lanes(target),
                               min_macs=cpu_parallel_min_macs(target)), 1
@@ -419,10 +424,20 @@ def cpu_weights_fp32(gpu: bool, dt: str) -> bool:
     return not gpu and dt == "float16"
 
 
-def time_loop(steps, gpu: bool, dt: str, D: int, G: int, H: int):
+def cpu_packs_r(gpu: bool, sched: StepSchedule | None, G: int, target=None) -> bool:
+    """Whether a CPU recurrence with G gate rows packs R into panels before a long enough time loop
+    (`step_gemm.cpu_pack_at_run_time`) for the panel step GEMM; its step GEMMs then take (R, panels, packed)."""
+    return not gpu and sched is not None and not sched.tiled and cpu_pack_worthwhile(G, target)
+
+
+def time_loop(steps, gpu: bool, dt: str, D: int, G: int, H: int, B=None, sched: StepSchedule | None = None,
+              target=None):
     """T.macro run(R, bufs, seq) of a per-step recurrence (GRU, RNN, LSTM): its T.macro steps(R', bufs, seq) on
-    the weights R [D, G, H] as the step GEMM reads them, R itself or (`cpu_weights_fp32`) a float32 copy."""
+    the weights R [D, G, H] as the step GEMM reads them, R itself or (`cpu_weights_fp32`) a float32 copy; with
+    `cpu_packs_r`, R' = (that, R packed in panels, whether this call packed it)."""
     convert_r = cpu_weights_fp32(gpu, dt)
+    if cpu_packs_r(gpu, sched, G, target):
+        return _packing_time_loop(steps, convert_r, D, G, H, B)
 
     @T.macro
     def run(R, bufs, seq):
@@ -433,6 +448,32 @@ def time_loop(steps, gpu: bool, dt: str, D: int, G: int, H: int):
             steps(Rf, bufs, seq)
         else:
             steps(R, bufs, seq)
+
+    return run
+
+
+def _packing_time_loop(steps, convert_r: bool, D: int, G: int, H: int, B):
+    """time_loop's CPU variant for the panel GEMM: R packed once before a long time loop (a float16 R straight
+    into float32 panels), a short one on R (float16: converted) as before."""
+    pack = cpu_pack_macro(D, G, H)
+    nP = cpu_panel_count(G)
+
+    # two copies of the time loop, each with one step GEMM (packed is a Python constant in each): with one
+    # loop choosing its GEMM every step and the panels allocated in every call, batch-1 calls (which never
+    # pack) took 2-5% longer than before (RNN hidden 512: 1.05 -> 1.09 ms)
+    @T.macro
+    def run(R, bufs, seq):
+        if cpu_pack_at_run_time(seq, B):
+            Rp = T.alloc_buffer((D, nP, H, CPU_PANEL), "float32")
+            pack(R, Rp)
+            steps((R, Rp, True), bufs, seq)
+        elif convert_r:
+            Rf = T.alloc_buffer((D, G, H), "float32")
+            for d, g, k in T.grid(D, G, H):
+                Rf[d, g, k] = T.Cast("float32", R[d, g, k])
+            steps((Rf, Rf, False), bufs, seq)
+        else:
+            steps((R, R, False), bufs, seq)
 
     return run
 
@@ -517,7 +558,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
                 gemm_h(rh, R, gh)
             update_launch(Lens, Y, (GateI, RbH, state, gh), s, seq)
 
-    run_steps = time_loop(steps, gpu, dt, D, G, H)
+    run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target)
 
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,

@@ -175,7 +175,7 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
             gemm(state, R, gh)   # all 4H gate rows in one GEMM
             update_launch(Lens, Y, (GateI, P, state, cell, gh), s, seq)
 
-    run_steps = time_loop(steps, gpu, dt, D, G, H)
+    run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target)
 
     @T.prim_func
     def lstm_recurrence(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle,

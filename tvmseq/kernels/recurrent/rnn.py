@@ -81,7 +81,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
             gemm(state, R, gh)
             update_launch(Lens, Y, (GateI, state, gh), s, seq)
 
-    run_steps = time_loop(steps, gpu, dt, D, H, H)
+    run_steps = time_loop(steps, gpu, dt, D, H, H, B, sched, target)
 
     @T.prim_func
     def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,

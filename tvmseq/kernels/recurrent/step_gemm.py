@@ -613,3 +613,267 @@ def cpu_gemm_func(D: int, M, N: int, K: int, dtype: str = "float32", lanes: int 
         gemm(Hs, R, GH)
 
     return step_gemm.with_attr("tirx.is_scheduled", True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The CPU panel GEMM: outputs in SIMD lanes, R packed once into panels (MLAS's GEMV layout)
+# ---------------------------------------------------------------------------------------------------
+# R^T in panels of CPU_PANEL consecutive rows: Rp[d, p, k, c] = R[d, p * P + c, k] (zero past the last row),
+# so step k of a panel is one contiguous P-float line. Each k broadcasts src[b, k] and adds it times that
+# line into P / lanes vector accumulators per batch row: no lane sums at the end, one stream of R per panel.
+CPU_PANEL = 64             # 4 AVX-512 vectors: a 4-row batch tile holds 16 accumulators, loads 4 + 4 a k
+CPU_PANEL_LANES = 16
+CPU_PANEL_BATCH_TILE = 4
+
+# KB of k a packing block copies
+CPU_PACK_KB = 16
+# time steps x batch rows from which a recurrence packs R before its time loop (a shorter call keeps the
+# k-in-lanes GEMM on R as stored). Measured on the 2-core Zen 4, one thread, GRU rows 3H (us): packing
+# H128/256/512/1024 took 14/58/238/2360 (H1024: R and its copy past the L3 share); the panel GEMM saved
+# per step at batch 8 2.5/5/18/110, at batch 1 0/0.4/4.5/0-20, so packing pays from ~24 steps at batch 8
+# and ~150-190 at batch 1 (both sides scale with R's size: one threshold in rows x steps)
+CPU_PACK_MIN_ROW_STEPS = 192
+# R's rows below which nothing is packed: a panel of 64 rows would mostly compute lanes of zeros
+CPU_PACK_MIN_ROWS = 2 * CPU_PANEL
+# multiply-adds from which a panel GEMM step is split over threads (with fewer than CPU_MANY_CORES cores): its
+# steps are shorter than the k-in-lanes GEMM's, and split pays earlier. Measured on the 2-core Zen 4 at load ~1,
+# recurrences of 100 steps split / serial: GRU and LSTM hidden 256 batch 8 (1.6M, 2.1M) 1.57-1.59x faster;
+# hidden 128 batch 8 (0.4M, 0.5M) 0.79x, hidden 512 batch 1 (0.8M, 1.0M) 0.80-0.87x
+CPU_PANEL_PARALLEL_MIN_MACS = 5 << 18
+
+
+def cpu_panel_count(rows: int, panel: int = CPU_PANEL) -> int:
+    """Panels of `panel` rows that hold `rows` rows."""
+    return (rows + panel - 1) // panel
+
+
+def cpu_pack_macro(D: int, G: int, K: int, panel: int = CPU_PANEL):
+    """TVMScript macro `pack(R, Rp)`: Rp float32 [D, ceil(G / panel), K, panel] from R [D, G, K] (any float
+    dtype), rows past G as zeros. Row by row in blocks of CPU_PACK_KB k: one vector read of the row, its
+    elements stored down a CPU_PACK_KB-line (4 KB) block of the panel that stays in L1. (k-major order read a
+    cache line from each of `panel` rows K floats apart: 4 KB aliasing in L1 at K 1024, 3x slower.)"""
+    P, KB = panel, CPU_PACK_KB
+    nP = cpu_panel_count(G, P)
+
+    def value(R, d, p, c, k):
+        return T.if_then_else(p * P + c < G, T.Cast("float32", R[d, T.min(p * P + c, G - 1), k]), T.float32(0))
+
+    @T.macro
+    def pack(R, Rp):
+        for w in T.serial(D * nP):
+            for kb in T.serial(K // KB):
+                for c in T.serial(P):
+                    for kk in T.vectorized(KB):
+                        Rp[w // nP, w % nP, kb * KB + kk, c] = value(R, w // nP, w % nP, c, kb * KB + kk)
+            for c in T.serial(P):
+                for kt in T.serial(K % KB):
+                    Rp[w // nP, w % nP, K - K % KB + kt, c] = value(R, w // nP, w % nP, c, K - K % KB + kt)
+
+    return pack
+
+
+def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: int, NV: int):
+    """One register tile of the panel GEMM: BT batch rows x the first NV vectors of VL rows of panel p (all
+    P / VL of them but in a last panel that needs fewer)."""
+    # a 1-row tile has only NV accumulator chains, too few to cover the FMA latency: KS sets of them (k
+    # alternates), added at the end
+    KS = 2 if BT * NV < 8 else 1
+    K1 = (K // KS) * KS
+    E = BT * NV * VL                               # floats of one accumulator set
+
+    @T.macro
+    def tile(src, Rp, gh, d, p, m0):
+        acc = T.alloc_buffer((KS * E,), "float32", scope="local")
+        for e in T.unroll(KS * BT * NV):
+            for v in T.vectorized(VL):
+                acc[e * VL + v] = T.float32(0)
+        for k0 in range(K // KS):
+            for ks in T.unroll(KS):
+                for j in T.unroll(BT):
+                    for c in T.unroll(NV):
+                        for v in T.vectorized(VL):
+                            acc[ks * E + (j * NV + c) * VL + v] = acc[ks * E + (j * NV + c) * VL + v] + Rp[
+                                d, p, k0 * KS + ks, c * VL + v] * src[d, m0 + j, k0 * KS + ks]
+        for kt in range(K - K1):
+            for j in T.unroll(BT):
+                for c in T.unroll(NV):
+                    for v in T.vectorized(VL):
+                        acc[(j * NV + c) * VL + v] = acc[(j * NV + c) * VL + v] + Rp[
+                            d, p, K1 + kt, c * VL + v] * src[d, m0 + j, K1 + kt]
+        if KS == 2:
+            for e in T.unroll(BT * NV):
+                for v in T.vectorized(VL):
+                    acc[e * VL + v] = acc[e * VL + v] + acc[E + e * VL + v]
+        # a panel inside [row_offset, row_offset + rows) stores whole vectors; an edge panel row by row
+        if p * P >= row_offset and p * P + NV * VL <= row_offset + rows:
+            for j in T.unroll(BT):
+                for c in T.unroll(NV):
+                    for v in T.vectorized(VL):
+                        gh[0, d, m0 + j, p * P + c * VL + v] = acc[(j * NV + c) * VL + v]
+        else:
+            for j in T.unroll(BT):
+                for c in T.serial(NV * VL):
+                    if p * P + c >= row_offset and p * P + c < row_offset + rows:
+                        gh[0, d, m0 + j, p * P + c] = acc[j * NV * VL + c]
+
+    return tile
+
+
+def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: int = CPU_PANEL,
+                         parallel: bool | None = None, min_macs: int | None = None):
+    """TVMScript macro `gemm(src, Rp, gh)`: gh[0, d, m, row_offset + r] = sum_k src[d, m, k] *
+    R[d, row_offset + r, k] for m < M (an int or a TIR variable), r < rows, with Rp = R packed by
+    `cpu_pack_macro` (panels of all of R's rows: this GEMM runs the panels that overlap its rows and stores
+    only its rows). Blocks, batch tiles and the thread split as `cpu_gemm_macro`'s."""
+    P, VL, BT, MB = panel, CPU_PANEL_LANES, CPU_PANEL_BATCH_TILE, CPU_M_BLOCK
+    if P % VL:
+        raise TvmseqError(f"CPU panel GEMM: panel {P} is not a multiple of {VL} lanes")
+    p0 = row_offset // P
+    npn = cpu_panel_count(row_offset + rows, P) - p0
+    nmb = (M + MB - 1) // MB
+    par = cpu_parallel(D, M, rows, K, min_macs) if parallel is None else parallel
+    guard = par and parallel is None and not isinstance(M, int)
+    # the last panel computes only the vectors holding rows of this GEMM (130 rows: 3 panels, the last
+    # one vector, not 4: 1.0 -> 1.3x faster than the k-in-lanes GEMM at batch 8 on the Zen 4)
+    p_last = (row_offset + rows - 1) // P
+    nv_last = (row_offset + rows - p_last * P + VL - 1) // VL
+    full_tile, one_row = (_panel_tile_macro(K, rows, row_offset, P, VL, bt, P // VL) for bt in (BT, 1))
+    last_tile, last_row = (_panel_tile_macro(K, rows, row_offset, P, VL, bt, nv_last) for bt in (BT, 1))
+
+    def tiles_of(tile, row):
+        """A panel's batch rows: whole tiles of BT rows, then the rest one row at a time."""
+        @T.macro
+        def tiles(src, Rp, gh, d, p, m0, mlen):
+            for mt in range(mlen // BT):
+                tile(src, Rp, gh, d, p, m0 + mt * BT)
+            for mr in range(mlen % BT):
+                row(src, Rp, gh, d, p, m0 + (mlen // BT) * BT + mr)
+        return tiles
+
+    panel_tiles, last_panel_tiles = tiles_of(full_tile, one_row), tiles_of(last_tile, last_row)
+
+    def blocks_macro(loop):
+        @T.macro
+        def blocks(src, Rp, gh):
+            for w in loop(nmb * D * npn):
+                # m block outermost: a thread's share is a range of (m block, direction, panel)
+                mb = T.meta_var(w // (D * npn))
+                d = T.meta_var(w // npn % D)
+                p = T.meta_var(p0 + w % npn)
+                mlen = T.meta_var(T.min(MB, M - mb * MB))
+                if nv_last < P // VL and p == p_last:
+                    last_panel_tiles(src, Rp, gh, d, p, mb * MB, mlen)
+                else:
+                    panel_tiles(src, Rp, gh, d, p, mb * MB, mlen)
+
+        return blocks
+
+    parallel_blocks, serial_blocks = blocks_macro(T.parallel), blocks_macro(T.serial)
+
+    @T.macro
+    def gemm(src, Rp, gh):
+        if guard:
+            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
+                parallel_blocks(src, Rp, gh)
+            else:
+                serial_blocks(src, Rp, gh)
+        elif par:
+            parallel_blocks(src, Rp, gh)
+        else:
+            serial_blocks(src, Rp, gh)
+
+    return gemm
+
+
+def cpu_panel_gemm_func(D: int, M, N: int, K: int, panel: int = CPU_PANEL, parallel: bool | None = None,
+                        name: str = "cpu_panel_gemm", row_offset: int = 0, rows: int | None = None):
+    """The panel GEMM alone as a PrimFunc (tests, timing): h float32 [D, M, K], Rp float32 [D, nP, K, panel]
+    (`pack_numpy` of R [D, N, K]), gh float32 [1, D, M, N], columns row_offset .. row_offset + rows written
+    (default all N); M an int or None (any batch)."""
+    from tvm import tirx
+
+    Mv = tirx.Var("batch", "int32") if M is None else M
+    nP = cpu_panel_count(N, panel)
+    gemm = cpu_panel_gemm_macro(D, Mv, K, N - row_offset if rows is None else rows, row_offset, panel, parallel)
+
+    @T.prim_func
+    def panel_gemm(h: T.handle, r_p: T.handle, g: T.handle):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        Hs = T.match_buffer(h, (D, Mv, K), "float32")
+        Rp = T.match_buffer(r_p, (D, nP, K, panel), "float32")
+        GH = T.match_buffer(g, (1, D, Mv, N), "float32")
+        gemm(Hs, Rp, GH)
+
+    return panel_gemm.with_attr("tirx.is_scheduled", True)
+
+
+def cpu_pack_func(D: int, G: int, K: int, dtype: str = "float32", panel: int = CPU_PANEL,
+                  name: str = "cpu_pack"):
+    """`cpu_pack_macro` alone as a PrimFunc (tests, timing): R dtype [D, G, K] -> Rp float32 [D, nP, K, panel]."""
+    nP = cpu_panel_count(G, panel)
+    pack = cpu_pack_macro(D, G, K, panel)
+
+    @T.prim_func
+    def pack_func(r: T.handle, r_p: T.handle):
+        T.func_attr({"global_symbol": name, "tirx.noalias": True})
+        R = T.match_buffer(r, (D, G, K), dtype)
+        Rp = T.match_buffer(r_p, (D, nP, K, panel), "float32")
+        pack(R, Rp)
+
+    return pack_func.with_attr("tirx.is_scheduled", True)
+
+
+def pack_numpy(R, panel: int = CPU_PANEL):
+    """numpy `cpu_pack_macro`: R [D, G, K] -> float32 [D, ceil(G / panel), K, panel]."""
+    import numpy as np
+
+    D, G, K = R.shape
+    nP = cpu_panel_count(G, panel)
+    padded = np.zeros((D, nP * panel, K), np.float32)
+    padded[:, :G] = R
+    return np.ascontiguousarray(padded.reshape(D, nP, panel, K).transpose(0, 1, 3, 2))
+
+
+def cpu_pack_worthwhile(G: int, target=None) -> bool:
+    """Whether a recurrence whose R has G rows gets the panel GEMM (when its call is long enough:
+    `cpu_pack_at_run_time`) on `target`: an x86 CPU with AVX-512, where it was measured (with 8-lane
+    registers the 4 x 4-vector tile would spill: those targets keep the k-in-lanes GEMM)."""
+    return G >= CPU_PACK_MIN_ROWS and _has_avx512(target)
+
+
+def _has_avx512(target) -> bool:
+    if target is None:
+        return False
+    try:
+        from tvm.target import codegen
+
+        return bool(codegen.target_has_features("avx512f", target))
+    except Exception:  # noqa: BLE001 - a TVM without LLVM: nothing is compiled anyway
+        return False
+
+
+def cpu_pack_at_run_time(seq, M):
+    """The condition (a TIR expression of the time steps and batch rows of a call) under which a recurrence
+    packs R and steps with the panel GEMM: packing costs about one pass over R, paid back per step."""
+    return seq * M >= CPU_PACK_MIN_ROW_STEPS
+
+
+def cpu_step_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
+                        min_macs: int | None = None):
+    """TVMScript macro `gemm(src, weights, gh)`, weights = (R, Rp, packed): the panel GEMM on Rp (R packed
+    by `cpu_pack_macro`) where `packed` (a Python bool: the caller's time loop comes in a packed and an
+    unpacked copy) is True, else `cpu_gemm_macro`'s on R as stored. Both compute gh[0, d, m, row_offset + r]
+    for r < rows. The panel GEMM splits over threads from CPU_PANEL_PARALLEL_MIN_MACS (or `min_macs` if lower)."""
+    lanes_gemm = cpu_gemm_macro(D, M, K, dt, rows, row_offset, lanes, min_macs=min_macs)
+    panel_min = min(min_macs or CPU_PARALLEL_MIN_MACS, CPU_PANEL_PARALLEL_MIN_MACS)
+    panel_gemm = cpu_panel_gemm_macro(D, M, K, rows, row_offset, min_macs=panel_min)
+
+    @T.macro
+    def gemm(src, weights, gh):
+        R, Rp, packed = T.meta_var(weights)
+        if packed:
+            panel_gemm(src, Rp, gh)
+        else:
+            lanes_gemm(src, R, gh)
+
+    return gemm

@@ -1,0 +1,196 @@
+"""The CPU panel step GEMM (step_gemm.cpu_panel_gemm_macro): R packed once into panels of 64 rows x K
+(`cpu_pack_macro`), outputs in SIMD lanes. The packing and the GEMM against numpy at odd sizes (K not a
+multiple of the lanes, rows not a multiple of the panel, an offset row range, batch tails, a symbolic batch),
+and the GRU / LSTM / RNN recurrences that pack before a long time loop against float64 references and
+against their unpacked path."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+pytest.importorskip("tvm.script")
+if getattr(tvm.base, "_RUNTIME_ONLY", False):   # CPU kernels built here: TVM's compiler is needed
+    pytest.skip("TVM runtime only: these tests build CPU kernels", allow_module_level=True)
+
+from numpy_gru import numpy_gru  # noqa: E402
+from tvmseq.kernels.recurrent import gru, lstm, rnn, step_gemm  # noqa: E402
+from tvmseq.targets import resolve  # noqa: E402
+
+LLVM = resolve("llvm")
+
+
+def pack_ref(R, panel=step_gemm.CPU_PANEL):
+    """Rp[d, p, k, c] = R[d, p * panel + c, k], rows past R's as zeros (float32)."""
+    D, G, K = R.shape
+    nP = -(-G // panel)
+    Rp = np.zeros((D, nP, K, panel), np.float32)
+    for p in range(nP):
+        rows = R[:, p * panel:(p + 1) * panel].astype(np.float32)
+        Rp[:, p, :, :rows.shape[1]] = rows.transpose(0, 2, 1)
+    return Rp
+
+
+def gemm_ref(h, R, row_offset, rows):
+    """gh[d, m, row_offset + r] = sum_k h[d, m, k] R[d, row_offset + r, k] (float64)."""
+    return np.einsum("dmk,dnk->dmn", h.astype(np.float64), R[:, row_offset:row_offset + rows].astype(np.float64))
+
+
+def _tensor(a):
+    return tvm.runtime.tensor(np.ascontiguousarray(a))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("G,K", [(70, 37), (129, 100), (64, 257)])
+def test_pack_matches_numpy(dtype, G, K):
+    R = np.random.default_rng(G + K).standard_normal((2, G, K)).astype(dtype)
+    mod = tvm.compile(step_gemm.cpu_pack_func(2, G, K, dtype), target=LLVM)
+    out = _tensor(np.full(pack_ref(R).shape, np.nan, np.float32))
+    mod["cpu_pack"](_tensor(R), out)
+    np.testing.assert_array_equal(out.numpy(), pack_ref(R))
+    np.testing.assert_array_equal(step_gemm.pack_numpy(R), pack_ref(R))
+
+
+@pytest.mark.parametrize("K", [37, 100, 257])
+@pytest.mark.parametrize("N,row_offset,rows", [(70, 0, 70), (135, 90, 45), (192, 0, 128)],
+                         ids=["rows70", "offset90-rows45", "rows128-of-192"])
+@pytest.mark.parametrize("batch", [1, 3, 19, None])
+def test_panel_gemm_matches_numpy(K, N, row_offset, rows, batch):
+    """Every panel tail: K with a remainder of 2-vector steps, rows not a multiple of 64, an offset range that
+    starts and ends inside panels (the GRU's lbr=0 h rows), batch tiles of 4 with 1-row tails; gh outside
+    the row range stays untouched."""
+    D = 2
+    rng = np.random.default_rng(K + N + (batch or 0))
+    R = rng.standard_normal((D, N, K)).astype(np.float32)
+    mod = tvm.compile(step_gemm.cpu_panel_gemm_func(D, batch, N, K, row_offset=row_offset, rows=rows), target=LLVM)
+    for M in ((batch,) if batch else (1, 3, 19, 70)):
+        h = rng.standard_normal((D, M, K)).astype(np.float32)
+        out = _tensor(np.full((1, D, M, N), np.nan, np.float32))
+        mod["cpu_panel_gemm"](_tensor(h), _tensor(pack_ref(R)), out)
+        got = out.numpy()[0]
+        np.testing.assert_allclose(got[..., row_offset:row_offset + rows], gemm_ref(h, R, row_offset, rows),
+                                   rtol=1e-5, atol=1e-4, err_msg=f"batch {M}")
+        outside = np.ones(N, bool)
+        outside[row_offset:row_offset + rows] = False
+        assert np.isnan(got[..., outside]).all()
+
+
+def test_panel_gemm_splits_over_threads():
+    """The forced parallel loop over (m block, direction, panel) gives the serial sums."""
+    D, N, K, M = 2, 200, 45, 70
+    rng = np.random.default_rng(5)
+    R, h = rng.standard_normal((D, N, K)).astype(np.float32), rng.standard_normal((D, M, K)).astype(np.float32)
+    func = step_gemm.cpu_panel_gemm_func(D, M, N, K, parallel=True)
+    assert "T.parallel" in func.script()
+    out = _tensor(np.zeros((1, D, M, N), np.float32))
+    tvm.compile(func, target=LLVM)["cpu_panel_gemm"](_tensor(h), _tensor(pack_ref(R)), out)
+    np.testing.assert_allclose(out.numpy()[0], gemm_ref(h, R, 0, N), rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the recurrences: R packed before a long enough time loop
+# ---------------------------------------------------------------------------------------------------
+def _gru_gate_i(X, W, Bias, H, lbr):
+    bias_i = Bias[:, :3 * H] + np.concatenate([Bias[:, 3 * H:5 * H], (1 - lbr) * Bias[:, 5 * H:]], 1)
+    return (np.einsum("tbi,dgi->dtbg", X.astype(np.float32), W.astype(np.float32)) + bias_i[:, None, None]
+            ).astype(np.float32)
+
+
+@pytest.mark.parametrize("lbr,direction,dtype,batch", [
+    (1, "forward", "float32", 3), (0, "bidirectional", "float32", None), (0, "reverse", "float16", 2),
+    (1, "bidirectional", "float16", None)])
+def test_gru_recurrence_packs_and_matches_numpy(monkeypatch, lbr, direction, dtype, batch):
+    """hidden 45: 135 gate rows (3 panels, the last partial; lbr=0's h rows start inside a panel). The module
+    packs only when time steps x batch >= CPU_PACK_MIN_ROW_STEPS (here 12): seq 5 at batch 2 steps on R as
+    stored, seq 9 packs; both against the float64 GRU with ragged sequence lengths."""
+    monkeypatch.setattr(step_gemm, "CPU_PACK_MIN_ROW_STEPS", 12)
+    H, I, D = 45, 13, 2 if direction == "bidirectional" else 1
+    spec = gru.GruSpec(D, batch, H, I, dtype, lbr, direction, has_seq_lens=True)
+    func = gru.recurrence_func(spec, LLVM)
+    text = func.script()
+    assert f"Rp = T.alloc_buffer(({D}, 3, {H}, 64))" in text and ">= 12:" in text   # 3 panels, packed at run time
+    rec = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)["gru_recurrence"]
+    rng = np.random.default_rng(lbr * 10 + D)
+    R = rng.uniform(-0.3, 0.3, (D, 3 * H, H)).astype(dtype)
+    W = rng.uniform(-0.5, 0.5, (D, 3 * H, I)).astype(dtype)
+    Bias = rng.uniform(-0.5, 0.5, (D, 6 * H)).astype(np.float32)
+    B = batch or 2
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    for seq in (5, 9):
+        X = rng.standard_normal((seq, B, I)).astype(dtype)
+        h0 = rng.standard_normal((D, B, H)).astype(np.float32)
+        lens = np.array([seq] + [max(1, seq - 3 - b) for b in range(1, B)])
+        Y = _tensor(np.full((seq, D, B, H), np.nan, dtype))
+        Yh = _tensor(np.full((D, B, H), np.nan, dtype))
+        rec(_tensor(_gru_gate_i(X, W, Bias, H, lbr)), _tensor(R), _tensor(Bias[:, 5 * H:]),
+            _tensor(lens.astype(np.int32)), _tensor(h0), Y, Yh)
+        rev = [direction == "reverse" or d == 1 for d in range(D)]
+        rY, rYh = numpy_gru(X, W, R, Bias, lens, h0, rev, lbr, None, [(sig, np.tanh)] * D)
+        tol = dict(rtol=1e-4, atol=2e-5) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+        np.testing.assert_allclose(Y.numpy().astype(np.float64), rY, **tol, err_msg=f"seq {seq}")
+        np.testing.assert_allclose(Yh.numpy().astype(np.float64), rYh, **tol, err_msg=f"seq {seq}")
+
+
+def _run_packed_and_not(monkeypatch, build, args, out_shapes):
+    """Outputs of the recurrence `build()` with packing forced on and off (the threshold at 1 and never)."""
+    outs = []
+    for threshold in (1, 1 << 30):
+        monkeypatch.setattr(step_gemm, "CPU_PACK_MIN_ROW_STEPS", threshold)
+        mod = tvm.compile(tvm.IRModule({"main": build()}), target=LLVM)
+        res = [_tensor(np.full(s, np.nan, np.float32)) for s in out_shapes]
+        mod["main"](*[_tensor(a) for a in args], *res)
+        outs.append([r.numpy() for r in res])
+    return outs
+
+
+def test_lstm_recurrence_packed_equals_unpacked(monkeypatch):
+    """LSTM hidden 37 (148 gate rows), bidirectional, peepholes, any batch at batch 3: the packed panels
+    give the sums of the k-in-lanes GEMM (tested against the reference elsewhere) to rounding."""
+    D, H, B, seq = 2, 37, 3, 6
+    spec = lstm.LstmSpec(D, None, H, 11, direction="bidirectional", has_peepholes=True)
+    rng = np.random.default_rng(11)
+    args = (rng.standard_normal((D, seq, B, 4 * H)).astype(np.float32),
+            rng.uniform(-0.3, 0.3, (D, 4 * H, H)).astype(np.float32),
+            rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32), np.full(B, seq, np.int32),
+            rng.standard_normal((D, B, H)).astype(np.float32), rng.standard_normal((D, B, H)).astype(np.float32))
+    packed, plain = _run_packed_and_not(monkeypatch, lambda: lstm.recurrence_func(spec, LLVM), args,
+                                        [(seq, D, B, H), (D, B, H), (D, B, H)])
+    for a, b in zip(packed, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_rnn_recurrence_packed_matches_reference(monkeypatch):
+    """RNN hidden 130 (3 panels, 2 rows in the last), batch 19 (four 4-row tiles and 3 single rows)."""
+    from tvmseq import reference
+
+    D, H, B, seq, I = 1, 130, 19, 4, 7
+    spec = rnn.RnnSpec(D, B, H, I)
+    rng = np.random.default_rng(13)
+    X = rng.standard_normal((seq, B, I)).astype(np.float32)
+    W = rng.uniform(-0.3, 0.3, (D, H, I)).astype(np.float32)
+    R = rng.uniform(-0.15, 0.15, (D, H, H)).astype(np.float32)
+    Bias = rng.uniform(-0.5, 0.5, (D, 2 * H)).astype(np.float32)
+    h0 = rng.standard_normal((D, B, H)).astype(np.float32)
+    gate_i = np.einsum("tbi,dhi->dtbh", X, W) + (Bias[:, :H] + Bias[:, H:])[:, None, None]
+    args = (gate_i.astype(np.float32), R, np.full(B, seq, np.int32), h0)
+    packed, plain = _run_packed_and_not(monkeypatch, lambda: rnn.recurrence_func(spec, LLVM), args,
+                                        [(seq, D, B, H), (D, B, H)])
+    rY, rYh = reference.rnn(X, W, R, Bias, None, h0)
+    np.testing.assert_allclose(packed[0], np.asarray(rY).reshape(seq, D, B, H), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(packed[1], np.asarray(rYh).reshape(D, B, H), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(packed[0], plain[0], rtol=1e-5, atol=1e-5)
+
+
+def test_small_gpu_or_avx2_recurrences_do_not_pack():
+    """Fewer than CPU_PACK_MIN_ROWS gate rows, the tiled schedule, CUDA or a CPU without AVX-512: no panels."""
+    sched, G = gru.StepSchedule(), step_gemm.CPU_PACK_MIN_ROWS
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    assert gru.cpu_packs_r(False, sched, G, avx512)
+    assert not gru.cpu_packs_r(False, sched, G - 1, avx512)
+    assert not gru.cpu_packs_r(True, sched, 4096, avx512)
+    assert not gru.cpu_packs_r(False, gru.StepSchedule(tiled=True), 4096, avx512)
+    assert not gru.cpu_packs_r(False, sched, 4096, tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3"}))
+    spec = gru.GruSpec(1, 2, 64, 8)
+    assert "Rp = T.alloc_buffer" in gru.recurrence_func(spec, avx512).script()
+    avx2 = resolve({"kind": "llvm", "mcpu": "x86-64-v3"})
+    assert "Rp = T.alloc_buffer" not in gru.recurrence_func(spec, avx2).script()
