@@ -194,3 +194,72 @@ def test_small_gpu_or_avx2_recurrences_do_not_pack():
     assert "Rp = T.alloc_buffer" in gru.recurrence_func(spec, avx512).script()
     avx2 = resolve({"kind": "llvm", "mcpu": "x86-64-v3"})
     assert "Rp = T.alloc_buffer" not in gru.recurrence_func(spec, avx2).script()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The CPU input projection on packed W (projection.gemm.cpu_projection_func's panel path)
+# ---------------------------------------------------------------------------------------------------
+def _projection_spec(D, I, G, dtype="float32", gates=1):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(num_directions=D, input_size=I, gates=gates, hidden=G // gates, dtype=dtype)
+
+
+def _run_projection(func, X, W, Bias):
+    mod = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=LLVM)
+    out = _tensor(np.full((W.shape[0], X.shape[0], W.shape[1]), np.nan, np.float32))
+    mod["main"](_tensor(X), _tensor(W), _tensor(Bias), out)
+    return out.numpy()
+
+
+def _projection_ref(X, W, Bias):
+    return np.einsum("mk,djk->dmj", X.astype(np.float64), W.astype(np.float64)) + Bias[:, None, :]
+
+
+@pytest.mark.parametrize("D", [1, 2])
+@pytest.mark.parametrize("I,G", [(37, 70), (100, 129), (37, 129), (100, 70)])
+def test_packed_projection_matches_numpy(D, I, G):
+    """One build (rows symbolic) run at rows 1 (under min_rows: the k-in-lanes GEMM), 3 and 19 (W packed, the
+    panel GEMM: batch tiles of 4 and 1-row tails, last panels of 1-5 vectors, K tails), X shared by the
+    directions, bias added; both paths against numpy."""
+    from tvmseq.kernels.projection import gemm as ip
+
+    rng = np.random.default_rng(D * 1000 + I + G)
+    W = rng.standard_normal((D, G, I)).astype(np.float32)
+    Bias = rng.standard_normal((D, G)).astype(np.float32)
+    func = ip.cpu_projection_func(_projection_spec(D, I, G), LLVM, panel=True, min_rows=2)
+    for rows in (1, 3, 19):
+        X = rng.standard_normal((rows, I)).astype(np.float32)
+        np.testing.assert_allclose(_run_projection(func, X, W, Bias), _projection_ref(X, W, Bias), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_packed_projection_default_threshold():
+    """Built as the importer builds it (H128 GRU, AVX-512 target): under cpu_panel_projection_min_rows the old
+    GEMM, from it the packed one; both match numpy and each other's numbers."""
+    from tvmseq.kernels.projection import gemm as ip
+
+    spec = _projection_spec(2, 128, 384, gates=3)
+    assert ip.cpu_panel_projection(spec, LLVM) == step_gemm._has_avx512(LLVM)
+    rng = np.random.default_rng(7)
+    W = rng.standard_normal((2, 384, 128)).astype(np.float32)
+    Bias = rng.standard_normal((2, 384)).astype(np.float32)
+    func = ip.cpu_projection_func(spec, LLVM)
+    limit = ip.cpu_panel_projection_min_rows(128)
+    for rows in (limit - 1, limit, 100):
+        X = rng.standard_normal((rows, 128)).astype(np.float32)
+        np.testing.assert_allclose(_run_projection(func, X, W, Bias), _projection_ref(X, W, Bias), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_projection_keeps_old_gemm_off_avx512_and_fp16():
+    """float16 weights, W with fewer than two panels of rows, or a target without AVX-512: no packed path."""
+    from tvmseq.kernels.projection import gemm as ip
+
+    avx2 = resolve({"kind": "llvm", "mcpu": "x86-64-v3"})
+    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 384, "float16", 3), LLVM)
+    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 96, gates=3), LLVM)
+    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 384, gates=3), avx2)
+    assert "Wp" not in ip.cpu_projection_func(_projection_spec(1, 128, 384, gates=3), avx2).script()
+    assert ip.cpu_panel_projection_min_rows(37) == ip.CPU_PANEL_PROJECTION_MIN_ROWS
+    assert ip.cpu_panel_projection_min_rows(1024) == 384

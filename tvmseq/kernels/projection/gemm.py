@@ -498,25 +498,93 @@ def pad_rows_func(batch: int, input_size: int, tile: int, dtype: str) -> tirx.Pr
     return pad_rows
 
 
-def cpu_projection_func(spec, target=None) -> tirx.PrimFunc:
+# Flat rows from which the CPU projection packs W into 64-row panels (`step_gemm.cpu_pack_macro`, once a call)
+# and runs the panel GEMM (outputs in the 16 AVX-512 lanes, X shared by the directions, the bias added in a
+# pass after it); fewer rows keep the k-in-lanes GEMM on W as stored: rows >= max(MIN_ROWS, I * NUM / DEN).
+# Measured on the 2-core Zen 4, one thread, old vs new alternated in one process, 2026-11-27, D = 1, G = 3H
+# and 4H, I = H (us, new/old): packing W costs ~15 / 60 / 240 / 2600-4000 us at H 128 / 256 / 512 / 1024, the
+# panel GEMM runs 50-55 GMAC/s where the old one ran 33-35 (H128) / 42-48 (H256-1024), so it breaks even at
+# ~32 / 64 / 128 / 256 rows (H128 rows 16: 1.41, 32: 0.87-1.06, 48: 0.82; H256 rows 64: 0.95, 96: 0.87;
+# H512 rows 128: 0.97, 192: 0.89-0.91; H1024 rows 256: 0.97-1.00, 384: 0.85-0.93; at rows 800: 0.64 / 0.84-0.87
+# / 0.81-0.84 at H 128 / 512 / 1024, rows 6400 0.67 / 0.87 / 0.82-0.84; rows 1 and 8: 2-10x slower). The threshold,
+# 3/8 of I and at least 48 rows, is ~1.5x the break-even. Nodes at batch 8, seq 100 (2 threads): 0.80-0.94x the time.
+CPU_PANEL_PROJECTION_MIN_ROWS = 48
+CPU_PANEL_PROJECTION_ROWS_PER_K = (3, 8)
+
+
+def cpu_panel_projection_min_rows(input_size: int) -> int:
+    """Rows (seq x batch) from which the CPU projection with input size `input_size` packs W."""
+    num, den = CPU_PANEL_PROJECTION_ROWS_PER_K
+    return max(CPU_PANEL_PROJECTION_MIN_ROWS, -(-input_size * num // den))
+
+
+def cpu_panel_projection(spec, target=None) -> bool:
+    """Whether `cpu_projection_func(spec, target)` has the packed panel path (chosen at run time from
+    `cpu_panel_projection_min_rows` rows): float32, W with enough rows for panels, an AVX-512 target."""
+    from ..recurrent.step_gemm import cpu_pack_worthwhile
+
+    return spec.dtype == "float32" and cpu_pack_worthwhile(spec.gates * spec.hidden, target)
+
+
+def cpu_projection_func(spec, target=None, panel: bool | None = None,
+                        min_rows: int | None = None) -> tirx.PrimFunc:
     """The projection on the CPU over the flat rows (any number: seq * batch, either symbolic):
-    gate_i[d, m, j] = sum_k X[m, k] W[d, j, k] + bias[d, j], the step GEMM's SIMD loop
-    (`step_gemm.cpu_gemm_macro`: k in vector lanes, W rows as stored, row blocks over threads) with the
-    bias added as the sums are stored; X and W float32 or float16 (converted as loaded)."""
-    from ..recurrent.step_gemm import cpu_gemm_macro, cpu_lanes
+    gate_i[d, m, j] = sum_k X[m, k] W[d, j, k] + bias[d, j]. Below `min_rows` (`cpu_panel_projection_min_rows`)
+    rows, or without the panel path (`cpu_panel_projection`; `panel` forces it on or off), the step GEMM's
+    SIMD loop (`step_gemm.cpu_gemm_macro`: k in vector lanes, W rows as stored, row blocks over threads) with
+    the bias added as the sums are stored; X and W float32 or float16 (converted as loaded). From `min_rows`
+    rows W is packed into 64-row panels in a workspace (`cpu_pack_macro`) and `cpu_panel_gemm_macro` runs on
+    them, X read through a view with a zero direction stride, then the bias is added."""
+    from ..recurrent.step_gemm import (CPU_PANEL, cpu_gemm_macro, cpu_lanes, cpu_pack_macro, cpu_panel_count,
+                                       cpu_panel_gemm_macro)
 
     D, I, G, dt = spec.num_directions, spec.input_size, spec.gates * spec.hidden, spec.dtype
     rows = tirx.Var("rows", "int32")
     gemm = cpu_gemm_macro(D, rows, I, dt, G, 0, cpu_lanes(target), shared_src=True, bias=True)
+    use_panel = cpu_panel_projection(spec, target) if panel is None else panel
+    threshold = cpu_panel_projection_min_rows(I) if min_rows is None else min_rows
+    if not use_panel:
+        @T.prim_func
+        def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+            T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
+            X = T.match_buffer(x, (rows, I), dt)
+            W = T.match_buffer(w, (D, G, I), dt)
+            Bias = T.match_buffer(bias, (D, G), "float32")
+            GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
+            GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view
+            gemm(X, W, GH, Bias)
+
+        return gru_input_projection.with_attr("tirx.is_scheduled", True)
+
+    if dt != "float32":
+        raise ValueError("the packed CPU projection takes float32 X and W")
+    P = CPU_PANEL
+    nP = cpu_panel_count(G, P)
+    pack = cpu_pack_macro(D, G, I, P)
+    panel_gemm = cpu_panel_gemm_macro(D, rows, I, G, 0, P)
 
     @T.prim_func
-    def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+    def gru_input_projection_panel(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
         T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
         X = T.match_buffer(x, (rows, I), dt)
         W = T.match_buffer(w, (D, G, I), dt)
         Bias = T.match_buffer(bias, (D, G), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
-        GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view
-        gemm(X, W, GH, Bias)
+        GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)
+        if rows >= threshold:
+            Wp = T.alloc_buffer((D, nP, I, P), "float32")
+            Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1))   # X for every direction
+            pack(W, Wp)
+            panel_gemm(Xd, Wp, GH)
+            for dm in T.serial(D * rows):
+                for j0 in T.serial(G // 16):
+                    for v in T.vectorized(16):
+                        GateI[dm // rows, dm % rows, j0 * 16 + v] = GateI[dm // rows, dm % rows, j0 * 16 + v] + \
+                            Bias[dm // rows, j0 * 16 + v]
+                for jt in T.serial(G % 16):
+                    GateI[dm // rows, dm % rows, G - G % 16 + jt] = GateI[dm // rows, dm % rows, G - G % 16 + jt] + \
+                        Bias[dm // rows, G - G % 16 + jt]
+        else:
+            gemm(X, W, GH, Bias)
 
-    return gru_input_projection.with_attr("tirx.is_scheduled", True)
+    return gru_input_projection_panel.with_attr("tirx.is_scheduled", True)
