@@ -543,48 +543,45 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     gemm = cpu_gemm_macro(D, rows, I, dt, G, 0, cpu_lanes(target), shared_src=True, bias=True)
     use_panel = cpu_panel_projection(spec, target) if panel is None else panel
     threshold = cpu_panel_projection_min_rows(I) if min_rows is None else min_rows
-    if not use_panel:
-        @T.prim_func
-        def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
-            T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
-            X = T.match_buffer(x, (rows, I), dt)
-            W = T.match_buffer(w, (D, G, I), dt)
-            Bias = T.match_buffer(bias, (D, G), "float32")
-            GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
-            GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view
-            gemm(X, W, GH, Bias)
 
-        return gru_input_projection.with_attr("tirx.is_scheduled", True)
+    @T.macro
+    def project(X, W, Bias, GateI, GH):
+        gemm(X, W, GH, Bias)
 
-    if dt != "float32":
-        raise ValueError("the packed CPU projection takes float32 X and W")
-    P = CPU_PANEL
-    nP = cpu_panel_count(G, P)
-    pack = cpu_pack_macro(D, G, I, P)
-    panel_gemm = cpu_panel_gemm_macro(D, rows, I, G, 0, P)
+    if use_panel:
+        if dt != "float32":
+            raise ValueError("the packed CPU projection takes float32 X and W")
+        P = CPU_PANEL
+        nP = cpu_panel_count(G, P)
+        pack = cpu_pack_macro(D, G, I, P)
+        panel_gemm = cpu_panel_gemm_macro(D, rows, I, G, 0, P)
+
+        @T.macro
+        def project(X, W, Bias, GateI, GH):   # noqa: F811 - the packed path from `threshold` rows, else the above
+            if rows >= threshold:
+                Wp = T.alloc_buffer((D, nP, I, P), "float32")
+                Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1))   # X for every direction
+                pack(W, Wp)
+                panel_gemm(Xd, Wp, GH)
+                for dm in T.serial(D * rows):
+                    for j0 in T.serial(G // 16):
+                        for v in T.vectorized(16):
+                            GateI[dm // rows, dm % rows, j0 * 16 + v] = GateI[dm // rows, dm % rows, j0 * 16 + v] + \
+                                Bias[dm // rows, j0 * 16 + v]
+                    for jt in T.serial(G % 16):
+                        GateI[dm // rows, dm % rows, G - G % 16 + jt] = GateI[dm // rows, dm % rows, G - G % 16 + jt] \
+                            + Bias[dm // rows, G - G % 16 + jt]
+            else:
+                gemm(X, W, GH, Bias)
 
     @T.prim_func
-    def gru_input_projection_panel(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+    def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
         T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
         X = T.match_buffer(x, (rows, I), dt)
         W = T.match_buffer(w, (D, G, I), dt)
         Bias = T.match_buffer(bias, (D, G), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
-        GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)
-        if rows >= threshold:
-            Wp = T.alloc_buffer((D, nP, I, P), "float32")
-            Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1))   # X for every direction
-            pack(W, Wp)
-            panel_gemm(Xd, Wp, GH)
-            for dm in T.serial(D * rows):
-                for j0 in T.serial(G // 16):
-                    for v in T.vectorized(16):
-                        GateI[dm // rows, dm % rows, j0 * 16 + v] = GateI[dm // rows, dm % rows, j0 * 16 + v] + \
-                            Bias[dm // rows, j0 * 16 + v]
-                for jt in T.serial(G % 16):
-                    GateI[dm // rows, dm % rows, G - G % 16 + jt] = GateI[dm // rows, dm % rows, G - G % 16 + jt] + \
-                        Bias[dm // rows, G - G % 16 + jt]
-        else:
-            gemm(X, W, GH, Bias)
+        GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view
+        project(X, W, Bias, GateI, GH)
 
-    return gru_input_projection_panel.with_attr("tirx.is_scheduled", True)
+    return gru_input_projection.with_attr("tirx.is_scheduled", True)
