@@ -263,3 +263,16 @@ def test_projection_keeps_old_gemm_off_avx512_and_fp16():
     assert "Wp" not in ip.cpu_projection_func(_projection_spec(1, 128, 384, gates=3), avx2).script()
     assert ip.cpu_panel_projection_min_rows(37) == ip.CPU_PANEL_PROJECTION_MIN_ROWS
     assert ip.cpu_panel_projection_min_rows(1024) == 384
+
+
+def test_panel_paths_reject_what_they_cannot_compute():
+    """A panel that is not whole vectors of lanes, and the packed projection forced on float16 inputs, are
+    refused with a message naming the cause (the default choice never asks for either)."""
+    from tvmseq.errors import TvmseqError
+    from tvmseq.kernels.projection import gemm as proj
+
+    with pytest.raises(TvmseqError, match="panel 40 is not a multiple of 16 lanes"):
+        step_gemm.cpu_panel_gemm_macro(1, 8, 64, 128, 0, panel=40)
+    spec = lstm.LstmSpec(1, 8, 64, 64, "float16", direction="forward")
+    with pytest.raises(ValueError, match="packed CPU projection takes float32"):
+        proj.cpu_projection_func(spec, resolve("llvm"), panel=True)
