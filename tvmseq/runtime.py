@@ -202,8 +202,14 @@ class Model:
             resolve_artifacts(self.executable, self.signature.get("artifacts"))
             module = self.executable.jit() if hasattr(self.executable, "jit") else self.executable
             self._vm_instance = VirtualMachine(module, self.device)
-            self._main = self._vm_instance["main"]     # looked up once: ~1 us a call
         return self._vm_instance
+
+    @property
+    def _main_function(self):
+        """The VM's "main", looked up once (creating the VM on first use): a lookup costs ~1 us a call."""
+        if self._main is None:
+            self._main = self._vm["main"]
+        return self._main
 
     @property
     def cuda_graph(self) -> bool:
@@ -410,8 +416,10 @@ class Model:
         if self._weight_specs and self._weight_values is None:
             raise TvmseqError("this model keeps its weights out of the executable: call set_weights(...) "
                               "(or tvmseq.load(path, weights=...)) first")
-        main = self._main if self._main is not None else self._vm["main"]
-        out = self._graph_run(tensors)[0] if self._graph_mode else main(*tensors, *self._device_weights())
+        if self._graph_mode:
+            out = self._graph_run(tensors)[0]
+        else:
+            out = self._main_function(*tensors, *self._device_weights())
         return out if isinstance(out, tvm.runtime.Tensor) else tuple(out)
 
     def __call__(self, *args, **kwargs):

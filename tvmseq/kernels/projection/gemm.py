@@ -499,8 +499,8 @@ def pad_rows_func(batch: int, input_size: int, tile: int, dtype: str) -> tirx.Pr
 
 
 # Flat rows from which the CPU projection packs W into 64-row panels (`step_gemm.cpu_pack_macro`, once a call)
-# and runs the panel GEMM (outputs in the 16 AVX-512 lanes, X shared by the directions, the bias added in a
-# pass after it); fewer rows keep the k-in-lanes GEMM on W as stored: rows >= max(MIN_ROWS, I * NUM / DEN).
+# and runs the panel GEMM (outputs in the 16 AVX-512 lanes, X shared by the directions, the bias added as each
+# tile is stored); fewer rows keep the k-in-lanes GEMM on W as stored: rows >= max(MIN_ROWS, I * NUM / DEN).
 # Measured on the 2-core Zen 4, one thread, old vs new alternated in one process, 2026-11-27, D = 1, G = 3H
 # and 4H, I = H (us, new/old): packing W costs ~15 / 60 / 240 / 2600-4000 us at H 128 / 256 / 512 / 1024, the
 # panel GEMM runs 50-55 GMAC/s where the old one ran 33-35 (H128) / 42-48 (H256-1024), so it breaks even at
@@ -508,6 +508,8 @@ def pad_rows_func(batch: int, input_size: int, tile: int, dtype: str) -> tirx.Pr
 # H512 rows 128: 0.97, 192: 0.89-0.91; H1024 rows 256: 0.97-1.00, 384: 0.85-0.93; at rows 800: 0.64 / 0.84-0.87
 # / 0.81-0.84 at H 128 / 512 / 1024, rows 6400 0.67 / 0.87 / 0.82-0.84; rows 1 and 8: 2-10x slower). The threshold,
 # 3/8 of I and at least 48 rows, is ~1.5x the break-even. Nodes at batch 8, seq 100 (2 threads): 0.80-0.94x the time.
+# The bias added in the GEMM's store rather than a pass over the output after it (LSTM, I = H, one thread,
+# alternated, 2026-11-27): H128 rows 100 / 800 0.98-0.99 / 0.98, H512 rows 800 0.97-0.99 the time (same sums).
 CPU_PANEL_PROJECTION_MIN_ROWS = 48
 CPU_PANEL_PROJECTION_ROWS_PER_K = (3, 8)
 
@@ -534,7 +536,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     SIMD loop (`step_gemm.cpu_gemm_macro`: k in vector lanes, W rows as stored, row blocks over threads) with
     the bias added as the sums are stored; X and W float32 or float16 (converted as loaded). From `min_rows`
     rows W is packed into 64-row panels in a workspace (`cpu_pack_macro`) and `cpu_panel_gemm_macro` runs on
-    them, X read through a view with a zero direction stride, then the bias is added."""
+    them, X read through a view with a zero direction stride, the bias again added as the sums are stored."""
     from ..recurrent.step_gemm import (CPU_PANEL, cpu_gemm_macro, cpu_lanes, cpu_pack_macro, cpu_panel_count,
                                        cpu_panel_gemm_macro)
 
@@ -545,7 +547,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     threshold = cpu_panel_projection_min_rows(I) if min_rows is None else min_rows
 
     @T.macro
-    def project(X, W, Bias, GateI, GH):
+    def project(X, W, Bias, GH):
         gemm(X, W, GH, Bias)
 
     if use_panel:
@@ -554,23 +556,15 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
         P = CPU_PANEL
         nP = cpu_panel_count(G, P)
         pack = cpu_pack_macro(D, G, I, P)
-        panel_gemm = cpu_panel_gemm_macro(D, rows, I, G, 0, P)
+        panel_gemm = cpu_panel_gemm_macro(D, rows, I, G, 0, P, bias=True)
 
         @T.macro
-        def project(X, W, Bias, GateI, GH):   # noqa: F811 - the packed path from `threshold` rows, else the above
+        def project(X, W, Bias, GH):   # noqa: F811 - the packed path from `threshold` rows, else the above
             if rows >= threshold:
                 Wp = T.alloc_buffer((D, nP, I, P), "float32")
                 Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1))   # X for every direction
                 pack(W, Wp)
-                panel_gemm(Xd, Wp, GH)
-                for dm in T.serial(D * rows):
-                    for j0 in T.serial(G // 16):
-                        for v in T.vectorized(16):
-                            GateI[dm // rows, dm % rows, j0 * 16 + v] = GateI[dm // rows, dm % rows, j0 * 16 + v] + \
-                                Bias[dm // rows, j0 * 16 + v]
-                    for jt in T.serial(G % 16):
-                        GateI[dm // rows, dm % rows, G - G % 16 + jt] = GateI[dm // rows, dm % rows, G - G % 16 + jt] \
-                            + Bias[dm // rows, G - G % 16 + jt]
+                panel_gemm(Xd, Wp, GH, Bias)
             else:
                 gemm(X, W, GH, Bias)
 
@@ -582,6 +576,6 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
         Bias = T.match_buffer(bias, (D, G), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
         GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view
-        project(X, W, Bias, GateI, GH)
+        project(X, W, Bias, GH)
 
     return gru_input_projection.with_attr("tirx.is_scheduled", True)

@@ -457,7 +457,7 @@ def cpu_lanes(target=None) -> int:
 
 def cpu_parallel(D: int, M, rows: int, K: int, min_macs: int | None = None) -> bool:
     """Whether a CPU step GEMM can be large enough to split over threads (a symbolic M: at CPU_M_BLOCK rows;
-    `cpu_gemm_macro` then decides at run time with `cpu_parallel_at_run_time`); min_macs: the threshold
+    `cpu_thread_split_macro` then decides at run time with `cpu_parallel_at_run_time`); min_macs: the threshold
     (default CPU_PARALLEL_MIN_MACS; `cpu_parallel_min_macs` for a target)."""
     m = M if isinstance(M, int) else CPU_M_BLOCK
     return D * m * rows * K >= (min_macs or CPU_PARALLEL_MIN_MACS)
@@ -468,6 +468,54 @@ def cpu_parallel_at_run_time(D: int, M, rows: int, K: int, min_macs: int | None 
     TIR expression. (Counted as 8 rows at build time, a batch-1 LSTM H256 stepped on the pool and paid its
     launch and join 100 times, each a time slice while other processes held the cores.)"""
     return M * (D * rows * K) >= (min_macs or CPU_PARALLEL_MIN_MACS)
+
+
+def cpu_thread_split_macro(blocks_macro, D: int, M, rows: int, K: int, parallel: bool | None = None,
+                           min_macs: int | None = None):
+    """TVMScript macro `blocks(*operands)`: the work loop `blocks_macro(loop)` builds, on TVM's thread pool
+    (loop T.parallel) or on this thread (T.serial). `parallel` forces one; else a step of M x rows x K
+    multiply-adds per direction splits from `min_macs` (`cpu_parallel`), decided at build time for an int
+    M and, for a symbolic M that can reach it, every step (`cpu_parallel_at_run_time`)."""
+    splits = cpu_parallel(D, M, rows, K, min_macs) if parallel is None else parallel
+    # a symbolic batch that can be large enough is checked every step: at a small batch the pool's launch and
+    # join would cost more than the split saves (a forced `parallel` always takes its loop)
+    decided_per_step = splits and parallel is None and not isinstance(M, int)
+    parallel_blocks, serial_blocks = blocks_macro(T.parallel), blocks_macro(T.serial)
+
+    @T.macro
+    def blocks(*operands):
+        if decided_per_step:
+            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
+                parallel_blocks(*operands)
+            else:
+                serial_blocks(*operands)
+        elif splits:
+            parallel_blocks(*operands)
+        else:
+            serial_blocks(*operands)
+
+    return blocks
+
+
+def _stored_sum(bias: bool):
+    """(sum, bias_buf, d, row) -> what a CPU GEMM stores for output row `row` of direction d: the sum plus
+    bias_buf[d, row] with a bias (added as the tile is stored, so the output is written once), else the sum."""
+    if bias:
+        return lambda value, bias_buf, d, row: value + bias_buf[d, row]
+    return lambda value, bias_buf, d, row: value
+
+
+def _gemm_signature(split_blocks, bias: bool):
+    """The GEMM macro callers get from `split_blocks(src, W, gh, bias_buf)`: itself, called as
+    `gemm(src, W, gh, bias_buf)`, with a bias; else `gemm(src, W, gh)`."""
+    if bias:
+        return split_blocks
+
+    @T.macro
+    def gemm(src, W, gh):
+        split_blocks(src, W, gh, None)
+
+    return gemm
 
 
 def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
@@ -486,10 +534,8 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
     nrb = (rows + RT - 1) // RT
     MB = CPU_M_BLOCK
     nmb = (M + MB - 1) // MB
-    par = cpu_parallel(D, M, rows, K, min_macs) if parallel is None else parallel
-    # a symbolic batch picks the parallel or the serial loop every step (forced `parallel`: always that one)
-    guard = par and parallel is None and not isinstance(M, int)
     f32 = lambda v: T.Cast("float32", v)  # noqa: E731
+    stored = _stored_sum(bias)
     if VL not in (8, 16):
         raise TvmseqError(f"CPU step GEMM: lanes must be 8 or 16, got {VL}")
 
@@ -541,10 +587,8 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
             for i in T.unroll(RT):
                 if rb * RT + i < rows:
                     for j in T.unroll(BT):
-                        if bias:
-                            gh[0, d, m0 + j, row_offset + rb * RT + i] = red[i * BT + j] + bias_buf[d, row_offset + rb * RT + i]
-                        else:
-                            gh[0, d, m0 + j, row_offset + rb * RT + i] = red[i * BT + j]
+                        gh[0, d, m0 + j, row_offset + rb * RT + i] = stored(
+                            red[i * BT + j], bias_buf, d, row_offset + rb * RT + i)
 
         return tile
 
@@ -567,32 +611,7 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
 
         return blocks
 
-    parallel_blocks, serial_blocks = blocks_macro(T.parallel), blocks_macro(T.serial)
-
-    @T.macro
-    def body(src, R, gh, bias_buf):
-        if guard:
-            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
-                parallel_blocks(src, R, gh, bias_buf)
-            else:
-                serial_blocks(src, R, gh, bias_buf)
-        elif par:
-            parallel_blocks(src, R, gh, bias_buf)
-        else:
-            serial_blocks(src, R, gh, bias_buf)
-
-    if bias:
-        @T.macro
-        def gemm_bias(src, R, gh, bias_buf):
-            body(src, R, gh, bias_buf)
-
-        return gemm_bias
-
-    @T.macro
-    def gemm(src, R, gh):
-        body(src, R, gh, None)
-
-    return gemm
+    return _gemm_signature(cpu_thread_split_macro(blocks_macro, D, M, rows, K, parallel, min_macs), bias)
 
 
 def cpu_gemm_func(D: int, M, N: int, K: int, dtype: str = "float32", lanes: int = 8,
@@ -672,17 +691,18 @@ def cpu_pack_macro(D: int, G: int, K: int, panel: int = CPU_PANEL):
     return pack
 
 
-def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: int, NV: int):
+def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: int, NV: int, bias: bool):
     """One register tile of the panel GEMM: BT batch rows x the first NV vectors of VL rows of panel p (all
-    P / VL of them but in a last panel that needs fewer)."""
+    P / VL of them but in a last panel that needs fewer), plus the bias as it is stored (`bias`)."""
     # a 1-row tile has only NV accumulator chains, too few to cover the FMA latency: KS sets of them (k
     # alternates), added at the end
     KS = 2 if BT * NV < 8 else 1
     K1 = (K // KS) * KS
     E = BT * NV * VL                               # floats of one accumulator set
+    stored = _stored_sum(bias)
 
     @T.macro
-    def tile(src, Rp, gh, d, p, m0):
+    def tile(src, Rp, gh, bias_buf, d, p, m0):
         acc = T.alloc_buffer((KS * E,), "float32", scope="local")
         for e in T.unroll(KS * BT * NV):
             for v in T.vectorized(VL):
@@ -709,52 +729,52 @@ def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: i
             for j in T.unroll(BT):
                 for c in T.unroll(NV):
                     for v in T.vectorized(VL):
-                        gh[0, d, m0 + j, p * P + c * VL + v] = acc[(j * NV + c) * VL + v]
+                        gh[0, d, m0 + j, p * P + c * VL + v] = stored(
+                            acc[(j * NV + c) * VL + v], bias_buf, d, p * P + c * VL + v)
         else:
             for j in T.unroll(BT):
                 for c in T.serial(NV * VL):
                     if p * P + c >= row_offset and p * P + c < row_offset + rows:
-                        gh[0, d, m0 + j, p * P + c] = acc[j * NV * VL + c]
+                        gh[0, d, m0 + j, p * P + c] = stored(acc[j * NV * VL + c], bias_buf, d, p * P + c)
 
     return tile
 
 
 def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: int = CPU_PANEL,
-                         parallel: bool | None = None, min_macs: int | None = None):
+                         parallel: bool | None = None, min_macs: int | None = None, bias: bool = False):
     """TVMScript macro `gemm(src, Rp, gh)`: gh[0, d, m, row_offset + r] = sum_k src[d, m, k] *
     R[d, row_offset + r, k] for m < M (an int or a TIR variable), r < rows, with Rp = R packed by
     `cpu_pack_macro` (panels of all of R's rows: this GEMM runs the panels that overlap its rows and stores
-    only its rows). Blocks, batch tiles and the thread split as `cpu_gemm_macro`'s."""
+    only its rows). bias: the macro is `gemm(src, Rp, gh, bias)` and adds bias[d, row_offset + r] as it
+    stores. Blocks, batch tiles and the thread split as `cpu_gemm_macro`'s."""
     P, VL, BT, MB = panel, CPU_PANEL_LANES, CPU_PANEL_BATCH_TILE, CPU_M_BLOCK
     if P % VL:
         raise TvmseqError(f"CPU panel GEMM: panel {P} is not a multiple of {VL} lanes")
     p0 = row_offset // P
     npn = cpu_panel_count(row_offset + rows, P) - p0
     nmb = (M + MB - 1) // MB
-    par = cpu_parallel(D, M, rows, K, min_macs) if parallel is None else parallel
-    guard = par and parallel is None and not isinstance(M, int)
     # the last panel computes only the vectors holding rows of this GEMM (130 rows: 3 panels, the last
     # one vector, not 4: 1.0 -> 1.3x faster than the k-in-lanes GEMM at batch 8 on the Zen 4)
     p_last = (row_offset + rows - 1) // P
     nv_last = (row_offset + rows - p_last * P + VL - 1) // VL
-    full_tile, one_row = (_panel_tile_macro(K, rows, row_offset, P, VL, bt, P // VL) for bt in (BT, 1))
-    last_tile, last_row = (_panel_tile_macro(K, rows, row_offset, P, VL, bt, nv_last) for bt in (BT, 1))
+    full_tile, one_row = (_panel_tile_macro(K, rows, row_offset, P, VL, bt, P // VL, bias) for bt in (BT, 1))
+    last_tile, last_row = (_panel_tile_macro(K, rows, row_offset, P, VL, bt, nv_last, bias) for bt in (BT, 1))
 
     def tiles_of(tile, row):
         """A panel's batch rows: whole tiles of BT rows, then the rest one row at a time."""
         @T.macro
-        def tiles(src, Rp, gh, d, p, m0, mlen):
+        def tiles(src, Rp, gh, bias_buf, d, p, m0, mlen):
             for mt in range(mlen // BT):
-                tile(src, Rp, gh, d, p, m0 + mt * BT)
+                tile(src, Rp, gh, bias_buf, d, p, m0 + mt * BT)
             for mr in range(mlen % BT):
-                row(src, Rp, gh, d, p, m0 + (mlen // BT) * BT + mr)
+                row(src, Rp, gh, bias_buf, d, p, m0 + (mlen // BT) * BT + mr)
         return tiles
 
     panel_tiles, last_panel_tiles = tiles_of(full_tile, one_row), tiles_of(last_tile, last_row)
 
     def blocks_macro(loop):
         @T.macro
-        def blocks(src, Rp, gh):
+        def blocks(src, Rp, gh, bias_buf):
             for w in loop(nmb * D * npn):
                 # m block outermost: a thread's share is a range of (m block, direction, panel)
                 mb = T.meta_var(w // (D * npn))
@@ -762,27 +782,13 @@ def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: i
                 p = T.meta_var(p0 + w % npn)
                 mlen = T.meta_var(T.min(MB, M - mb * MB))
                 if nv_last < P // VL and p == p_last:
-                    last_panel_tiles(src, Rp, gh, d, p, mb * MB, mlen)
+                    last_panel_tiles(src, Rp, gh, bias_buf, d, p, mb * MB, mlen)
                 else:
-                    panel_tiles(src, Rp, gh, d, p, mb * MB, mlen)
+                    panel_tiles(src, Rp, gh, bias_buf, d, p, mb * MB, mlen)
 
         return blocks
 
-    parallel_blocks, serial_blocks = blocks_macro(T.parallel), blocks_macro(T.serial)
-
-    @T.macro
-    def gemm(src, Rp, gh):
-        if guard:
-            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
-                parallel_blocks(src, Rp, gh)
-            else:
-                serial_blocks(src, Rp, gh)
-        elif par:
-            parallel_blocks(src, Rp, gh)
-        else:
-            serial_blocks(src, Rp, gh)
-
-    return gemm
+    return _gemm_signature(cpu_thread_split_macro(blocks_macro, D, M, rows, K, parallel, min_macs), bias)
 
 
 def cpu_panel_gemm_func(D: int, M, N: int, K: int, panel: int = CPU_PANEL, parallel: bool | None = None,
