@@ -72,7 +72,13 @@ def physical_cores() -> int:
 
 def configure_threads() -> int:
     """Threads TVM's CPU thread pool will use: TVM_NUM_THREADS or OMP_NUM_THREADS when set (honoured as
-    given), else the physical cores (written to TVM_NUM_THREADS for the pool to read when it starts)."""
+    given), else the physical cores (written to TVM_NUM_THREADS for the pool to read when it starts).
+    The pool's workers are left unpinned (TVM_BIND_THREADS=0 unless set): TVM pins worker i to core i, as
+    onnxruntime pins its own, so in one process (or beside any pinned pool) two spinning workers shared a core
+    and a parallel kernel waited a scheduler tick for its late worker: on the 16-core Xeon a silero-v4 call in
+    `tvmseq bench cpu` took 2-12 ms in some bursts against 0.23-0.42 ms alone; unpinned, alone 0.16 / 0.31 ms
+    (pinned 0.23 / 0.42) and no such burst in the bench runs (2026-11-27)."""
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
     for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
