@@ -1,0 +1,1 @@
+"""Scatter kernels (ONNX ScatterND)."""
