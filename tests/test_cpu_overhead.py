@@ -145,3 +145,126 @@ def test_host_input_facts(compiled):
     assert not fact.matches(np.zeros((3, 4), np.float32), {})
     assert not runtime._HostInput({"shape": [2], "dtype": "bfloat16"}).matches(np.zeros(2, np.float32), {})
     assert not runtime._HostInput({"shape": None, "dtype": "float32"}).matches(np.zeros(2, np.float32), {})
+
+
+# ---- the fast path: a call's inputs checked once per combination of shapes (runtime._FastEntry) ----------------
+def _warm(model, feeds, calls=3):
+    """Calls enough for the fast path to keep an entry for these shapes (one is made at the second call)."""
+    for _ in range(calls):
+        out = model(**feeds)
+    return out
+
+
+def test_fast_path_is_taken_and_gives_the_generic_outputs(compiled, monkeypatch):
+    """From the second call of a shape on, numpy inputs skip the generic binding (`_bind`) altogether; every
+    call's outputs equal those of the generic path (TVM tensor inputs) for new values of the same shapes, fed by
+    name, positionally or as one dict."""
+    _warm(compiled, _feeds(3, 7))
+    assert ((3, 7, 5), (), (3,)) in compiled._fast
+
+    def refuse(*_, **__):
+        raise AssertionError("the generic binding ran on the fast path")
+
+    monkeypatch.setattr(type(compiled), "_bind", refuse)
+    for seed in range(1, 4):
+        feeds = _feeds(3, 7, seed)
+        for got in (compiled(**feeds), compiled(feeds["X"], feeds["s"], feeds["K"]), compiled(dict(feeds))):
+            _check(got, feeds)
+    monkeypatch.undo()
+    for seed in range(4, 6):
+        feeds = _feeds(3, 7, seed)
+        generic = compiled(**{k: tvm.runtime.tensor(v) for k, v in feeds.items()})
+        for got, same in zip(compiled(**feeds), generic):
+            assert got.dtype == same.dtype and got.shape == same.shape
+            np.testing.assert_array_equal(got, same)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(X=np.zeros((2, 3, 5), np.float64)), "input 'X' has dtype float64, the model expects float32"),
+    (dict(X=np.zeros((2, 3, 5), np.float32).astype(">f4")), "input 'X' has dtype"),
+    (dict(X=np.zeros((2, 3, 4), np.float32)), r"input 'X' has shape \[2, 3, 4\], the model expects"),
+    (dict(X=np.zeros((2, 3), np.float32)), r"input 'X' has shape \[2, 3\] \(rank 2\)"),
+    (dict(K=np.zeros(3, np.int64)), "input 'K' axis 0 is 3 but dimension 'B' is 2 in another input"),
+    (dict(K=np.zeros(2, np.int32)), "input 'K' has dtype int32, the model expects int64"),
+    (dict(s=np.zeros(1, np.float32)), r"input 's' has shape \[1\]"),
+    (dict(s="1.5"), "input 's'"),
+    (dict(Q=np.zeros(2, np.float32)), "the model has no input named 'Q'"),
+    (dict(K=None), "input 'K'"),
+])
+def test_fast_path_keeps_the_one_line_errors_after_good_calls(compiled, change, message):
+    """A wrong dtype, rank, static or symbolic dim, or an unknown input after calls of the right shapes were
+    cached: the same one-line errors as the generic path, and the cache still serves good calls."""
+    good = _feeds(2, 3)
+    _warm(compiled, good)
+    assert ((2, 3, 5), (), (2,)) in compiled._fast
+    feeds = {**good, **change}
+    with pytest.raises(TvmseqError, match=message) as err:
+        compiled(**feeds)
+    assert "\n" not in str(err.value)
+    _check(compiled(**good), good)
+
+
+def test_fast_path_missing_or_extra_inputs(compiled):
+    good = _feeds(2, 3)
+    _warm(compiled, good)
+    with pytest.raises(TvmseqError, match="missing model input\\(s\\): K"):
+        compiled(X=good["X"], s=good["s"])
+    with pytest.raises(TvmseqError, match="the model takes 3 inputs"):
+        compiled(good["X"], good["s"], good["K"], good["K"])
+    with pytest.raises(TvmseqError, match="given twice"):
+        compiled(good["X"], good["s"], K=good["K"], X=good["X"])
+
+
+def test_fast_path_scalars_strided_inputs_and_fresh_outputs(compiled):
+    """Python scalars for the rank-0 input, strided and misaligned views (copied into the entry's buffers, the
+    caller's arrays untouched), and outputs the caller owns: a later call neither changes them nor shares them."""
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal(2 * 9 * 10 + 1).astype(np.float32)
+    x = base[1:].reshape(2, 9, 10)[:, :, ::2]
+    k = np.arange(4, dtype=np.int64)[::2]
+    before = base.copy()
+    firsts = []
+    for s in (2.0, 3, 0.5, 2.0):
+        out = compiled(X=x, s=s, K=k)
+        _check(out, {"X": x, "s": s, "K": k})
+        firsts.append(out)
+    assert ((2, 9, 5), (), (2,)) in compiled._fast
+    np.testing.assert_array_equal(base, before)
+    _check(firsts[0], {"X": x, "s": 2.0, "K": k})              # not overwritten by the later calls
+    assert not np.shares_memory(firsts[0][0], firsts[3][0])
+    firsts[3][0][...] = 0
+    _check(compiled(X=x, s=2.0, K=k), {"X": x, "s": 2.0, "K": k})
+    with pytest.raises(TvmseqError, match="input 'K' is 1.5, the model expects an integer"):
+        compiled(X=np.zeros((1, 1, 5), np.float32), s=1.0, K=1.5)
+
+
+def test_fast_path_runs_value_checks_at_every_call(compiled):
+    """A range check recorded for an input (as converters record them) runs on the fast path too."""
+    sig = {**compiled.signature, "inputs": [dict(s) for s in compiled.signature["inputs"]]}
+    for spec in sig["inputs"]:
+        if spec.get("onnx_name", spec["name"]) == "K":
+            spec["checks"] = [{"kind": "range", "min": 0, "max": "B", "what": "K"}]
+    model = runtime.Model(compiled.executable, compiled.target, sig)
+    good = {**_feeds(3, 2), "K": np.array([0, 3, 1], np.int64)}
+    _warm(model, good)
+    assert model._fast
+    with pytest.raises(TvmseqError, match=r"input 'K' \(K\) must lie in \[0, 3\], got values in \[0, 4\]"):
+        model(**{**good, "K": np.array([0, 4, 1], np.int64)})
+
+
+def test_fast_path_shapes_are_bounded_and_threads_do_not_share_buffers(compiled):
+    """At most _FAST_SHAPES combinations are kept; calls from several threads at once get their own buffers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for t in range(1, runtime._FAST_SHAPES + 4):
+        _warm(compiled, _feeds(1, t), calls=2)
+    assert 0 < len(compiled._fast) <= runtime._FAST_SHAPES
+    feeds = [_feeds(2, 5, seed) for seed in range(16)]
+
+    def call(f):
+        return f, compiled(**f)
+
+    for _ in range(3):
+        with ThreadPoolExecutor(4) as pool:
+            for f, out in pool.map(call, feeds * 4):
+                _check(out, f)

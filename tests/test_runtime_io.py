@@ -131,6 +131,33 @@ def test_bad_inputs_are_one_line_errors(compiled, feeds, bad, message):
     assert "\n" not in str(err.value)
 
 
+
+def test_repeated_calls_take_the_fast_path_with_the_same_results_and_errors(compiled, feeds):
+    """Calls of one shape after the first keep their checks in a per-shape entry (runtime._FastEntry): the
+    results of every input form stay those of the generic path, device outputs stay device tensors, and bad
+    inputs still get the generic one-line errors."""
+    import tvm
+
+    want_y, want_total = _want(feeds)
+    for _ in range(3):
+        for scale in (1.75, np.array(1.75, np.float32)):
+            y, total = compiled({**feeds, "scale": scale})
+            np.testing.assert_allclose(y, want_y, rtol=1e-6)
+            np.testing.assert_allclose(total, want_total, rtol=1e-5)
+    assert compiled._fast
+    out = compiled(**feeds, output="device")
+    assert all(isinstance(o, tvm.runtime.Tensor) for o in out)
+    np.testing.assert_allclose(np.from_dlpack(out[0]), want_y, rtol=1e-6)
+    y2, _ = compiled({**feeds, "scale": 2})
+    np.testing.assert_allclose(y2, feeds["31"] * 2 + feeds["shift"], rtol=1e-6)
+    np.testing.assert_allclose(np.from_dlpack(out[0]), want_y, rtol=1e-6)   # not overwritten by the later call
+    for bad, message in [(dict(scale=np.array(1, np.int64)), "input 'scale' has dtype int64"),
+                         (dict(scale=np.zeros(2, np.float32)), "input 'scale' has shape \\[2\\]"),
+                         (dict(shift=np.zeros((1, 7), np.float32)), "input 'shift' has shape \\[1, 7\\] \\(rank 2\\)")]:
+        with pytest.raises(TvmseqError, match=message) as err:
+            compiled(**{**feeds, **bad})
+        assert "\n" not in str(err.value)
+
 def test_integer_rank0_input_refuses_a_fractional_scalar():
     from tvmseq.runtime import _as_host_or_tensor
 
@@ -243,6 +270,16 @@ def test_weights_as_inputs_are_uploaded_once_and_keep_the_so_small(tmp_path):
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in onnx_model.graph.initializer}
     with pytest.raises(TvmseqError, match="weights missing: R"):
         loaded.set_weights({k: v for k, v in weights.items() if k != "R"})
+    loaded.set_weights(weights)
+    np.testing.assert_allclose(loaded(X=x), embedded(X=x), rtol=1e-5, atol=1e-6)
+    for _ in range(3):                                  # calls kept on the fast path (runtime._FastEntry) ...
+        np.testing.assert_allclose(loaded(X=x), embedded(X=x), rtol=1e-5, atol=1e-6)
+    assert loaded._fast
+    loaded.set_weights({**weights, "W": weights["W"] * 0})   # ... pass the new weights after set_weights
+    zeroed = loaded(X=x)
+    assert not np.allclose(zeroed, embedded(X=x), rtol=1e-5, atol=1e-6)
+    for _ in range(3):
+        np.testing.assert_array_equal(loaded(X=x), zeroed)
     loaded.set_weights(weights)
     np.testing.assert_allclose(loaded(X=x), embedded(X=x), rtol=1e-5, atol=1e-6)
 

@@ -147,7 +147,12 @@ class Model:
     the inputs are copied into device buffers kept per shape (the graph reads fixed addresses) and the
     outputs are the same device tensors at every call of that shape, so device outputs are valid until the
     next call. `max_graph_shapes` shapes are kept, then the captures are dropped and start anew. A shape whose
-    call cannot be captured runs uncaptured (`graph_fallbacks` says why)."""
+    call cannot be captured runs uncaptured (`graph_fallbacks` says why).
+
+    On the CPU, a call with numpy inputs (Python scalars for rank-0 inputs) of the model's dtypes, by ONNX name,
+    positionally or as one dict, whose shapes were seen and checked at an earlier call skips the generic
+    binding: its checks are kept per combination of shapes (`_FastEntry`); any other input, or a mismatch,
+    goes the generic way, which says what is wrong."""
 
     def __init__(self, executable, target, signature: dict, device=None, weights=None, max_graph_shapes: int = 8,
                  cuda_graph: bool | None = None):
@@ -165,6 +170,8 @@ class Model:
         self._graphs: dict = {}                  # input (shape, dtype)s -> staged inputs and the capture
         self.graph_fallbacks: dict = {}          # input shapes run uncaptured -> why
         self._feedback_cache: dict = {}          # state pairs -> (input positions, feedback pairs)
+        self._fast: dict = {}                    # input shapes -> _FastEntry (`__call__`'s fast path)
+        self._fast_misses: dict = {}             # input shapes seen once (an entry is made at the second call)
         specs = signature["inputs"]
         self._feed_specs = [s for s in specs if not s.get("weight")]
         self._weight_specs = [s for s in specs if s.get("weight")]
@@ -180,6 +187,12 @@ class Model:
             # prebuilt kernels registered by the importer in this process: recorded so that `export`
             # writes where they live into the model's .so.json
             signature["artifacts"] = [dict(_REGISTERED[n]) for n in called if n in _REGISTERED]
+        # `__call__`'s fast path (`_FastEntry`): CPU models whose inputs all have numpy dtypes and known ranks
+        self._fast_names = tuple(s.get("onnx_name", s["name"]) for s in self._feed_specs)
+        self._fast_facts = tuple(self._host_inputs[s["name"]] for s in self._feed_specs)
+        self._fast_ok = (self.device.dlpack_device_type() == _KDL_CPU
+                         and all(f.dtype is not None and f.shape is not None for f in self._fast_facts)
+                         and all(self._by_name.get(n) is s for n, s in zip(self._fast_names, self._feed_specs)))
         if weights is not None:
             self.set_weights(weights)
 
@@ -249,6 +262,7 @@ class Model:
             data = host if host is not None else tensor
             _check_shape_dtype(spec.get("onnx_name", spec["name"]), spec, tuple(data.shape), str(data.dtype), {})
         self._weight_values, self._weights = values, None
+        self._fast, self._fast_misses = {}, {}    # their argument lists hold the old weights
         self._reset_graphs()   # captured graphs read the old weights' addresses
 
     def _device_weights(self) -> list:
@@ -420,9 +434,60 @@ class Model:
             out = self._graph_run(tensors)[0]
         else:
             out = self._main_function(*tensors, *self._device_weights())
-        return out if isinstance(out, tvm.runtime.Tensor) else tuple(out)
+        return out if isinstance(out, tvm.runtime.Tensor) else _items(out)
 
     def __call__(self, *args, **kwargs):
+        if self._fast_ok and not self._graph_mode:
+            # the fast path (`_FastEntry`): numpy inputs (or Python scalars for rank-0 inputs) of the model's dtypes
+            # by their ONNX names, in order or as one dict; anything else, or a first call of a shape, goes the
+            # generic way below, which says what is wrong
+            values = self._fast_values(args, kwargs)
+            key = self._fast_key(values) if values is not None else None
+            if key is not None:
+                table = self._fast        # (set_weights replaces it: an entry in use then goes back to the old one)
+                entry = table.pop(key, None)
+                if entry is not None:
+                    try:
+                        return entry(values)
+                    finally:
+                        table[key] = entry
+                out = self._call(args, kwargs)
+                self._fast_learn(key)
+                return out
+        return self._call(args, kwargs)
+
+    def _fast_values(self, args, kwargs):
+        """The inputs in the model's order when given by ONNX name, in order, or as one dict; else None."""
+        names = self._fast_names
+        if kwargs:
+            source = kwargs if not args and len(kwargs) == len(names) else None
+        elif len(args) == len(names):
+            return args
+        else:
+            source = args[0] if len(args) == 1 and args[0].__class__ is dict and len(args[0]) == len(names) else None
+        if source is None:
+            return None
+        try:
+            return [source[n] for n in names]
+        except KeyError:
+            return None
+
+    def _fast_key(self, values):
+        """The inputs' shapes when every input is a numpy array of its dtype (or a Python scalar where the input is
+        rank 0), else None."""
+        key = []
+        for value, fact in zip(values, self._fast_facts):
+            if value.__class__ is np.ndarray:
+                if value.dtype != fact.dtype:
+                    return None
+                key.append(value.shape)
+            elif fact.scalar and value.__class__ in fact.scalar:
+                key.append(())
+            else:
+                return None
+        return tuple(key)
+
+    def _call(self, args, kwargs):
         output = "numpy"
         if "output" in kwargs and "output" not in self._by_name:
             output = kwargs.pop("output")
@@ -434,6 +499,25 @@ class Model:
         if isinstance(out, tuple):
             return tuple(_to_numpy(o) for o in out)
         return _to_numpy(out)
+
+    def _fast_learn(self, key: tuple) -> None:
+        """After a generic call with inputs of these shapes succeeded (so they passed every check that depends
+        only on shapes and dtypes): the second time, keep a `_FastEntry` for them."""
+        misses = self._fast_misses
+        if misses.pop(key, None) is None:
+            if len(misses) >= 64:
+                misses.clear()
+            misses[key] = True
+            return
+        if self._weight_specs and self._weights is None:
+            return
+        try:
+            entry = _FastEntry(self, key)
+        except _NotFast:
+            return
+        if len(self._fast) >= _FAST_SHAPES:
+            self._fast = {}
+        self._fast[key] = entry
 
     def named(self, outputs) -> dict:
         """{ONNX output name: output} for what `model(...)` or `run(...)` returned."""
@@ -450,9 +534,85 @@ class Model:
         return Stream(self, **kwargs)
 
 
+_FAST_SHAPES = 8                 # input shape combinations a model keeps a _FastEntry for
+_FAST_MAX_BYTES = 1 << 20        # inputs above this (all together) take the generic path (their copy dominates)
+_Array = tvm_ffi.Array
+_array_item = getattr(getattr(tvm_ffi, "_ffi_api", None), "ArrayGetItem", None)
+
+
+def _items(out) -> tuple:
+    """A tvm_ffi Array as a tuple: one C call an item (iterating it from Python, or `tuple(out)`, took ~1 us
+    an item more)."""
+    if _array_item is None or out.__class__ is not _Array:
+        return tuple(out)
+    return tuple([_array_item(out, i) for i in range(len(out))])
+
+
+class _NotFast(Exception):
+    pass
+
+
+class _FastEntry:
+    """What a CPU model's call with numpy inputs of one combination of shapes needs, worked out once (the
+    generic path took ~17 us a call around a small model, a third of silero VAD's call): its inputs already
+    checked (names, dtypes, ranks, static and symbolic dims, bounds: a call's inputs only have to have the
+    model's dtypes and these shapes), aligned device buffers the inputs are copied into (TVM's code needs
+    64-byte aligned compact inputs; a numpy copy into a view of the buffer costs ~0.3 us) and the argument
+    list. Taken out of the model's table while a call uses it, so concurrent calls never share buffers.
+    Value checks of inputs (`_run_check`) still run at every call."""
+    __slots__ = ("views", "args", "main", "checks", "symbols", "outs")
+
+    def __init__(self, model: Model, shapes: tuple):
+        facts = model._fast_facts
+        if sum(int(np.prod(shape)) * fact.dtype.itemsize for shape, fact in zip(shapes, facts)) > _FAST_MAX_BYTES:
+            raise _NotFast
+        self.symbols = {}
+        for shape, fact in zip(shapes, facts):
+            for got, want in zip(shape, fact.shape):
+                if want.__class__ is not int:
+                    self.symbols[want] = got
+        buffers, self.views = [], []
+        for shape, fact in zip(shapes, facts):
+            buffer = tvm.runtime.empty(shape, str(fact.dtype), model.device)
+            try:
+                view = np.from_dlpack(buffer)
+            except (RuntimeError, BufferError, TypeError) as err:
+                raise _NotFast from err
+            if view.shape != shape or view.dtype != fact.dtype or not view.flags.writeable or \
+                    buffer.data_ptr() % _ALIGNMENT:
+                raise _NotFast
+            buffers.append(buffer)
+            self.views.append(view)
+        self.args = [*buffers, *model._device_weights()]
+        self.main = model._main_function
+        self.checks = [(i, check, spec.get("onnx_name", spec["name"]))
+                       for i, spec in enumerate(model._feed_specs) for check in spec.get("checks", ())]
+        self.outs = None
+
+    def __call__(self, values):
+        for view, value in zip(self.views, values):
+            view[...] = value
+        for i, check, name in self.checks:
+            _run_check(check, name, self.views[i], self.symbols)
+        out = self.main(*self.args)
+        # outputs copied out at once (a numpy copy through DLPack, ~0.5 us): the VM may hand back a constant of
+        # the model or one of these input buffers, reused at the next call
+        if out.__class__ is _Array and _array_item is not None:
+            outs = self.outs
+            if outs is None:
+                outs = self.outs = range(len(out))
+            try:
+                return tuple([np.from_dlpack(_array_item(out, i)).copy() for i in outs])
+            except (RuntimeError, BufferError, TypeError, AttributeError):   # nested, or a dtype numpy lacks
+                return tuple(_to_numpy(o) for o in _items(out))
+        if isinstance(out, tvm.runtime.Tensor):
+            return _to_numpy(out)
+        return tuple(_to_numpy(o) for o in _items(out))
+
+
 def _to_numpy(out):
     if not isinstance(out, tvm.runtime.Tensor):
-        return tuple(_to_numpy(o) for o in out)
+        return tuple(_to_numpy(o) for o in _items(out))
     if out.device.dlpack_device_type() == _KDL_CPU:
         # Tensor.numpy() takes ~30 us; a copy through DLPack ~1 (a copy: the output may be a constant of the model)
         try:
@@ -465,7 +625,7 @@ def _to_numpy(out):
 class _HostInput:
     """An input's dtype and shape as numpy compares them, worked out once: checking a numpy input against the
     signature's strings took ~8 us an input (str(dtype) alone ~5), a good part of a small model's call."""
-    __slots__ = ("dtype", "shape")
+    __slots__ = ("dtype", "shape", "scalar")
 
     def __init__(self, spec):
         try:
@@ -473,6 +633,9 @@ class _HostInput:
         except TypeError:          # a dtype numpy lacks (bfloat16): only the generic check takes it
             self.dtype = None
         self.shape = None if spec["shape"] is None else tuple(spec["shape"])
+        # Python scalars a rank-0 input takes as they are (numpy converts them as the generic path does)
+        kind = self.dtype.kind if self.dtype is not None and self.shape == () else ""
+        self.scalar = (int, float) if kind == "f" else (int,) if kind == "i" else ()
 
     def matches(self, arr: np.ndarray, symbols: dict) -> bool:
         """Whether `arr` has this dtype and shape, its symbolic dims bound into `symbols` (False: the generic
