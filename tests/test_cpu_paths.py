@@ -77,14 +77,15 @@ def test_step_gemm_symbolic_batch_decides_threads_at_run_time(monkeypatch):
 @pytest.mark.parametrize("cores,threshold", [(None, None), (2, step_gemm.CPU_PARALLEL_MIN_MACS),
                                               (16, step_gemm.CPU_MANY_CORES_MIN_MACS)])
 def test_step_split_threshold_follows_the_cores(monkeypatch, cores, threshold):
-    """A batch-1 hidden-512 LSTM step (1M multiply-adds) runs on one thread for 2 cores and is split for 16 (the
-    target's num-cores, else the threads of this process's pool)."""
+    """The split threshold is the machine's (up to 7 cores CPU_PARALLEL_MIN_MACS, from 8 cores
+    CPU_MANY_CORES_MIN_MACS: the target's num-cores, else the threads of this process's pool; each measured on such
+    a machine): a batch-1 hidden-512 LSTM step (1M multiply-adds) is split over threads, a hidden-64 one (16K) is not."""
     monkeypatch.setenv("TVM_NUM_THREADS", "2")
     target = resolve(f"llvm -num-cores={cores}") if cores else LLVM
     assert step_gemm.cpu_parallel_min_macs(target) == (threshold or step_gemm.CPU_PARALLEL_MIN_MACS)
-    spec = lstm.LstmSpec(1, 1, 512, 512, "float32", direction="forward")
-    text = lstm.recurrence_func(spec, target).script()
-    assert ("T.parallel" in text) == (cores == 16)
+    for hidden, split in ((512, True), (64, False)):
+        spec = lstm.LstmSpec(1, 1, hidden, hidden, "float32", direction="forward")
+        assert ("T.parallel" in lstm.recurrence_func(spec, target).script()) == split, hidden
 
 
 def _model(nodes, inputs, outputs, inits, opset=17):

@@ -88,6 +88,59 @@ def test_panel_gemm_splits_over_threads():
 
 
 # ---------------------------------------------------------------------------------------------------
+# the k-in-lanes GEMM at batch 1 split over threads (2026-11-27: accumulators on the stack, lower threshold)
+# ---------------------------------------------------------------------------------------------------
+def _asm(mod):
+    mod = getattr(mod, "mod", mod)
+    return mod.inspect_source("asm") if hasattr(mod, "inspect_source") else mod.get_source("asm")
+
+
+@pytest.mark.parametrize("N,K", [(37, 43), (130, 257), (384, 128)])
+def test_batch1_gemm_split_equals_serial_and_numpy(N, K):
+    """Batch 1 (the GEMV of a batch-1 step), odd rows (a clamped last row tile) and K (a scalar tail), 2
+    directions: the row blocks split over threads give the serial sums bit for bit (each row's sum is the same
+    operations), both against numpy."""
+    D = 2
+    rng = np.random.default_rng(N + K)
+    R, h = rng.standard_normal((D, N, K)).astype(np.float32), rng.standard_normal((D, 1, K)).astype(np.float32)
+    outs = []
+    for parallel in (False, True):
+        func = step_gemm.cpu_gemm_func(D, 1, N, K, parallel=parallel)
+        assert ("T.parallel" in func.script()) == parallel
+        out = _tensor(np.full((1, D, 1, N), np.nan, np.float32))
+        tvm.compile(func, target=LLVM)["cpu_step_gemm"](_tensor(h), _tensor(R), out)
+        outs.append(out.numpy())
+        np.testing.assert_allclose(out.numpy()[0], gemm_ref(h, R, 0, N), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("M", [1, 6, None])
+def test_split_gemm_tiles_allocate_nothing(M):
+    """The k-in-lanes GEMM's accumulator tiles are stack arrays (CPU_TILE_SCOPE): a split step calls no
+    TVMBackendAllocWorkspace (as "local" buffers each 4-row block of the parallel loop allocated and freed 4 of
+    them: a split batch-1 step took as long as a serial one). (The panel GEMM's 4-row tile, 1 KB, is at TVM's
+    stack limit and still comes from the pool, once per panel of 64 rows x 4 batch rows.)"""
+    func = step_gemm.cpu_gemm_func(1, M, 384, 128, parallel=True)
+    assert "T.parallel" in func.script()
+    assert "TVMBackendAllocWorkspace" not in _asm(tvm.compile(func, target=LLVM))
+
+
+def test_batch1_split_threshold_on_two_cores(monkeypatch):
+    """On 2 cores a batch-1 step splits from CPU_PARALLEL_MIN_MACS (160K multiply-adds): GRU / LSTM hidden 256
+    and up, RNN hidden 512 and up; RNN hidden 256 (66K) and hidden-128 cells stay on one thread."""
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    macs = step_gemm.cpu_parallel_min_macs(LLVM)
+    assert macs == step_gemm.CPU_PARALLEL_MIN_MACS
+    for gates, H, split in [(3, 256, True), (4, 256, True), (1, 512, True), (4, 1024, True), (1, 256, False),
+                            (3, 128, False), (4, 128, False)]:
+        assert step_gemm.cpu_parallel(1, 1, gates * H, H, macs) == split, (gates, H)
+    text = lstm.recurrence_func(lstm.LstmSpec(1, 1, 256, 256, "float32", direction="forward"), LLVM).script()
+    assert "T.parallel" in text
+    text = rnn.recurrence_func(rnn.RnnSpec(1, 1, 256, 256), LLVM).script()
+    assert "T.parallel" not in text
+
+
+# ---------------------------------------------------------------------------------------------------
 # the recurrences: R packed before a long enough time loop
 # ---------------------------------------------------------------------------------------------------
 def _gru_gate_i(X, W, Bias, H, lbr):

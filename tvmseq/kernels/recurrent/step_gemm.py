@@ -423,16 +423,28 @@ def gemm_func(D: int, M: int, N: int, K: int, dtype: str = "float32", tile: Gemm
 # from step to step.
 CPU_ROW_TILE = 4
 CPU_BATCH_TILE = 4
+# storage of a register tile's accumulators (the k-in-lanes and the panel GEMM): "global" so that TVM makes these
+# small constant-size buffers stack arrays, which LLVM keeps in registers. As "local" they were allocated from
+# TVM's workspace pool (TVMBackendAllocWorkspace / FreeWorkspace), once a call on one thread but, inside a
+# T.parallel loop, once per row block: 4 allocations and 4 frees per 4 rows. Batch-1 GEMV, rows 3H, 2 threads,
+# same process (us): H256 15.0 -> 5.5, H512 38.6 -> 19.0, H1024 115 -> 74 (165-170 GB/s of R from L3); one thread
+# unchanged (7.6, 37, 158). Sums are unchanged (same operations).
+CPU_TILE_SCOPE = "global"
 # batch rows whose src a pass over R's row blocks reuses (64 x K floats: L2-resident)
 CPU_M_BLOCK = 64
-# below this a step stays on one thread: splitting it costs a launch and a join of TVM's pool every step, a
-# few microseconds when the cores are idle and far more when they are shared (a thread that lost its core
-# holds up the join); from 2M multiply-adds (~40 us on one core) the split pays (2-core Zen 4: 1 << 19 measured
-# GRU H512 B1 5.50 -> 5.54 ms, LSTM H512 B1 7.25 -> 9.96)
-CPU_PARALLEL_MIN_MACS = 1 << 21
+# below this a step stays on one thread: splitting it costs a launch and a join of TVM's pool every step (~1-2 us
+# on idle cores; more when other processes hold them: a thread that lost its core holds up the join). Measured
+# on the 2-core Zen 4, 2026-11-27, 100-step recurrences split / serial in one process (quiet machine): GRU / LSTM
+# hidden 256 batch 1 (197K, 262K) 0.76 / 0.72, hidden 512 batch 1 (0.8M, 1M) 0.60 / 0.63, RNN hidden 512 batch 1
+# (262K) 0.79; RNN hidden 256 batch 1 (66K) 1.67 (slower). Before the tile's accumulators were on the stack
+# (CPU_TILE_SCOPE) every row block of a split step allocated them from TVM's workspace pool and a split step was no
+# faster than a serial one below ~3M, hence the former 2M here. With one other busy process on the 2 cores the
+# split hidden-256 steps took 1.1-1.3x the serial time, hidden 512 the same, hidden 1024 0.3-0.65x.
+CPU_PARALLEL_MIN_MACS = 5 << 15
 # ... with many cores a step of a few hundred thousand multiply-adds is already memory-bound on one core (R past
 # its L2) while the others idle: a 16-core Xeon ran batch-1 hidden-512 GRU / LSTM steps (0.8-1M MACs) serially in
-# 15.6 / 19.7 ms per 100 steps against onnxruntime's 2.75 / 3.13 on 16 threads (both ~15 ms on one thread)
+# 15.6 / 19.7 ms per 100 steps against onnxruntime's 2.75 / 3.13 on 16 threads (both ~15 ms on one thread);
+# a launch over 16 threads costs more than over 2, so this stays at 256K (not re-measured since the stack fix)
 CPU_MANY_CORES, CPU_MANY_CORES_MIN_MACS = 8, 1 << 18
 
 
@@ -552,8 +564,8 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
 
         @T.macro
         def tile(src, R, gh, bias_buf, d, rb, m0):
-            acc = T.alloc_buffer((E * KS * VL,), "float32", scope="local")
-            red = T.alloc_buffer((E,), "float32", scope="local")
+            acc = T.alloc_buffer((E * KS * VL,), "float32", scope=CPU_TILE_SCOPE)
+            red = T.alloc_buffer((E,), "float32", scope=CPU_TILE_SCOPE)
             for e in T.unroll(E * KS):
                 for v in T.vectorized(VL):
                     acc[e * VL + v] = T.float32(0)
@@ -657,7 +669,10 @@ CPU_PACK_MIN_ROWS = 2 * CPU_PANEL
 # multiply-adds from which a panel GEMM step is split over threads (with fewer than CPU_MANY_CORES cores): its
 # steps are shorter than the k-in-lanes GEMM's, and split pays earlier. Measured on the 2-core Zen 4 at load ~1,
 # recurrences of 100 steps split / serial: GRU and LSTM hidden 256 batch 8 (1.6M, 2.1M) 1.57-1.59x faster;
-# hidden 128 batch 8 (0.4M, 0.5M) 0.79x, hidden 512 batch 1 (0.8M, 1.0M) 0.80-0.87x
+# hidden 128 batch 8 (0.4M, 0.5M) 0.79x, hidden 512 batch 1 (0.8M, 1.0M) 0.80-0.87x. Since CPU_PARALLEL_MIN_MACS
+# went below it (2026-11-27) the lower of the two applies: panel GEMM alone, 2 threads / 1 (us): batch 8 x 384 x
+# 128 4.5 / 7.0, 8 x 768 x 256 15.0 / 27.6; recurrences GRU / LSTM hidden 128 batch 8 0.82 / 0.83 of the time
+# serial steps took, RNN hidden 256 batch 8 0.86
 CPU_PANEL_PARALLEL_MIN_MACS = 5 << 18
 
 
@@ -703,7 +718,7 @@ def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: i
 
     @T.macro
     def tile(src, Rp, gh, bias_buf, d, p, m0):
-        acc = T.alloc_buffer((KS * E,), "float32", scope="local")
+        acc = T.alloc_buffer((KS * E,), "float32", scope=CPU_TILE_SCOPE)
         for e in T.unroll(KS * BT * NV):
             for v in T.vectorized(VL):
                 acc[e * VL + v] = T.float32(0)
