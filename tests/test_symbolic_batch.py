@@ -136,9 +136,11 @@ def test_bad_inputs_are_refused_before_running():
 
 
 def test_persistent_path_needs_a_static_batch():
+    from tvmseq.onnx import from_onnx   # the attribute tvmseq.onnx exists only once the submodule is imported
+
     model = node_model("GRU", linear_before_reset=1)
     with pytest.raises(TvmseqError, match=r"gru0.*static batch"):
-        tvmseq.onnx.from_onnx(model, target="llvm", recurrence="persistent")
+        from_onnx(model, target="llvm", recurrence="persistent")
 
 
 def test_gru_stack_with_symbolic_batch_runs_layer_by_layer():
@@ -405,8 +407,10 @@ def test_dispatch_is_on_by_default_and_pads_with_one_kernel():
 
 
 def test_cpu_target_has_no_dispatch():
-    names = {gv.name_hint for gv in tvmseq.onnx.from_onnx(node_model("LSTM", with_seq_lens=True), target="llvm",
-                                                            batch_buckets="auto").get_global_vars()}
+    from tvmseq.onnx import from_onnx
+
+    names = {gv.name_hint for gv in from_onnx(node_model("LSTM", with_seq_lens=True), target="llvm",
+                                              batch_buckets="auto").get_global_vars()}
     assert "lstm_recurrence" in names and not any("dispatch" in n for n in names), names
 
 
@@ -430,7 +434,9 @@ def test_dispatch_is_exact_on_the_cpu(name, monkeypatch):
     op, kw = DISPATCH_CPU_CASES[name]
     model = node_model(op, **kw)
     cell = op.lower()
-    names = {gv.name_hint for gv in tvmseq.onnx.from_onnx(model, target="llvm").get_global_vars()}
+    from tvmseq.onnx import from_onnx
+
+    names = {gv.name_hint for gv in from_onnx(model, target="llvm").get_global_vars()}
     assert {f"{cell}_b1", f"{cell}_b4", f"{cell}_any_batch", f"{cell}_batch_dispatch"} <= names, names
     assert f"{cell}_b2" not in names
     compiled = tvmseq.compile_onnx(model, target="llvm")
