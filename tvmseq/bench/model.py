@@ -349,7 +349,9 @@ def run_prebuilt(root, out_dir, args) -> list[dict]:
     rows = []
     arches, batches, frame_counts = str(args.arch).split(","), _ints(args.batch), _ints(args.frames)
     for name, entry in index["models"].items():
-        if name not in arches and not args.model:
+        # --arch picks among the architectures; a model built from an ONNX file (`bench model FILE --build`) runs
+        # without naming it again
+        if name not in arches and not args.model and entry.get("kind") == "architecture":
             continue
         if entry.get("failed"):
             rows.append({"model": name, "failed": entry["failed"]})
