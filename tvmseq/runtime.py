@@ -566,11 +566,7 @@ class _FastEntry:
         facts = model._fast_facts
         if sum(int(np.prod(shape)) * fact.dtype.itemsize for shape, fact in zip(shapes, facts)) > _FAST_MAX_BYTES:
             raise _NotFast
-        self.symbols = {}
-        for shape, fact in zip(shapes, facts):
-            for got, want in zip(shape, fact.shape):
-                if want.__class__ is not int:
-                    self.symbols[want] = got
+        self.symbols = {}   # the symbolic dims' values, bound by `_HostInput.matches` as the generic path does
         buffers, self.views = [], []
         for shape, fact in zip(shapes, facts):
             buffer = tvm.runtime.empty(shape, str(fact.dtype), model.device)
@@ -578,8 +574,7 @@ class _FastEntry:
                 view = np.from_dlpack(buffer)
             except (RuntimeError, BufferError, TypeError) as err:
                 raise _NotFast from err
-            if view.shape != shape or view.dtype != fact.dtype or not view.flags.writeable or \
-                    buffer.data_ptr() % _ALIGNMENT:
+            if not fact.matches(view, self.symbols) or not view.flags.writeable or buffer.data_ptr() % _ALIGNMENT:
                 raise _NotFast
             buffers.append(buffer)
             self.views.append(view)
@@ -604,10 +599,8 @@ class _FastEntry:
             try:
                 return tuple([np.from_dlpack(_array_item(out, i)).copy() for i in outs])
             except (RuntimeError, BufferError, TypeError, AttributeError):   # nested, or a dtype numpy lacks
-                return tuple(_to_numpy(o) for o in _items(out))
-        if isinstance(out, tvm.runtime.Tensor):
-            return _to_numpy(out)
-        return tuple(_to_numpy(o) for o in _items(out))
+                pass
+        return _to_numpy(out)
 
 
 def _to_numpy(out):
