@@ -74,6 +74,31 @@ def test_step_gemm_symbolic_batch_decides_threads_at_run_time(monkeypatch):
         np.testing.assert_allclose(out.numpy()[0], np.einsum("dmk,dnk->dmn", h, R), rtol=1e-5, atol=1e-4)
 
 
+def test_gate_loop_symbolic_batch_decides_threads_at_run_time():
+    """A symbolic-batch LSTM (hidden 48, any batch) carries its gate loop twice, split over threads and serial,
+    and picks by D * batch * H each step (CPU_GATE_PARALLEL_MIN_UNITS): batch 1 (48 units) and batch 67 (3216)
+    both match the float64 reference; a static batch keeps one loop."""
+    from test_lstm_reference import lstm_node_model, reference_outputs
+    from tvmseq.kernels.recurrent import gru
+
+    hidden = 48
+    assert hidden < gru.CPU_GATE_PARALLEL_MIN_UNITS <= 67 * hidden
+    symbolic = lstm.recurrence_func(lstm.LstmSpec(1, None, hidden, 19), LLVM).script()
+    static = lstm.recurrence_func(lstm.LstmSpec(1, 1, hidden, 19), LLVM).script()
+    check = f"if batch * {hidden} >= {gru.CPU_GATE_PARALLEL_MIN_UNITS}:"   # the gate loop's choice, each step
+    assert check in symbolic and "T.parallel(batch * 3)" in symbolic
+    assert check not in static and "T.parallel" not in static
+    model = lstm_node_model(seq=5, input_size=19, hidden=hidden, batch=1)[0]
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "batch"   # one build for every batch
+    for output in model.graph.output:
+        output.type.tensor_type.ClearField("shape")
+    compiled = tvmseq.compile_onnx(model, target="llvm")
+    for batch in (1, 67):   # the same seed: the same weights, drawn before the input
+        _, feeds, inputs = lstm_node_model(seq=5, input_size=19, hidden=hidden, batch=batch)
+        for g, w in zip(compiled(**feeds), reference_outputs(inputs, direction="forward")):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-6)
+
+
 @pytest.mark.parametrize("cores,threshold", [(None, None), (2, step_gemm.CPU_PARALLEL_MIN_MACS),
                                               (16, step_gemm.CPU_MANY_CORES_MIN_MACS)])
 def test_step_split_threshold_follows_the_cores(monkeypatch, cores, threshold):
