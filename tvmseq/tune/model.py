@@ -81,6 +81,7 @@ def _legalize_passes(target, database: Path | None) -> list:
         passes = list(schedule_gpu.legalize_passes(target))
     else:
         from ..cpu_layout import weight_layouts_pass
+        from ..cpu_ops import cpu_ops_pass
         from ..schedule_cpu import schedule_pass
 
         # the branches of an ONNX `If` are functions the importer builds outside a dataflow block, so FuseOps left
@@ -88,8 +89,10 @@ def _legalize_passes(target, database: Path | None) -> list:
         # their pure ops fuse (50 kernels; one thread, a 512-sample call 0.141 -> 0.091 ms in the VM). Then conv /
         # matmul weights take the layouts the CPU rules vectorize (tvmseq.cpu_layout); reductions whose loops all
         # have extent 1 become plain elementwise blocks: an epilogue inlined into such a reduction is otherwise
-        # added in its init AND its update (tvmseq.schedule_gpu's doc)
-        passes = [relax.transform.ConvertToDataflow(), weight_layouts_pass(), *stock.legalize_passes(target),
+        # added in its init AND its update (tvmseq.schedule_gpu's doc); softmax runs as tvmseq's row kernel
+        # (tvmseq.cpu_ops)
+        passes = [relax.transform.ConvertToDataflow(), weight_layouts_pass(), cpu_ops_pass(target),
+                  *stock.legalize_passes(target),
                   schedule_gpu.unit_reductions_pass(), schedule_pass()]
     at = next((i for i, p in enumerate(passes) if p.info.name in _SCHEDULING_PASSES), len(passes))
     if database is not None:

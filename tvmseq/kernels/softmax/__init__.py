@@ -1,0 +1,1 @@
+"""Softmax kernels (the CPU path of relax.nn.softmax over the last axis)."""
