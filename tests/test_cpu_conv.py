@@ -129,6 +129,18 @@ def test_symbolic_width_conv_is_vectorized_along_channels(name):
     assert lanes and lanes <= {16, cout}, lanes          # whole vectors of channels, never along the width
 
 
+@pytest.mark.parametrize("name", ["3x3-24ch-silu-symW", "1x1-40ch-symBHW"])
+def test_symbolic_rows_get_one_row_tiles(name):
+    """A register tile over a symbolic number of rows (the image width) is one row: no bounds check on its rows
+    inside the reduction loop, where it made LLVM keep every accumulator in memory (a load and a store around
+    each multiply-add: PP-OCR's convs at 15 GMAC/s a core)."""
+    cin, cout, kernel, strides, pads, group, epilogue, dims, _ = CASES[name]
+    text = _scheduled_conv(_conv_model(cin, cout, kernel, strides, pads, group, epilogue, dims)[0]).script()
+    update = text[text.index("_update"):]
+    update = update[:update.index("T.writes(")]
+    assert "T.where" not in update, update
+
+
 def test_weight_layouts_leaves_other_convs():
     """Grouped convs, and a conv1d over a static frame axis, keep their layouts (InnerReduction or Contraction
     along the frames vectorize those); a module without any other change comes back as it is."""

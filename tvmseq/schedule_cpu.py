@@ -51,6 +51,7 @@ except (ImportError, ValueError):   # TVM's runtime alone (no compiler; dlight's
 PARALLEL_MIN_ELEMENTS = 1 << 15     # elementwise blocks smaller than this stay on one thread
 PARALLEL_MIN_MACS = 1 << 16         # contractions with fewer multiply-adds than this stay on one thread
 MAX_TILE_ROWS = 4                   # accumulator rows of a contraction tile (x 2 vectors: 8 of 32 zmm)
+ONE_ROW_SYMBOLIC = True             # a symbolic number of rows: one-row tiles (`_tile_contraction`)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -449,15 +450,19 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     reduce = [lp for it, lp in zip(anchor.iters, loops) if it.kind == "R"]
     vec_loop = loops[anchor.iters.index(vec_iter)]
     others = [lp for lp in spatial if not lp.same_as(vec_loop)]
-    tile_cols = _column_tile(width, lanes)
-    max_rows = MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS    # as many accumulators
+    rows = _row_candidates(sch, anchor, vec_iter, others)
+    # rows of a symbolic count: a tile of one row, as wide as 4 vectors. A taller tile predicates its rows
+    # against the count inside the reduction loop, and LLVM then keeps the accumulators in memory (a load and a
+    # store around every multiply-add: PP-OCR's convs and head at 15 GMAC/s a core on the Zen 4)
+    one_row = ONE_ROW_SYMBOLIC and bool(rows) and not isinstance(get_extent(sch, rows[-1]), int)
+    tile_cols = _one_row_columns(width, lanes) if one_row else _column_tile(width, lanes)
+    max_rows = 1 if one_row else MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS   # as many accumulators
     col_o, col_i = sch.split(vec_loop, factors=[None, tile_cols])
     vec_parts = [col_i]
     vector = _vector_part(tile_cols, lanes, _widens(sch.get(anchor.block_rv)))
     if vector < tile_cols:
         # one native vector per accumulator: LLVM keeps those in registers, a wider one goes to the stack
         vec_parts = list(sch.split(col_i, factors=[None, vector]))
-    rows = _row_candidates(sch, anchor, vec_iter, others)
     outer = [lp for lp in others if not rows or not lp.same_as(rows[-1])]
     tile_rows, row_o = [], None
     if rows:
@@ -579,6 +584,11 @@ def _column_tile(width: int, lanes: int) -> int:
         if width % cols == 0:
             return cols
     return width if width <= 4 * lanes else 2 * lanes
+
+
+def _one_row_columns(width: int, lanes: int) -> int:
+    """Columns of a one-row tile: 4, 2 or 1 whole vectors dividing `width`, else `_column_tile`'s choice."""
+    return next((v * lanes for v in (4, 2, 1) if width % (v * lanes) == 0), _column_tile(width, lanes))
 
 
 def _vector_part(tile_cols: int, lanes: int, widens: bool) -> int:
