@@ -52,6 +52,7 @@ PARALLEL_MIN_ELEMENTS = 1 << 15     # elementwise blocks smaller than this stay 
 PARALLEL_MIN_MACS = 1 << 16         # contractions with fewer multiply-adds than this stay on one thread
 MAX_TILE_ROWS = 4                   # accumulator rows of a contraction tile (x 2 vectors: 8 of 32 zmm)
 ONE_ROW_SYMBOLIC = True             # a symbolic number of rows: one-row tiles (`_tile_contraction`)
+ROW_PAD = 2 * MAX_TILE_ROWS         # a symbolic row count padded to a multiple of this where pad_einsum can
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -231,12 +232,19 @@ class Contraction(CPUScheduleRule):
             return None
         width = int(vec_iter.dom)
         padded = False
-        if width % lanes and width > lanes:
-            # a tail tile would put a bounds check in the vector loop (VectorizeLoop then scalarizes it):
-            # pad the column axis to whole vectors (pad_einsum adds padded copies of the operands it indexes)
+        row_iter = _symbolic_row_iter(sch, anchor, vec_iter)
+        pads = [lanes if it is vec_iter and width % lanes and width > lanes
+                else ROW_PAD if it is row_iter else 1 for it in anchor.iters]
+        # a tail tile would put a bounds check in the vector loop (VectorizeLoop then scalarizes it): pad the
+        # column axis to whole vectors (pad_einsum adds padded copies of the operands it indexes); a symbolic row
+        # count to whole row tiles too (a matmul's frames: the tile's rows then need no check, `_tile_contraction`)
+        for factors in (pads, [p if it is vec_iter else 1 for p, it in zip(pads, anchor.iters)]):
+            if all(p == 1 for p in factors):
+                continue
             try:
-                sch.pad_einsum(anchor.block_rv, [lanes if it is vec_iter else 1 for it in anchor.iters])
+                sch.pad_einsum(anchor.block_rv, factors)
                 padded = True
+                break
             except Exception:  # noqa: BLE001 - not an einsum (a conv's shifted index): scalar tail
                 pass
         if padded:
@@ -454,7 +462,7 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     # rows of a symbolic count: a tile of one row, as wide as 4 vectors. A taller tile predicates its rows
     # against the count inside the reduction loop, and LLVM then keeps the accumulators in memory (a load and a
     # store around every multiply-add: PP-OCR's convs and head at 15 GMAC/s a core on the Zen 4)
-    one_row = ONE_ROW_SYMBOLIC and bool(rows) and not isinstance(get_extent(sch, rows[-1]), int)
+    one_row = ONE_ROW_SYMBOLIC and bool(rows) and not _whole_row_tiles(get_extent(sch, rows[-1]))
     tile_cols = _one_row_columns(width, lanes) if one_row else _column_tile(width, lanes)
     max_rows = 1 if one_row else MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS   # as many accumulators
     col_o, col_i = sch.split(vec_loop, factors=[None, tile_cols])
@@ -584,6 +592,22 @@ def _column_tile(width: int, lanes: int) -> int:
         if width % cols == 0:
             return cols
     return width if width <= 4 * lanes else 2 * lanes
+
+
+def _symbolic_row_iter(sch, anchor, vec_iter):
+    """The iterator a register tile's rows would run along (`_row_candidates`' choice) when its extent is
+    symbolic, else None."""
+    loops = sch.get_loops(anchor.block_rv)
+    pairs = [(it, lp) for it, lp in zip(anchor.iters, loops) if it.kind == "S" and it is not vec_iter]
+    rows = _row_candidates(sch, anchor, vec_iter, [lp for _, lp in pairs])
+    if not rows or isinstance(get_extent(sch, rows[-1]), int):
+        return None
+    return next(it for it, lp in pairs if lp.same_as(rows[-1]))
+
+
+def _whole_row_tiles(extent) -> bool:
+    """Whether a row extent splits into row tiles without a bounds check: static, or a multiple of ROW_PAD."""
+    return isinstance(extent, int) or Analyzer().can_prove_equal(tirx.floormod(extent, ROW_PAD), 0)
 
 
 def _one_row_columns(width: int, lanes: int) -> int:
