@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -193,6 +194,9 @@ class Model:
         self._fast_ok = (self.device.dlpack_device_type() == _KDL_CPU
                          and all(f.dtype is not None and f.shape is not None for f in self._fast_facts)
                          and all(self._by_name.get(n) is s for n, s in zip(self._fast_names, self._feed_specs)))
+        # TVM's Relax VM keeps one call's registers in the VM itself: two threads in it at once corrupt each
+        # other's frames (seen: "reg < frame->register_file.size()"), so calls of one model take turns in it
+        self._vm_lock = threading.Lock()
         if weights is not None:
             self.set_weights(weights)
 
@@ -433,7 +437,8 @@ class Model:
         if self._graph_mode:
             out = self._graph_run(tensors)[0]
         else:
-            out = self._main_function(*tensors, *self._device_weights())
+            with self._vm_lock:
+                out = self._main_function(*tensors, *self._device_weights())
         return out if isinstance(out, tvm.runtime.Tensor) else _items(out)
 
     def __call__(self, *args, **kwargs):
@@ -560,7 +565,7 @@ class _FastEntry:
     64-byte aligned compact inputs; a numpy copy into a view of the buffer costs ~0.3 us) and the argument
     list. Taken out of the model's table while a call uses it, so concurrent calls never share buffers.
     Value checks of inputs (`_run_check`) still run at every call."""
-    __slots__ = ("views", "args", "main", "checks", "symbols", "outs")
+    __slots__ = ("views", "args", "main", "vm_lock", "checks", "symbols", "outs")
 
     def __init__(self, model: Model, shapes: tuple):
         facts = model._fast_facts
@@ -579,7 +584,7 @@ class _FastEntry:
             buffers.append(buffer)
             self.views.append(view)
         self.args = [*buffers, *model._device_weights()]
-        self.main = model._main_function
+        self.main, self.vm_lock = model._main_function, model._vm_lock
         self.checks = [(i, check, spec.get("onnx_name", spec["name"]))
                        for i, spec in enumerate(model._feed_specs) for check in spec.get("checks", ())]
         self.outs = None
@@ -589,7 +594,8 @@ class _FastEntry:
             view[...] = value
         for i, check, name in self.checks:
             _run_check(check, name, self.views[i], self.symbols)
-        out = self.main(*self.args)
+        with self.vm_lock:
+            out = self.main(*self.args)
         # outputs copied out at once (a numpy copy through DLPack, ~0.5 us): the VM may hand back a constant of
         # the model or one of these input buffers, reused at the next call
         if out.__class__ is _Array and _array_item is not None:
