@@ -145,7 +145,12 @@ class _WeightLayouts(PyExprMutator):
 def weight_layouts(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with its dense NCHW conv2d calls taking HWIO weights and its constant matmul weights padded (module
     doc); `mod` itself when nothing changes."""
-    rewrite = _WeightLayouts(mod)
+    return rewrite_functions(_WeightLayouts(mod), mod)
+
+
+def rewrite_functions(rewrite, mod: tvm.IRModule) -> tvm.IRModule:
+    """Every Relax function of `mod` through `rewrite` (a PyExprMutator built on `mod` that counts its rewrites in
+    `changed`): the rewritten module, or `mod` itself when it changed nothing."""
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
             rewrite.builder_.update_func(gv, rewrite.visit_expr(func))

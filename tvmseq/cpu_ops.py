@@ -13,6 +13,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .cpu_layout import rewrite_functions
 from .kernels.softmax.rows import PARALLEL_MIN_ELEMENTS, cpu_softmax_func
 
 MIN_COLUMNS = 8      # shorter rows are left to TVM (a vector is 8-16 lanes)
@@ -58,11 +59,7 @@ class _CpuOps(PyExprMutator):
 
 def cpu_ops(mod: tvm.IRModule, lanes: int = 16) -> tvm.IRModule:
     """`mod` with the ops of the module doc replaced by tvmseq's CPU kernels; `mod` itself when none is."""
-    rewrite = _CpuOps(mod, lanes)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewrite.builder_.update_func(gv, rewrite.visit_expr(func))
-    return rewrite.builder_.get() if rewrite.changed else mod
+    return rewrite_functions(_CpuOps(mod, lanes), mod)
 
 
 def cpu_ops_pass(target) -> tvm.transform.Pass:

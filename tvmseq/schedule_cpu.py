@@ -51,7 +51,6 @@ except (ImportError, ValueError):   # TVM's runtime alone (no compiler; dlight's
 PARALLEL_MIN_ELEMENTS = 1 << 15     # elementwise blocks smaller than this stay on one thread
 PARALLEL_MIN_MACS = 1 << 16         # contractions with fewer multiply-adds than this stay on one thread
 MAX_TILE_ROWS = 4                   # accumulator rows of a contraction tile (x 2 vectors: 8 of 32 zmm)
-ONE_ROW_SYMBOLIC = True             # a symbolic number of rows: one-row tiles (`_tile_contraction`)
 ROW_PAD = 2 * MAX_TILE_ROWS         # a symbolic row count padded to a multiple of this where pad_einsum can
 
 
@@ -238,7 +237,8 @@ class Contraction(CPUScheduleRule):
         # a tail tile would put a bounds check in the vector loop (VectorizeLoop then scalarizes it): pad the
         # column axis to whole vectors (pad_einsum adds padded copies of the operands it indexes); a symbolic row
         # count to whole row tiles too (a matmul's frames: the tile's rows then need no check, `_tile_contraction`)
-        for factors in (pads, [p if it is vec_iter else 1 for p, it in zip(pads, anchor.iters)]):
+        columns_only = [p if it is vec_iter else 1 for p, it in zip(pads, anchor.iters)]
+        for factors in [pads] + ([columns_only] if row_iter is not None else []):
             if all(p == 1 for p in factors):
                 continue
             try:
@@ -459,10 +459,11 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     vec_loop = loops[anchor.iters.index(vec_iter)]
     others = [lp for lp in spatial if not lp.same_as(vec_loop)]
     rows = _row_candidates(sch, anchor, vec_iter, others)
-    # rows of a symbolic count: a tile of one row, as wide as 4 vectors. A taller tile predicates its rows
-    # against the count inside the reduction loop, and LLVM then keeps the accumulators in memory (a load and a
-    # store around every multiply-add: PP-OCR's convs and head at 15 GMAC/s a core on the Zen 4)
-    one_row = ONE_ROW_SYMBOLIC and bool(rows) and not _whole_row_tiles(get_extent(sch, rows[-1]))
+    # rows of a symbolic count not padded to whole tiles (`Contraction`: pad_einsum refused): a tile of one row, as
+    # wide as 4 vectors. A taller tile predicates its rows against the count inside the reduction loop, and LLVM
+    # then keeps the accumulators in memory (a load and a store around every multiply-add: PP-OCR's convs and head
+    # at 15 GMAC/s a core on the Zen 4)
+    one_row = bool(rows) and not _whole_row_tiles(get_extent(sch, rows[-1]))
     tile_cols = _one_row_columns(width, lanes) if one_row else _column_tile(width, lanes)
     max_rows = 1 if one_row else MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS   # as many accumulators
     col_o, col_i = sch.split(vec_loop, factors=[None, tile_cols])

@@ -35,7 +35,8 @@ from ..activations import Activation
 from ..projection.gemm import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
 from .step_gemm import (CPU_PANEL, TILED_MIN_BATCH, GemmTile, choose_tile, cpu_gemm_macro, cpu_lanes,
                         cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile, cpu_panel_count,
-                        cpu_parallel_min_macs, cpu_step_gemm_macro, normalized, tiled_gemm_macro)
+                        cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro, normalized,
+                        tiled_gemm_macro)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 
@@ -341,13 +342,6 @@ def state_macros(gpu: bool, D: int, B: int, H: int, NT: int, has_lens: bool, dt:
     return load_state, store_final_state
 
 
-def cpu_gate_parallel(D: int, B, H: int) -> bool:
-    """Whether a CPU gate kernel splits its (batch row, direction, unit chunk) blocks over threads: at a static
-    batch decided here; at a symbolic one True when some batch can reach the threshold (the loop then checks
-    D * B * H every step, `unit_loops`)."""
-    return D * (B if isinstance(B, int) else CPU_GATE_PARALLEL_MIN_UNITS) * H >= CPU_GATE_PARALLEL_MIN_UNITS
-
-
 # Units of one CPU gate kernel from which its loop splits over threads (vectorized, a unit costs 1-3 ns: the
 # LSTM's five activations ~2.4 ns a unit on Zen 4). Measured on the 2-core Zen 4, 2026-11-27, 100 steps, one
 # process, serial vs split alternated: LSTM H128 B8 (1024 units) 1.04-1.05x faster, B64 1.17x, H256 B8 1.05x,
@@ -359,10 +353,9 @@ CPU_GATE_PARALLEL_MIN_UNITS = 1024
 def unit_loops(gpu: bool, D: int, B, H: int, NT: int, unit):
     """The launch of a per-unit kernel: unit(b, d, jc, tx) for every batch row, direction and unit
     j = jc * NT + tx (unit checks j < H). CUDA: grid (batch, directions, unit chunks of NT), NT threads a
-    block. CPU: the blocks as one loop, split over TVM's thread pool when `cpu_gate_parallel`."""
+    block. CPU: the blocks as one loop, split over TVM's thread pool from CPU_GATE_PARALLEL_MIN_UNITS units."""
     L = _loop_kinds(gpu)
     NJ = _ceildiv(H, NT)
-    outer = T.parallel if cpu_gate_parallel(D, B, H) else T.serial
     # whole vectors of units when NT divides H (unit's j < H check then folds away before vectorizing)
     inner = T.vectorized if H % NT == 0 and NT in (4, 8, 16) else T.serial
 
@@ -383,21 +376,9 @@ def unit_loops(gpu: bool, D: int, B, H: int, NT: int, unit):
                         unit(*args, w // (D * NJ), w // NJ % D, w % NJ, tx)
             return run
 
-        parallel_blocks, serial_blocks = blocks(T.parallel), blocks(T.serial)
-        # a symbolic batch is checked every step, as the step GEMM's split: at batch 1 the pool's launch and
-        # join cost more than a few hundred units
-        decided_per_step = outer is T.parallel and not isinstance(B, int)
-        outer_blocks = parallel_blocks if outer is T.parallel else serial_blocks
-
-        @T.macro
-        def launch(*args):
-            if decided_per_step:
-                if D * B * H >= CPU_GATE_PARALLEL_MIN_UNITS:
-                    parallel_blocks(*args)
-                else:
-                    serial_blocks(*args)
-            else:
-                outer_blocks(*args)
+        # the step GEMM's split (`step_gemm.cpu_thread_split_macro`, D * B * H units as multiply-adds): a symbolic
+        # batch is checked every step, since at batch 1 the pool's launch and join cost more than a few hundred units
+        launch = cpu_thread_split_macro(blocks, D, B, H, 1, min_macs=CPU_GATE_PARALLEL_MIN_UNITS)
 
     return launch
 
