@@ -121,12 +121,14 @@ def _scheduled_conv(model, op: str = "conv2d"):
 @pytest.mark.parametrize("name", ["3x3-24ch-silu-symW", "1x1-40ch-symBHW"])
 def test_symbolic_width_conv_is_vectorized_along_channels(name):
     """The weight is HWIO (output channels contiguous), the accumulators are vectors of output channels, the
-    write-back too (not a predicated vector along the width: the accumulators went to the stack, 10x slower)."""
+    write-back too (not a predicated vector along the width: the accumulators went to the stack, 10x slower),
+    each a native or a half vector (24 or 40 channels as one <24 x float> / <40 x float>: LLVM took the vector
+    apart lane by lane around every multiply-add, 3.5x slower)."""
     cin, cout, kernel, strides, pads, group, epilogue, dims, _ = CASES[name]
     text = _scheduled_conv(_conv_model(cin, cout, kernel, strides, pads, group, epilogue, dims)[0]).script()
     assert f"T.Buffer((T.int64({kernel[0]}), T.int64({kernel[1]}), T.int64({cin}), T.int64({cout}))" in text
     lanes = {int(n) for n in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)}
-    assert lanes and lanes <= {16, cout}, lanes          # whole vectors of channels, never along the width
+    assert lanes and lanes <= {8, 16}, lanes          # vectors of channels, never along the width
 
 
 @pytest.mark.parametrize("name", ["3x3-24ch-silu-symW", "1x1-40ch-symBHW"])

@@ -468,7 +468,7 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     max_rows = 1 if one_row else MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS   # as many accumulators
     col_o, col_i = sch.split(vec_loop, factors=[None, tile_cols])
     vec_parts = [col_i]
-    vector = _vector_part(tile_cols, lanes, _widens(sch.get(anchor.block_rv)))
+    vector = _vector_part(tile_cols, lanes)
     if vector < tile_cols:
         # one native vector per accumulator: LLVM keeps those in registers, a wider one goes to the stack
         vec_parts = list(sch.split(col_i, factors=[None, vector]))
@@ -616,21 +616,17 @@ def _one_row_columns(width: int, lanes: int) -> int:
     return next((v * lanes for v in (4, 2, 1) if width % (v * lanes) == 0), _column_tile(width, lanes))
 
 
-def _vector_part(tile_cols: int, lanes: int, widens: bool) -> int:
-    """Columns of one vector of a tile: whole native vectors; for operands narrower than the accumulator, half
-    vectors when they divide the tile (ddddocr-old-int8's 24-channel convs: as one <24 x i32> of sign-extended
-    int16 weights LLVM took every vector apart lane by lane, 3x slower than int32; 3 x 8 lanes were 5x faster)."""
+def _vector_part(tile_cols: int, lanes: int) -> int:
+    """Columns of one vector of a tile: whole native vectors, else half vectors where they divide the tile. A
+    24-channel conv's tile as one <24 x float> (or <24 x i32> of sign-extended int16 weights) had LLVM take its
+    accumulators apart lane by lane (vinsertps / vextract around every multiply-add); as 3 x 8 lanes ddddocr's
+    24 -> 24 3x3 conv over a 32 x 60 image took 0.35 ms, not 1.24 (onnxruntime 0.19; Zen 4, 2026-11-27), and
+    ddddocr-old-int8's int16 convs ran 5x faster."""
     if tile_cols > lanes and tile_cols % lanes == 0:
         return lanes
-    if widens and tile_cols > lanes and tile_cols % (lanes // 2) == 0:
+    if tile_cols > lanes and tile_cols % (lanes // 2) == 0:
         return lanes // 2
     return tile_cols
-
-
-def _widens(block) -> bool:
-    """Whether the block reads a buffer of fewer bits than it writes (int8/int16 products summed in int32)."""
-    bits = tvm.DataType(str(block.writes[0].source.dtype)).bits
-    return any(tvm.DataType(str(r.source.dtype)).bits < bits for r in block.reads)
 
 
 def _below(sch, loop, ancestor) -> bool:
