@@ -2,6 +2,8 @@
 takes, that its schedule lowers and compiles for CUDA, and what it computes (the CUDA schedule run on the CPU
 with its thread bindings made serial: `blocks.emulate_cuda_module`). The GPU run of the same kernels is in
 `tvmseq bench model` (every output checked against onnxruntime)."""
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -19,11 +21,13 @@ def fc_reference(x, w, b, activation):
 
 
 def _fc_module(lead: tuple, k: int, n: int, activation, seed: int = 0):
-    """Relax: x [*lead, k] -> activation(x @ W + b), W [k, n] and b constants (an exported FC layer)."""
+    """Relax: x [*lead, k] -> activation(x @ W + b), W [k, n] and b constants (an exported FC layer); a str in
+    `lead` is a symbolic dim (frames)."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("float32")
     b = rng.standard_normal(n).astype("float32")
     bb = relax.BlockBuilder()
+    lead = [tvm.tirx.Var(d, "int64") if isinstance(d, str) else d for d in lead]
     x = relax.Var("x", relax.TensorType([*lead, k], "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -82,3 +86,25 @@ def test_small_rows_matmul_compiles_for_cuda():
     source = ex.mod.imports[0].imports[0].inspect_source() if ex.mod.imports[0].imports else \
         ex.mod.imports[0].inspect_source()
     assert "threadIdx.y" in source and "__shared__" in source
+
+
+@pytest.mark.parametrize("frames,k,n", [(100, 161, 400), (37, 600, 161), (19, 33, 70)])
+def test_matmul_tile_of_symbolic_and_many_rows(frames, k, n):
+    """An FC over a symbolic frame count (or over more rows than SmallRowsMatmul takes) gets dlight's Matmul
+    with tvmseq's CUDA tile (`schedule_gpu.Matmul`: 16 rows x 64 columns x 32 k; dlight's own 32 x 64 x 16 left
+    28-76 blocks at 100 frames), and its schedule lowers. What it computes is checked on the GPU (the GPU model
+    tests and `tvmseq bench model` against onnxruntime): `blocks.emulate_cuda_module` cannot lower dlight's
+    Matmul kernels for the CPU."""
+    cuda = targets.resolve("cuda")
+    for lead in (("T", 1), (frames, 1)):
+        mod, _, _ = _fc_module(lead, k, n, "relu")
+        (func,) = _fused_prim_funcs(mod)
+        with cuda:
+            assert schedule_gpu.SmallRowsMatmul().apply(func, cuda, False) is None
+            scheduled = schedule_gpu.Matmul().apply(func, cuda, False).mod["main"]
+        text = scheduled.script()
+        rows = r"\(T\w* \+ T\.int64\(15\)\) // T\.int64\(16\)" if lead[0] == "T" else \
+            re.escape(f'T.thread_binding(T.int64({-(-frames // 16)}), thread="blockIdx.x")')
+        assert re.search(rows, text), text                                               # 16-row tiles
+        assert f"in range(T.int64({-(-k // 32)}))" in text, text                          # 32 k a step
+        assert schedule_gpu.lowering_error(scheduled.with_attr("tirx.is_scheduled", True), cuda) is None
