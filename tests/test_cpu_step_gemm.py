@@ -41,10 +41,13 @@ def _tensor(a):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("G,K", [(70, 37), (129, 100), (64, 257)])
+@pytest.mark.parametrize("G,K", [(70, 37), (129, 100), (64, 257), (520, 259)])
 def test_pack_matches_numpy(dtype, G, K):
+    """The last size packs its panels on the thread pool (2 x 520 x 259 >= CPU_PACK_PARALLEL_MIN floats)."""
     R = np.random.default_rng(G + K).standard_normal((2, G, K)).astype(dtype)
-    mod = tvm.compile(step_gemm.cpu_pack_func(2, G, K, dtype), target=LLVM)
+    func = step_gemm.cpu_pack_func(2, G, K, dtype)
+    assert ("T.parallel" in func.script()) == (2 * G * K >= step_gemm.CPU_PACK_PARALLEL_MIN)
+    mod = tvm.compile(func, target=LLVM)
     out = _tensor(np.full(pack_ref(R).shape, np.nan, np.float32))
     mod["cpu_pack"](_tensor(R), out)
     np.testing.assert_array_equal(out.numpy(), pack_ref(R))
