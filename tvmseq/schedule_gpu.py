@@ -29,6 +29,7 @@ import traceback
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
+from tvm.s_tir.dlight.gpu import Matmul as DlightMatmul
 
 from . import targets
 from .errors import TvmseqError
@@ -45,13 +46,7 @@ def default_rules():
             dl.gpu.Fallback(), UnfusedSpatial(), OneThread()]
 
 
-def _dlight_matmul():
-    from tvm.s_tir import dlight as dl
-
-    return dl.gpu.Matmul
-
-
-class Matmul(_dlight_matmul()):
+class Matmul(DlightMatmul):
     """dlight's Matmul rule with a CUDA tile of 16 rows x 64 columns x 32 k (its own: 32 x 64 x 16). An FC layer
     over a symbolic frame count (a model built for any number of frames) runs this SIMT schedule; at 100 frames
     the 32-row tiles left 4 row tiles x N / 64 column tiles, 28-76 blocks on 132 SMs, each stepping through k
@@ -70,12 +65,17 @@ class Matmul(_dlight_matmul()):
     # 2.67; CRNN 2.33 -> 2.27, 22.1 -> 21.0; ASR equal; the denoiser (K = 600 FCs) 1.37 -> 1.43, 13.4 -> 13.8
     MANY_ROWS_FACTOR, MANY_ROWS_STATIC = 32, 2048
 
+    def __init__(self):
+        super().__init__()
+        # set by `apply` for the function at hand: dlight's apply asks get_configs for the target only
+        self._many_rows = False
+
     def apply(self, func, target, tunable):
         self._many_rows = _many_rows(func, self.MANY_ROWS_FACTOR, self.MANY_ROWS_STATIC)
         return super().apply(func, target, tunable)
 
     def get_configs(self, target):
-        if target.kind.name == "cuda" and not getattr(self, "_many_rows", False):
+        if target.kind.name == "cuda" and not self._many_rows:
             return self.Config(**self.CONFIG)
         return super().get_configs(target)
 
