@@ -199,20 +199,38 @@ def _run_packed_and_not(monkeypatch, build, args, out_shapes):
     return outs
 
 
-def test_lstm_recurrence_packed_equals_unpacked(monkeypatch):
-    """LSTM hidden 37 (148 gate rows), bidirectional, peepholes, any batch at batch 3: the packed panels
-    give the sums of the k-in-lanes GEMM (tested against the reference elsewhere) to rounding."""
-    D, H, B, seq = 2, 37, 3, 6
-    spec = lstm.LstmSpec(D, None, H, 11, direction="bidirectional", has_peepholes=True)
-    rng = np.random.default_rng(11)
+@pytest.mark.parametrize("H,B,direction,kw", [
+    (37, 3, "bidirectional", dict(has_peepholes=True)),
+    # hidden 48: whole vectors of units, so the packed loop fuses the gate math into the panel GEMM
+    # (`cpu_fused_panel_macro`): batch 7 (a 4-row tile and 3 single rows), ragged lengths, every option
+    (48, 7, "bidirectional", dict(has_peepholes=True, has_seq_lens=True, clip=2.5)),
+    (48, 5, "reverse", dict(input_forget=1, has_seq_lens=True)),
+    (32, 6, "forward", dict(activations=("HardSigmoid", "Relu", "Tanh"))),
+])
+@pytest.mark.parametrize("seq", [6, 7])
+def test_lstm_recurrence_packed_equals_unpacked(monkeypatch, H, B, direction, kw, seq):
+    """LSTM recurrences with R packed (panels; the gate math fused into them where hidden is a multiple of 16)
+    against the k-in-lanes GEMM and gate loop (tested against the reference elsewhere), any batch: equal to
+    rounding, an odd and an even number of steps (the fused loop alternates two state buffers)."""
+    from tvmseq.kernels.activations import Activation
+
+    D = 2 if direction == "bidirectional" else 1
+    if "activations" in kw:
+        kw = dict(kw, activations=tuple(Activation.make(a) for a in kw["activations"]) * D)
+    spec = lstm.LstmSpec(D, None, H, 11, direction=direction, **kw)
+    assert lstm.cpu_fuses_gates(False, gru.StepSchedule.for_batch(None), H, LLVM) == (H % 16 == 0)
+    rng = np.random.default_rng(H + B)
+    lens = np.array([seq] + [(seq - 2 - b) % (seq + 1) for b in range(1, B)], np.int32)
     args = (rng.standard_normal((D, seq, B, 4 * H)).astype(np.float32),
             rng.uniform(-0.3, 0.3, (D, 4 * H, H)).astype(np.float32),
-            rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32), np.full(B, seq, np.int32),
+            rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32), lens,
             rng.standard_normal((D, B, H)).astype(np.float32), rng.standard_normal((D, B, H)).astype(np.float32))
     packed, plain = _run_packed_and_not(monkeypatch, lambda: lstm.recurrence_func(spec, LLVM), args,
                                         [(seq, D, B, H), (D, B, H), (D, B, H)])
     for a, b in zip(packed, plain):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    if kw.get("has_seq_lens"):
+        assert np.all(packed[0][seq - 1][:, lens < seq] == 0) and np.all(packed[1][:, lens == 0] == 0)
 
 
 def test_rnn_recurrence_packed_matches_reference(monkeypatch):

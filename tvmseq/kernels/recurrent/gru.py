@@ -436,13 +436,14 @@ def cpu_packs_r(gpu: bool, sched: StepSchedule | None, G: int, target=None) -> b
 
 
 def time_loop(steps, gpu: bool, dt: str, D: int, G: int, H: int, B=None, sched: StepSchedule | None = None,
-              target=None):
+              target=None, interleave: int | None = None):
     """T.macro run(R, bufs, seq) of a per-step recurrence (GRU, RNN, LSTM): its T.macro steps(R', bufs, seq) on
     the weights R [D, G, H] as the step GEMM reads them, R itself or (`cpu_weights_fp32`) a float32 copy; with
-    `cpu_packs_r`, R' = (that, R packed in panels, whether this call packed it)."""
+    `cpu_packs_r`, R' = (that, R packed in panels, whether this call packed it); `interleave`: the panels hold
+    that many units of every gate (`step_gemm.cpu_pack_macro`), for a step that fuses its gate math."""
     convert_r = cpu_weights_fp32(gpu, dt)
     if cpu_packs_r(gpu, sched, G, target):
-        return _packing_time_loop(steps, convert_r, D, G, H, B)
+        return _packing_time_loop(steps, convert_r, D, G, H, B, interleave)
 
     @T.macro
     def run(R, bufs, seq):
@@ -457,11 +458,11 @@ def time_loop(steps, gpu: bool, dt: str, D: int, G: int, H: int, B=None, sched: 
     return run
 
 
-def _packing_time_loop(steps, convert_r: bool, D: int, G: int, H: int, B):
+def _packing_time_loop(steps, convert_r: bool, D: int, G: int, H: int, B, interleave: int | None = None):
     """time_loop's CPU variant for the panel GEMM: R packed once before a long time loop (a float16 R straight
     into float32 panels), a short one on R (float16: converted) as before."""
-    pack = cpu_pack_macro(D, G, H)
-    nP = cpu_panel_count(G)
+    pack = cpu_pack_macro(D, G, H, interleave=interleave)
+    nP = cpu_panel_count(G) if interleave is None else cpu_panel_count(H, interleave)
 
     # two copies of the time loop, each with one step GEMM (packed is a Python constant in each): with one
     # loop choosing its GEMM every step and the panels allocated in every call, batch-1 calls (which never

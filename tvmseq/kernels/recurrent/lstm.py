@@ -7,7 +7,10 @@ Pipeline of one LSTM node (both directions in every launch):
 2. `recurrence_func`: a host loop over the (symbolic) time steps; per step ONE GEMM over all 4H gate rows,
    gh = h R^T (`gru.step_gemm_plan`: warp per row at small batch, the tiled GEMM of `step_gemm.py` from
    `TILED_MIN_BATCH` on, its split-K partial sums added here), then ONE fused kernel for the gate math
-   and the state update, grid (batch, directions, unit chunks) as the GRU's.
+   and the state update, grid (batch, directions, unit chunks) as the GRU's. On the CPU, where R is packed
+   into panels (long calls) and hidden is a multiple of 16, a step is ONE launch of the thread pool instead:
+   each panel holds 16 units of all 4 gates and its register tiles go straight into the gate math
+   (`step_gemm.cpu_fused_panel_macro`), h alternating between two buffers.
 
 Per unit j of direction d, batch row b, with a_k = gate_i[.., kH + j] + gh[.., kH + j] (k = i, o, f, c):
     i = f(clip(a_i + P_i c)),  f_ = 1 - i if input_forget else f(clip(a_f + P_f c)),
@@ -33,9 +36,10 @@ except ImportError:  # runtime-only TVM: nothing is built here
 
 from ...errors import TvmseqError
 from ..activations import Activation
-from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_unit_chunk,
-                  partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, time_loop, unit_loops,
-                  unit_update)
+from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_packs_r,
+                  cpu_unit_chunk, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, time_loop,
+                  unit_loops, unit_update)
+from .step_gemm import CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, cpu_fused_panel_macro, cpu_parallel_min_macs
 
 GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
 PEEPHOLE_ORDER = ("i", "o", "f")       # entries of P per direction, H each
@@ -98,6 +102,51 @@ def activation_fn(spec: LstmSpec, which: int, cpu: bool = False):
     return lambda d, x: T.if_then_else(d == 0, fns[0](x), fns[1](x))
 
 
+def cpu_fuses_gates(gpu: bool, sched: StepSchedule, H: int, target=None) -> bool:
+    """Whether a CPU LSTM steps with its gate math fused into the panel GEMM (`step_gemm.cpu_fused_panel_macro`)
+    when it packs R: a packing recurrence (`gru.cpu_packs_r`) whose hidden size is whole vectors of units."""
+    return cpu_packs_r(gpu, sched, 4 * H, target) and H % CPU_FUSED_UNITS == 0
+
+
+def _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H: int, dt: str):
+    """write_back(BT) for `cpu_fused_panel_macro`: the LSTM update of CPU_FUSED_UNITS units of BT batch rows from
+    the panel's gate sums, ops = (GateI, P, Lens, Y, h, h_next, cell, s, seq): within a row's length the cell's
+    math (new_cell / new_hidden of recurrence_func) into cell and h_next, Y[t]; past it h carried to h_next and
+    Y[s] = 0."""
+    U = CPU_FUSED_UNITS
+
+    def acc_pre(acc, GateI, d, t, b, j, jr, v):
+        """gate -> its pre-activation: the tile's sum (row jr, lane v) + the input projection"""
+        return lambda gate: (acc[(jr * 4 + GATE_ORDER.index(gate)) * U + v]
+                             + GateI[d, t, b, GATE_ORDER.index(gate) * H + j])
+
+    def write_back(BT: int):
+        @T.macro
+        def wb(acc, ops, d, p, m0):
+            GateI, P, Lens, Y, h, h_next, cell, s, seq = T.meta_var(ops)
+            # a loop, not unrolled: with the 4 rows' math unrolled the hidden-256 batch-8 step took 26.2 us
+            # against 23.1 (2-core Zen 4, 2026-11-27)
+            for jr in T.serial(BT):
+                b = T.meta_var(m0 + jr)
+                length = T.meta_var(row_length(Lens, b, seq))
+                if s < length:
+                    t = T.meta_var(T.if_then_else(is_reverse(d), length - 1 - s, s))
+                    for v in T.vectorized(U):
+                        j = T.meta_var(p * U + v)
+                        pre_of = T.meta_var(acc_pre(acc, GateI, d, t, b, j, jr, v))
+                        cell[d, b, j] = new_cell(pre_of, P, cell, d, b, j)
+                        h_next[d, b, j] = new_hidden(pre_of, P, cell, d, b, j)
+                        Y[t, d, b, j] = T.Cast(dt, h_next[d, b, j])
+                else:
+                    for v in T.vectorized(U):
+                        h_next[d, b, p * U + v] = h[d, b, p * U + v]
+                        Y[s, d, b, p * U + v] = T.Cast(dt, T.float32(0))
+
+        return wb
+
+    return write_back
+
+
 def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedule | None = None
                     ) -> tirx.PrimFunc:
     """The time loop of an LSTM node. Inputs: gate_i [D, T, B, 4H] f32 (X W^T + Wb + Rb, gates i, o, f, c),
@@ -147,21 +196,26 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
 
     # The CPU variant: the same math as one expression per state written (intermediates as Let expressions,
     # indices as meta_var), as gru.recurrence_func's: a TIRx assignment declares a one-element local buffer,
-    # which cannot hold the vector the vectorized unit loop gives it
-    def new_cell(GateI, P, cell, gh, d, t, b, j):
+    # which cannot hold the vector the vectorized unit loop gives it. pre_of(gate): the gate's pre-activation
+    def new_cell(pre_of, P, cell, d, b, j):
         c_prev = cell[d, b, j]
-        return _let(f_act(d, clip(peep("i", pre("i", GateI, gh, d, t, b, j), P, d, j, c_prev))),
-                    lambda i: forget(i, GateI, gh, P, d, t, b, j, c_prev) * c_prev
-                    + i * g_act(d, clip(pre("c", GateI, gh, d, t, b, j))))
+        i_act = f_act(d, clip(peep("i", pre_of("i"), P, d, j, c_prev)))
+        forget_of = (lambda i: T.float32(1) - i) if spec.input_forget else (
+            lambda i: f_act(d, clip(peep("f", pre_of("f"), P, d, j, c_prev))))
+        return _let(i_act, lambda i: forget_of(i) * c_prev + i * g_act(d, clip(pre_of("c"))))
 
-    def new_hidden(GateI, P, cell, gh, d, t, b, j):
+    def new_hidden(pre_of, P, cell, d, b, j):
         c = cell[d, b, j]      # already the new cell state
-        return f_act(d, clip(peep("o", pre("o", GateI, gh, d, t, b, j), P, d, j, c))) * h_act(d, c)
+        return f_act(d, clip(peep("o", pre_of("o"), P, d, j, c))) * h_act(d, c)
+
+    def gh_pre(GateI, gh, d, t, b, j):
+        return lambda gate: pre(gate, GateI, gh, d, t, b, j)
 
     @T.macro
     def step_unit_cpu(GateI, P, state, cell, gh, Y, d, t, b, j):
-        cell[d, b, j] = new_cell(GateI, P, cell, gh, d, t, b, j)
-        state[d, b, j] = new_hidden(GateI, P, cell, gh, d, t, b, j)
+        pre_of = T.meta_var(gh_pre(GateI, gh, d, t, b, j))
+        cell[d, b, j] = new_cell(pre_of, P, cell, d, b, j)
+        state[d, b, j] = new_hidden(pre_of, P, cell, d, b, j)
         Y[t, d, b, j] = T.Cast(dt, state[d, b, j])
 
     # grid (batch, directions, unit chunks) on CUDA; on the CPU one loop over the blocks, each a vector of units
@@ -169,13 +223,39 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
                                                              step_unit if gpu else step_unit_cpu))
 
     @T.macro
-    def steps(R, bufs, seq):
+    def per_step_launches(R, bufs, seq):
         GateI, P, Lens, Y, state, cell, gh = T.meta_var(bufs)
         for s in range(seq):
             gemm(state, R, gh)   # all 4H gate rows in one GEMM
             update_launch(Lens, Y, (GateI, P, state, cell, gh), s, seq)
 
-    run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target)
+    fused = cpu_fuses_gates(gpu, sched, H, target)
+    if fused:
+        fused_step = cpu_fused_panel_macro(D, B, H, 4, _fused_write_back(new_cell, new_hidden, row_length,
+                                                                         is_reverse, H, dt),
+                                           min_macs=min(cpu_parallel_min_macs(target), CPU_PANEL_PARALLEL_MIN_MACS))
+
+    @T.macro
+    def steps(R, bufs, seq):
+        if fused:
+            R_, Rp, packed = T.meta_var(R)
+            if packed:   # one launch a step: the gate math in the panel GEMM's write-back, h in two buffers
+                GateI, P, Lens, Y, state, cell, gh = T.meta_var(bufs)
+                h_next = T.alloc_buffer((D, B, H), "float32")
+                for s in range(seq):
+                    if s % 2 == 0:
+                        fused_step(state, Rp, (GateI, P, Lens, Y, state, h_next, cell, s, seq))
+                    else:
+                        fused_step(h_next, Rp, (GateI, P, Lens, Y, h_next, state, cell, s, seq))
+                if seq % 2 == 1:
+                    for d, b, j in T.grid(D, B, H):
+                        state[d, b, j] = h_next[d, b, j]
+            else:
+                per_step_launches(R, bufs, seq)
+        else:
+            per_step_launches(R, bufs, seq)
+
+    run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target, CPU_FUSED_UNITS if fused else None)
 
     @T.prim_func
     def lstm_recurrence(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle,

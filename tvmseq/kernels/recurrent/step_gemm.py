@@ -706,17 +706,30 @@ def cpu_panel_count(rows: int, panel: int = CPU_PANEL) -> int:
 CPU_PACK_PARALLEL_MIN = 1 << 18
 
 
-def cpu_pack_macro(D: int, G: int, K: int, panel: int = CPU_PANEL):
-    """TVMScript macro `pack(R, Rp)`: Rp float32 [D, ceil(G / panel), K, panel] from R [D, G, K] (any float
-    dtype), rows past G as zeros. Row by row in blocks of CPU_PACK_KB k: one vector read of the row, its
-    elements stored down a CPU_PACK_KB-line (4 KB) block of the panel that stays in L1. (k-major order read a
-    cache line from each of `panel` rows K floats apart: 4 KB aliasing in L1 at K 1024, 3x slower.)"""
+def cpu_pack_macro(D: int, G: int, K: int, panel: int = CPU_PANEL, interleave: int | None = None):
+    """TVMScript macro `pack(R, Rp)`: Rp float32 [D, nP, K, panel] from R [D, G, K] (any float dtype), rows
+    past G as zeros; nP = ceil(G / panel). With `interleave` U, R's rows are panel // U gates of G / gates units
+    each and panel p holds units p * U .. p * U + U - 1 of every gate (U lanes a gate; nP = ceil(units / U)):
+    a panel's sums are then all gates of U units, what a fused gate write-back needs (`cpu_fused_panel_macro`).
+    Row by row in blocks of CPU_PACK_KB k: one vector read of the row, its elements stored down a
+    CPU_PACK_KB-line (4 KB) block of the panel that stays in L1. (k-major order read a cache line from each of
+    `panel` rows K floats apart: 4 KB aliasing in L1 at K 1024, 3x slower.)"""
     P, KB = panel, CPU_PACK_KB
-    nP = cpu_panel_count(G, P)
+    nP = cpu_panel_count(G, P) if interleave is None else cpu_panel_count(G // (P // interleave), interleave)
     loop = T.parallel if D * G * K >= CPU_PACK_PARALLEL_MIN and nP * D > 1 else T.serial
 
-    def value(R, d, p, c, k):
-        return T.if_then_else(p * P + c < G, T.Cast("float32", R[d, T.min(p * P + c, G - 1), k]), T.float32(0))
+    if interleave is None:
+        def value(R, d, p, c, k):
+            return T.if_then_else(p * P + c < G, T.Cast("float32", R[d, T.min(p * P + c, G - 1), k]),
+                                  T.float32(0))
+    else:
+        U = interleave
+        units = G // (P // U)
+
+        def value(R, d, p, c, k):
+            unit = p * U + c % U
+            return T.if_then_else(unit < units, T.Cast("float32", R[d, (c // U) * units + T.min(unit, units - 1), k]),
+                                  T.float32(0))
 
     @T.macro
     def pack(R, Rp):
@@ -732,19 +745,18 @@ def cpu_pack_macro(D: int, G: int, K: int, panel: int = CPU_PANEL):
     return pack
 
 
-def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: int, NV: int, bias: bool):
-    """One register tile of the panel GEMM: BT batch rows x the first NV vectors of VL rows of panel p (all
-    P / VL of them but in a last panel that needs fewer), plus the bias as it is stored (`bias`)."""
+def _panel_accumulate_macro(K: int, VL: int, BT: int, NV: int):
+    """(macro `accumulate(acc, src, Rp, d, p, m0)`, floats of acc): the sums of one register tile of the panel
+    GEMM, BT batch rows (src rows m0 ..) x the first NV vectors of VL rows of panel p, left in
+    acc[(j * NV + c) * VL + v] (acc: a CPU_TILE_SCOPE buffer the caller allocates)."""
     # a 1-row tile has only NV accumulator chains, too few to cover the FMA latency: KS sets of them (k
     # alternates), added at the end
     KS = 2 if BT * NV < 8 else 1
     K1 = (K // KS) * KS
     E = BT * NV * VL                               # floats of one accumulator set
-    stored = _stored_sum(bias)
 
     @T.macro
-    def tile(src, Rp, gh, bias_buf, d, p, m0):
-        acc = T.alloc_buffer((KS * E,), "float32", scope=CPU_TILE_SCOPE)
+    def accumulate(acc, src, Rp, d, p, m0):
         for e in T.unroll(KS * BT * NV):
             for v in T.vectorized(VL):
                 acc[e * VL + v] = T.float32(0)
@@ -765,6 +777,20 @@ def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: i
             for e in T.unroll(BT * NV):
                 for v in T.vectorized(VL):
                     acc[e * VL + v] = acc[e * VL + v] + acc[E + e * VL + v]
+
+    return accumulate, KS * E
+
+
+def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: int, NV: int, bias: bool):
+    """One register tile of the panel GEMM: BT batch rows x the first NV vectors of VL rows of panel p (all
+    P / VL of them but in a last panel that needs fewer), plus the bias as it is stored (`bias`)."""
+    accumulate, size = _panel_accumulate_macro(K, VL, BT, NV)
+    stored = _stored_sum(bias)
+
+    @T.macro
+    def tile(src, Rp, gh, bias_buf, d, p, m0):
+        acc = T.alloc_buffer((size,), "float32", scope=CPU_TILE_SCOPE)
+        accumulate(acc, src, Rp, d, p, m0)
         # a panel inside [row_offset, row_offset + rows) stores whole vectors; an edge panel row by row
         if p * P >= row_offset and p * P + NV * VL <= row_offset + rows:
             for j in T.unroll(BT):
@@ -833,6 +859,52 @@ def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: i
         return blocks
 
     return _gemm_signature(cpu_thread_split_macro(blocks_macro, D, M, rows, K, parallel, min_macs), bias)
+
+
+# units of one gate in a panel of the fused step (`cpu_fused_panel_macro`): one vector of lanes
+CPU_FUSED_UNITS = CPU_PANEL_LANES
+
+
+def cpu_fused_panel_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None):
+    """TVMScript macro `step(src, Rp, ops)`: one time step of a cell whose `gates` x K recurrent weights are
+    packed with `cpu_pack_macro(..., interleave=CPU_FUSED_UNITS)` (a panel: CPU_FUSED_UNITS units of every gate):
+    each work item (m block, direction, panel) computes the panel GEMM's register tiles on src [D, M, K] and hands
+    each tile straight to the cell, `write_back(BT)` -> macro `wb(acc, ops, d, p, m0)` with the gate sums of batch
+    rows m0 .. m0 + BT - 1 and units p * U .. in acc[(j * gates + g) * U + v]. The gate math then runs on the
+    thread that computed its sums, in the same launch of the pool as the GEMM: one launch a step, no gh buffer
+    written and read back (the per-step path launches a GEMM and a gate loop). The cell must not write src
+    (its new state goes to another buffer: the caller alternates two). Thread split as the panel GEMM's."""
+    U = CPU_FUSED_UNITS
+    P, BT, MB = gates * U, CPU_PANEL_BATCH_TILE, CPU_M_BLOCK
+    units = K
+    nP = cpu_panel_count(units, U)
+    nmb = (M + MB - 1) // MB
+    MBe = _even_m_block(M, nmb, BT)
+    (acc_tile, tile_size), (acc_row, row_size) = (_panel_accumulate_macro(K, U, bt, gates) for bt in (BT, 1))
+    wb_tile, wb_row = write_back(BT), write_back(1)
+
+    def blocks_macro(loop):
+        @T.macro
+        def blocks(src, Rp, ops):
+            for w in loop(nmb * D * nP):
+                mbe: T.int32 = MBe      # bound once a work item, as the panel GEMM's
+                mb = T.meta_var(w // (D * nP))
+                d = T.meta_var(w // nP % D)
+                p = T.meta_var(w % nP)
+                m0 = T.meta_var(mb * mbe)
+                mlen = T.meta_var(T.min(mbe, M - m0))
+                for mt in range(mlen // BT):
+                    acc = T.alloc_buffer((tile_size,), "float32", scope=CPU_TILE_SCOPE)
+                    acc_tile(acc, src, Rp, d, p, m0 + mt * BT)
+                    wb_tile(acc, ops, d, p, m0 + mt * BT)
+                for mr in range(mlen % BT):
+                    acc1 = T.alloc_buffer((row_size,), "float32", scope=CPU_TILE_SCOPE)
+                    acc_row(acc1, src, Rp, d, p, m0 + (mlen // BT) * BT + mr)
+                    wb_row(acc1, ops, d, p, m0 + (mlen // BT) * BT + mr)
+
+        return blocks
+
+    return cpu_thread_split_macro(blocks_macro, D, M, gates * units, K, None, min_macs)
 
 
 def cpu_panel_gemm_func(D: int, M, N: int, K: int, panel: int = CPU_PANEL, parallel: bool | None = None,
