@@ -187,12 +187,12 @@ def test_gru_recurrence_packs_and_matches_numpy(monkeypatch, lbr, direction, dty
         np.testing.assert_allclose(Yh.numpy().astype(np.float64), rYh, **tol, err_msg=f"seq {seq}")
 
 
-def _run_packed_and_not(monkeypatch, build, args, out_shapes):
+def _run_packed_and_not(monkeypatch, build, args, out_shapes, target=LLVM):
     """Outputs of the recurrence `build()` with packing forced on and off (the threshold at 1 and never)."""
     outs = []
     for threshold in (1, 1 << 30):
         monkeypatch.setattr(step_gemm, "CPU_PACK_MIN_ROW_STEPS", threshold)
-        mod = tvm.compile(tvm.IRModule({"main": build()}), target=LLVM)
+        mod = tvm.compile(tvm.IRModule({"main": build()}), target=target)
         res = [_tensor(np.full(s, np.nan, np.float32)) for s in out_shapes]
         mod["main"](*[_tensor(a) for a in args], *res)
         outs.append([r.numpy() for r in res])
@@ -207,26 +207,28 @@ def _run_packed_and_not(monkeypatch, build, args, out_shapes):
     (48, 5, "reverse", dict(input_forget=1, has_seq_lens=True)),
     (32, 6, "forward", dict(activations=("HardSigmoid", "Relu", "Tanh"))),
 ])
-@pytest.mark.parametrize("seq", [6, 7])
-def test_lstm_recurrence_packed_equals_unpacked(monkeypatch, H, B, direction, kw, seq):
+@pytest.mark.parametrize("seq,cores", [(6, None), (7, 16)])
+def test_lstm_recurrence_packed_equals_unpacked(monkeypatch, H, B, direction, kw, seq, cores):
     """LSTM recurrences with R packed (panels; the gate math fused into them where hidden is a multiple of 16)
     against the k-in-lanes GEMM and gate loop (tested against the reference elsewhere), any batch: equal to
-    rounding, an odd and an even number of steps (the fused loop alternates two state buffers)."""
+    rounding, an odd and an even number of steps (the fused loop alternates two state buffers). Built for 16
+    cores, the fused step splits the batch into m blocks of a batch tile or two (`step_gemm._fused_m_blocks`)."""
     from tvmseq.kernels.activations import Activation
 
+    target = LLVM if cores is None else tvm.target.Target(dict(LLVM.export(), **{"num-cores": cores}))
     D = 2 if direction == "bidirectional" else 1
     if "activations" in kw:
         kw = dict(kw, activations=tuple(Activation.make(a) for a in kw["activations"]) * D)
     spec = lstm.LstmSpec(D, None, H, 11, direction=direction, **kw)
-    assert lstm.cpu_fuses_gates(False, gru.StepSchedule.for_batch(None), H, LLVM) == (H % 16 == 0)
+    assert lstm.cpu_fuses_gates(False, gru.StepSchedule.for_batch(None), H, target) == (H % 16 == 0)
     rng = np.random.default_rng(H + B)
     lens = np.array([seq] + [(seq - 2 - b) % (seq + 1) for b in range(1, B)], np.int32)
     args = (rng.standard_normal((D, seq, B, 4 * H)).astype(np.float32),
             rng.uniform(-0.3, 0.3, (D, 4 * H, H)).astype(np.float32),
             rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32), lens,
             rng.standard_normal((D, B, H)).astype(np.float32), rng.standard_normal((D, B, H)).astype(np.float32))
-    packed, plain = _run_packed_and_not(monkeypatch, lambda: lstm.recurrence_func(spec, LLVM), args,
-                                        [(seq, D, B, H), (D, B, H), (D, B, H)])
+    packed, plain = _run_packed_and_not(monkeypatch, lambda: lstm.recurrence_func(spec, target), args,
+                                        [(seq, D, B, H), (D, B, H), (D, B, H)], target)
     for a, b in zip(packed, plain):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     if kw.get("has_seq_lens"):

@@ -39,7 +39,8 @@ from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_packs_r,
                   cpu_unit_chunk, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, time_loop,
                   unit_loops, unit_update)
-from .step_gemm import CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, cpu_fused_panel_macro, cpu_parallel_min_macs
+from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, cpu_cores, cpu_fused_panel_macro,
+                        cpu_parallel_min_macs)
 
 GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
 PEEPHOLE_ORDER = ("i", "o", "f")       # entries of P per direction, H each
@@ -233,7 +234,8 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
     if fused:
         fused_step = cpu_fused_panel_macro(D, B, H, 4, _fused_write_back(new_cell, new_hidden, row_length,
                                                                          is_reverse, H, dt),
-                                           min_macs=min(cpu_parallel_min_macs(target), CPU_PANEL_PARALLEL_MIN_MACS))
+                                           min_macs=min(cpu_parallel_min_macs(target), CPU_PANEL_PARALLEL_MIN_MACS),
+                                           threads=cpu_cores(target))
 
     @T.macro
     def steps(R, bufs, seq):

@@ -444,20 +444,25 @@ CPU_PARALLEL_MIN_MACS = 5 << 15
 # ... with many cores a step of a few hundred thousand multiply-adds is already memory-bound on one core (R past
 # its L2) while the others idle: a 16-core Xeon ran batch-1 hidden-512 GRU / LSTM steps (0.8-1M MACs) serially in
 # 15.6 / 19.7 ms per 100 steps against onnxruntime's 2.75 / 3.13 on 16 threads (both ~15 ms on one thread);
-# a launch over 16 threads costs more than over 2, so this stays at 256K (not re-measured since the stack fix)
-CPU_MANY_CORES, CPU_MANY_CORES_MIN_MACS = 8, 1 << 18
+# a launch over 16 threads costs more than over 2. 256K until 2026-11-27, then 128K: a batch-1 hidden-256 GRU
+# (197K a step) took 1.88 ms serial against 1.11 split (onnxruntime 1.24; builds alternated in one process)
+CPU_MANY_CORES, CPU_MANY_CORES_MIN_MACS = 8, 1 << 17
 
 
-def cpu_parallel_min_macs(target=None) -> int:
-    """Multiply-adds from which a CPU step GEMM is split over threads, for the cores of `target` (its
-    "num-cores" attribute, e.g. "llvm -mcpu=sapphirerapids -num-cores=16" for another machine; else the threads
-    this process's pool will use)."""
+def cpu_cores(target=None) -> int:
+    """The threads a CPU kernel built for `target` will run on: its "num-cores" attribute (e.g. "llvm
+    -mcpu=sapphirerapids -num-cores=16" for another machine), else the threads this process's pool will use."""
     cores = target.attrs.get("num-cores") if target is not None else None
     if not cores:
         from ...schedule_cpu import configure_threads
 
         cores = configure_threads()
-    return CPU_MANY_CORES_MIN_MACS if int(cores) >= CPU_MANY_CORES else CPU_PARALLEL_MIN_MACS
+    return int(cores)
+
+
+def cpu_parallel_min_macs(target=None) -> int:
+    """Multiply-adds from which a CPU step GEMM is split over threads, for the cores of `target` (`cpu_cores`)."""
+    return CPU_MANY_CORES_MIN_MACS if cpu_cores(target) >= CPU_MANY_CORES else CPU_PARALLEL_MIN_MACS
 
 
 def cpu_lanes(target=None) -> int:
@@ -865,7 +870,24 @@ def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: i
 CPU_FUSED_UNITS = CPU_PANEL_LANES
 
 
-def cpu_fused_panel_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None):
+# work items (m block x direction x panel) per thread the fused step aims for: with 16 threads an LSTM at hidden
+# 128, batch 64 had 8 items (one 64-row m block x 8 panels), half the threads idle; m blocks of 16 rows (32 items)
+# took its recurrence from 3.0-4.1 to 1.9-2.0 ms (16-core Xeon, 2026-11-27; m blocks of 32: 2.3)
+CPU_FUSED_ITEMS_PER_THREAD = 2
+
+
+def _fused_m_blocks(M, D: int, nP: int, threads: int):
+    """m blocks of the fused step: CPU_M_BLOCK rows each, or more (down to a batch tile each) where that leaves
+    fewer than CPU_FUSED_ITEMS_PER_THREAD work items a thread. An int for a static M, else a TIR expression."""
+    BT, MB = CPU_PANEL_BATCH_TILE, CPU_M_BLOCK
+    wanted = (CPU_FUSED_ITEMS_PER_THREAD * threads + D * nP - 1) // (D * nP)
+    if isinstance(M, int):
+        return max((M + MB - 1) // MB, min(wanted, (M + BT - 1) // BT))
+    return T.max((M + MB - 1) // MB, T.min(wanted, (M + BT - 1) // BT))
+
+
+def cpu_fused_panel_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None,
+                          threads: int = 1):
     """TVMScript macro `step(src, Rp, ops)`: one time step of a cell whose `gates` x K recurrent weights are
     packed with `cpu_pack_macro(..., interleave=CPU_FUSED_UNITS)` (a panel: CPU_FUSED_UNITS units of every gate):
     each work item (m block, direction, panel) computes the panel GEMM's register tiles on src [D, M, K] and hands
@@ -873,12 +895,13 @@ def cpu_fused_panel_macro(D: int, M, K: int, gates: int, write_back, min_macs: i
     rows m0 .. m0 + BT - 1 and units p * U .. in acc[(j * gates + g) * U + v]. The gate math then runs on the
     thread that computed its sums, in the same launch of the pool as the GEMM: one launch a step, no gh buffer
     written and read back (the per-step path launches a GEMM and a gate loop). The cell must not write src
-    (its new state goes to another buffer: the caller alternates two). Thread split as the panel GEMM's."""
+    (its new state goes to another buffer: the caller alternates two). Thread split as the panel GEMM's; m blocks
+    smaller than its where `threads` would otherwise idle (`_fused_m_blocks`)."""
     U = CPU_FUSED_UNITS
-    P, BT, MB = gates * U, CPU_PANEL_BATCH_TILE, CPU_M_BLOCK
+    BT = CPU_PANEL_BATCH_TILE
     units = K
     nP = cpu_panel_count(units, U)
-    nmb = (M + MB - 1) // MB
+    nmb = _fused_m_blocks(M, D, nP, threads)
     MBe = _even_m_block(M, nmb, BT)
     (acc_tile, tile_size), (acc_row, row_size) = (_panel_accumulate_macro(K, U, bt, gates) for bt in (BT, 1))
     wb_tile, wb_row = write_back(BT), write_back(1)
