@@ -202,7 +202,7 @@ def _run_packed_and_not(monkeypatch, build, args, out_shapes, target=LLVM):
 @pytest.mark.parametrize("H,B,direction,kw", [
     (37, 3, "bidirectional", dict(has_peepholes=True)),
     # hidden 48: whole vectors of units, so the packed loop fuses the gate math into the panel GEMM
-    # (`cpu_fused_panel_macro`): batch 7 (a 4-row tile and 3 single rows), ragged lengths, every option
+    # (`cpu_fused_time_loop_macro`): batch 7 (a 4-row tile and 3 single rows), ragged lengths, every option
     (48, 7, "bidirectional", dict(has_peepholes=True, has_seq_lens=True, clip=2.5)),
     (48, 5, "reverse", dict(input_forget=1, has_seq_lens=True)),
     (32, 6, "forward", dict(activations=("HardSigmoid", "Relu", "Tanh"))),

@@ -10,7 +10,7 @@ Pipeline of one LSTM node (both directions in every launch):
    and the state update, grid (batch, directions, unit chunks) as the GRU's. On the CPU, where R is packed
    into panels (long calls) and hidden is a multiple of 16, a step is ONE launch of the thread pool instead:
    each panel holds 16 units of all 4 gates and its register tiles go straight into the gate math
-   (`step_gemm.cpu_fused_panel_macro`), h alternating between two buffers.
+   (`step_gemm.cpu_fused_time_loop_macro`), h alternating between two buffers.
 
 Per unit j of direction d, batch row b, with a_k = gate_i[.., kH + j] + gh[.., kH + j] (k = i, o, f, c):
     i = f(clip(a_i + P_i c)),  f_ = 1 - i if input_forget else f(clip(a_f + P_f c)),
@@ -39,7 +39,7 @@ from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_packs_r,
                   cpu_unit_chunk, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, time_loop,
                   unit_loops, unit_update)
-from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, cpu_cores, cpu_fused_panel_macro,
+from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, cpu_cores, cpu_fused_time_loop_macro,
                         cpu_parallel_min_macs)
 
 GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
@@ -104,16 +104,16 @@ def activation_fn(spec: LstmSpec, which: int, cpu: bool = False):
 
 
 def cpu_fuses_gates(gpu: bool, sched: StepSchedule, H: int, target=None) -> bool:
-    """Whether a CPU LSTM steps with its gate math fused into the panel GEMM (`step_gemm.cpu_fused_panel_macro`)
+    """Whether a CPU LSTM steps with its gate math fused into the panel GEMM (`step_gemm.cpu_fused_time_loop_macro`)
     when it packs R: a packing recurrence (`gru.cpu_packs_r`) whose hidden size is whole vectors of units."""
     return cpu_packs_r(gpu, sched, 4 * H, target) and H % CPU_FUSED_UNITS == 0
 
 
 def _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H: int, dt: str):
-    """write_back(BT) for `cpu_fused_panel_macro`: the LSTM update of CPU_FUSED_UNITS units of BT batch rows from
-    the panel's gate sums, ops = (GateI, P, Lens, Y, h, h_next, cell, s, seq): within a row's length the cell's
-    math (new_cell / new_hidden of recurrence_func) into cell and h_next, Y[t]; past it h carried to h_next and
-    Y[s] = 0."""
+    """write_back(BT) for `step_gemm.cpu_fused_time_loop_macro`: the LSTM update at step s of CPU_FUSED_UNITS
+    units of BT batch rows from the panel's gate sums, ops = (GateI, P, Lens, Y, cell, seq): within a row's length
+    the cell's math (new_cell / new_hidden of recurrence_func) into cell and h_next, Y[t]; past it h carried to
+    h_next and Y[s] = 0."""
     U = CPU_FUSED_UNITS
 
     def acc_pre(acc, GateI, d, t, b, j, jr, v):
@@ -123,8 +123,8 @@ def _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H: int, dt: 
 
     def write_back(BT: int):
         @T.macro
-        def wb(acc, ops, d, p, m0):
-            GateI, P, Lens, Y, h, h_next, cell, s, seq = T.meta_var(ops)
+        def wb(acc, ops, h, h_next, s, d, p, m0):
+            GateI, P, Lens, Y, cell, seq = T.meta_var(ops)
             # a loop, not unrolled: with the 4 rows' math unrolled the hidden-256 batch-8 step took 26.2 us
             # against 23.1 (2-core Zen 4, 2026-11-27)
             for jr in T.serial(BT):
@@ -232,23 +232,18 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
 
     fused = cpu_fuses_gates(gpu, sched, H, target)
     if fused:
-        fused_step = cpu_fused_panel_macro(D, B, H, 4, _fused_write_back(new_cell, new_hidden, row_length,
-                                                                         is_reverse, H, dt),
-                                           min_macs=min(cpu_parallel_min_macs(target), CPU_PANEL_PARALLEL_MIN_MACS),
-                                           threads=cpu_cores(target))
+        fused_loop = cpu_fused_time_loop_macro(
+            D, B, H, 4, _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H, dt),
+            min_macs=min(cpu_parallel_min_macs(target), CPU_PANEL_PARALLEL_MIN_MACS), threads=cpu_cores(target))
 
     @T.macro
     def steps(R, bufs, seq):
         if fused:
             R_, Rp, packed = T.meta_var(R)
-            if packed:   # one launch a step: the gate math in the panel GEMM's write-back, h in two buffers
+            if packed:   # the gate math in the panel GEMM's write-back, h in two buffers, one launch a call
                 GateI, P, Lens, Y, state, cell, gh = T.meta_var(bufs)
                 h_next = T.alloc_buffer((D, B, H), "float32")
-                for s in range(seq):
-                    if s % 2 == 0:
-                        fused_step(state, Rp, (GateI, P, Lens, Y, state, h_next, cell, s, seq))
-                    else:
-                        fused_step(h_next, Rp, (GateI, P, Lens, Y, h_next, state, cell, s, seq))
+                fused_loop(state, h_next, Rp, (GateI, P, Lens, Y, cell, seq), seq)
                 if seq % 2 == 1:
                     for d, b, j in T.grid(D, B, H):
                         state[d, b, j] = h_next[d, b, j]

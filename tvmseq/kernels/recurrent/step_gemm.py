@@ -715,7 +715,7 @@ def cpu_pack_macro(D: int, G: int, K: int, panel: int = CPU_PANEL, interleave: i
     """TVMScript macro `pack(R, Rp)`: Rp float32 [D, nP, K, panel] from R [D, G, K] (any float dtype), rows
     past G as zeros; nP = ceil(G / panel). With `interleave` U, R's rows are panel // U gates of G / gates units
     each and panel p holds units p * U .. p * U + U - 1 of every gate (U lanes a gate; nP = ceil(units / U)):
-    a panel's sums are then all gates of U units, what a fused gate write-back needs (`cpu_fused_panel_macro`).
+    a panel's sums are then all gates of U units, what a fused gate write-back needs (`cpu_fused_time_loop_macro`).
     Row by row in blocks of CPU_PACK_KB k: one vector read of the row, its elements stored down a
     CPU_PACK_KB-line (4 KB) block of the panel that stays in L1. (k-major order read a cache line from each of
     `panel` rows K floats apart: 4 KB aliasing in L1 at K 1024, 3x slower.)"""
@@ -866,7 +866,7 @@ def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: i
     return _gemm_signature(cpu_thread_split_macro(blocks_macro, D, M, rows, K, parallel, min_macs), bias)
 
 
-# units of one gate in a panel of the fused step (`cpu_fused_panel_macro`): one vector of lanes
+# units of one gate in a panel of the fused step (`cpu_fused_time_loop_macro`): one vector of lanes
 CPU_FUSED_UNITS = CPU_PANEL_LANES
 
 
@@ -886,17 +886,22 @@ def _fused_m_blocks(M, D: int, nP: int, threads: int):
     return T.max((M + MB - 1) // MB, T.min(wanted, (M + BT - 1) // BT))
 
 
-def cpu_fused_panel_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None,
-                          threads: int = 1):
-    """TVMScript macro `step(src, Rp, ops)`: one time step of a cell whose `gates` x K recurrent weights are
-    packed with `cpu_pack_macro(..., interleave=CPU_FUSED_UNITS)` (a panel: CPU_FUSED_UNITS units of every gate):
-    each work item (m block, direction, panel) computes the panel GEMM's register tiles on src [D, M, K] and hands
-    each tile straight to the cell, `write_back(BT)` -> macro `wb(acc, ops, d, p, m0)` with the gate sums of batch
-    rows m0 .. m0 + BT - 1 and units p * U .. in acc[(j * gates + g) * U + v]. The gate math then runs on the
-    thread that computed its sums, in the same launch of the pool as the GEMM: one launch a step, no gh buffer
-    written and read back (the per-step path launches a GEMM and a gate loop). The cell must not write src
-    (its new state goes to another buffer: the caller alternates two). Thread split as the panel GEMM's; m blocks
-    smaller than its where `threads` would otherwise idle (`_fused_m_blocks`)."""
+def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None,
+                              threads: int = 1):
+    """TVMScript macro `loop(h, h_next, Rp, ops, seq)`: the time loop of a cell whose `gates` x K recurrent
+    weights are packed with `cpu_pack_macro(..., interleave=CPU_FUSED_UNITS)` (a panel: CPU_FUSED_UNITS units of
+    every gate). At each step s, each work item (m block, direction, panel) computes the panel GEMM's register tiles
+    on the state src [D, M, K] and hands each tile straight to the cell, `write_back(BT)` -> macro
+    `wb(acc, ops, src, dst, s, d, p, m0)` with the gate sums of batch rows m0 .. m0 + BT - 1 and units p * U .. in
+    acc[(j * gates + g) * U + v]; the cell writes the new state to dst. src / dst are h / h_next at even steps and
+    h_next / h at odd ones (after the loop the last state is in h_next when seq is odd).
+    The gate math runs on the thread that computed its sums (the per-step path launches a GEMM and a gate loop,
+    and writes and reads back gh). Where the step is large enough to split (the panel GEMM's rule, decided once a
+    call for a symbolic M) the whole loop is ONE launch of TVM's thread pool: every thread runs the time loop and
+    its share of each step's work items, with TVM's parallel barrier between steps (codegen's
+    `pragma_parallel_launch_point` / `pragma_parallel_barrier_when_finish`): on the 2-core Zen 4 a barrier costs
+    0.29 us a step against 0.77 for a launch and join. m blocks smaller than CPU_M_BLOCK where `threads` would
+    otherwise idle (`_fused_m_blocks`)."""
     U = CPU_FUSED_UNITS
     BT = CPU_PANEL_BATCH_TILE
     units = K
@@ -908,7 +913,7 @@ def cpu_fused_panel_macro(D: int, M, K: int, gates: int, write_back, min_macs: i
 
     def blocks_macro(loop):
         @T.macro
-        def blocks(src, Rp, ops):
+        def blocks(src, dst, Rp, ops, s):
             for w in loop(nmb * D * nP):
                 mbe: T.int32 = MBe      # bound once a work item, as the panel GEMM's
                 mb = T.meta_var(w // (D * nP))
@@ -919,15 +924,51 @@ def cpu_fused_panel_macro(D: int, M, K: int, gates: int, write_back, min_macs: i
                 for mt in range(mlen // BT):
                     acc = T.alloc_buffer((tile_size,), "float32", scope=CPU_TILE_SCOPE)
                     acc_tile(acc, src, Rp, d, p, m0 + mt * BT)
-                    wb_tile(acc, ops, d, p, m0 + mt * BT)
+                    wb_tile(acc, ops, src, dst, s, d, p, m0 + mt * BT)
                 for mr in range(mlen % BT):
                     acc1 = T.alloc_buffer((row_size,), "float32", scope=CPU_TILE_SCOPE)
                     acc_row(acc1, src, Rp, d, p, m0 + (mlen // BT) * BT + mr)
-                    wb_row(acc1, ops, d, p, m0 + (mlen // BT) * BT + mr)
+                    wb_row(acc1, ops, src, dst, s, d, p, m0 + (mlen // BT) * BT + mr)
 
         return blocks
 
-    return cpu_thread_split_macro(blocks_macro, D, M, gates * units, K, None, min_macs)
+    parallel_blocks, serial_blocks = blocks_macro(T.parallel), blocks_macro(T.serial)
+
+    @T.macro
+    def one_launch(h, h_next, Rp, ops, seq):
+        with T.attr(0, "pragma_parallel_launch_point", 1):
+            for s in range(seq):            # every thread runs the loop; the items of a step are split
+                with T.attr(0, "pragma_parallel_barrier_when_finish", 1):
+                    if s % 2 == 0:
+                        parallel_blocks(h, h_next, Rp, ops, s)
+                    else:
+                        parallel_blocks(h_next, h, Rp, ops, s)
+
+    @T.macro
+    def on_this_thread(h, h_next, Rp, ops, seq):
+        for s in range(seq):
+            if s % 2 == 0:
+                serial_blocks(h, h_next, Rp, ops, s)
+            else:
+                serial_blocks(h_next, h, Rp, ops, s)
+
+    rows = gates * units
+    splits = cpu_parallel(D, M, rows, K, min_macs)
+    decided_per_call = splits and not isinstance(M, int)
+
+    @T.macro
+    def loop(h, h_next, Rp, ops, seq):
+        if decided_per_call:
+            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
+                one_launch(h, h_next, Rp, ops, seq)
+            else:
+                on_this_thread(h, h_next, Rp, ops, seq)
+        elif splits:
+            one_launch(h, h_next, Rp, ops, seq)
+        else:
+            on_this_thread(h, h_next, Rp, ops, seq)
+
+    return loop
 
 
 def cpu_panel_gemm_func(D: int, M, N: int, K: int, panel: int = CPU_PANEL, parallel: bool | None = None,
