@@ -352,3 +352,44 @@ def test_panel_paths_reject_what_they_cannot_compute():
     spec = lstm.LstmSpec(1, 8, 64, 64, "float16", direction="forward")
     with pytest.raises(ValueError, match="packed CPU projection takes float32"):
         proj.cpu_projection_func(spec, resolve("llvm"), panel=True)
+
+
+@pytest.mark.parametrize("cell,kw", [
+    ("GRU", dict(linear_before_reset=0)), ("GRU", dict(linear_before_reset=1)), ("RNN", {}),
+    ("LSTM", dict(has_peepholes=True, input_forget=1)),
+], ids=["gru-lbr0", "gru-lbr1", "rnn", "lstm"])
+def test_one_launch_time_loop_equals_a_launch_a_loop(monkeypatch, cell, kw):
+    """Where the step GEMM splits over threads (here forced at any size), the per-step recurrences run their time
+    loop as one launch of the thread pool with barriers between stages (`gru.cpu_one_launch_steps`): the same
+    outputs, bit for bit, as a launch a loop. Bidirectional, ragged lengths, any batch at batch 6, hidden 40 (R
+    not packed: seq 5 x batch 6 < CPU_PACK_MIN_ROW_STEPS)."""
+    monkeypatch.setattr(step_gemm, "CPU_PARALLEL_MIN_MACS", 1)
+    D, H, B, seq, I = 2, 40, 6, 5, 9
+    module = {"GRU": gru, "RNN": rnn, "LSTM": lstm}[cell]
+    G = {"GRU": 3, "RNN": 1, "LSTM": 4}[cell] * H
+    spec = {"GRU": lambda: gru.GruSpec(D, None, H, I, direction="bidirectional", has_seq_lens=True, **kw),
+            "RNN": lambda: rnn.RnnSpec(D, None, H, I, direction="bidirectional", has_seq_lens=True),
+            "LSTM": lambda: lstm.LstmSpec(D, None, H, I, direction="bidirectional", has_seq_lens=True, **kw)}[cell]()
+    rng = np.random.default_rng(17)
+    lens = np.array([5, 3, 0, 5, 1, 4], np.int32)
+    extra = {"GRU": [rng.uniform(-0.5, 0.5, (D, H)).astype(np.float32)], "RNN": [],
+             "LSTM": [rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32)]}[cell]
+    args = [rng.standard_normal((D, seq, B, G)).astype(np.float32),
+            rng.uniform(-0.3, 0.3, (D, G, H)).astype(np.float32), *extra, lens,
+            rng.standard_normal((D, B, H)).astype(np.float32)]
+    if cell == "LSTM":
+        args.append(rng.standard_normal((D, B, H)).astype(np.float32))
+    shapes = [(seq, D, B, H)] + [(D, B, H)] * (2 if cell == "LSTM" else 1)
+    outs = {}
+    for one_launch in (True, False):
+        if not one_launch:
+            monkeypatch.setattr(module, "cpu_one_launch_steps", lambda step_on_pool, steps, *a, **k: steps)
+        func = module.recurrence_func(spec, LLVM)
+        assert ("pragma_parallel_launch_point" in func.script()) == one_launch
+        mod = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
+        res = [_tensor(np.full(s, np.nan, np.float32)) for s in shapes]
+        mod["main"](*[_tensor(a) for a in args], *res)
+        outs[one_launch] = [r.numpy() for r in res]
+    for a, b in zip(outs[True], outs[False]):
+        np.testing.assert_array_equal(a, b)
+    assert not np.isnan(outs[True][0]).any()

@@ -1045,14 +1045,15 @@ def cpu_pack_at_run_time(seq, M):
 
 
 def cpu_step_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
-                        min_macs: int | None = None):
+                        min_macs: int | None = None, parallel: bool | None = None):
     """TVMScript macro `gemm(src, weights, gh)`, weights = (R, Rp, packed): the panel GEMM on Rp (R packed
     by `cpu_pack_macro`) where `packed` (a Python bool: the caller's time loop comes in a packed and an
     unpacked copy) is True, else `cpu_gemm_macro`'s on R as stored. Both compute gh[0, d, m, row_offset + r]
-    for r < rows. The panel GEMM splits over threads from CPU_PANEL_PARALLEL_MIN_MACS (or `min_macs` if lower)."""
-    lanes_gemm = cpu_gemm_macro(D, M, K, dt, rows, row_offset, lanes, min_macs=min_macs)
+    for r < rows. The panel GEMM splits over threads from CPU_PANEL_PARALLEL_MIN_MACS (or `min_macs` if lower);
+    `parallel` forces both GEMMs' choice (`cpu_thread_split_macro`)."""
+    lanes_gemm = cpu_gemm_macro(D, M, K, dt, rows, row_offset, lanes, parallel=parallel, min_macs=min_macs)
     panel_min = min(min_macs or CPU_PARALLEL_MIN_MACS, CPU_PANEL_PARALLEL_MIN_MACS)
-    panel_gemm = cpu_panel_gemm_macro(D, M, K, rows, row_offset, min_macs=panel_min)
+    panel_gemm = cpu_panel_gemm_macro(D, M, K, rows, row_offset, parallel=parallel, min_macs=panel_min)
 
     @T.macro
     def gemm(src, weights, gh):
