@@ -444,9 +444,11 @@ CPU_PARALLEL_MIN_MACS = 5 << 15
 # ... with many cores a step of a few hundred thousand multiply-adds is already memory-bound on one core (R past
 # its L2) while the others idle: a 16-core Xeon ran batch-1 hidden-512 GRU / LSTM steps (0.8-1M MACs) serially in
 # 15.6 / 19.7 ms per 100 steps against onnxruntime's 2.75 / 3.13 on 16 threads (both ~15 ms on one thread);
-# a launch over 16 threads costs more than over 2. 256K until 2026-11-27, then 128K: a batch-1 hidden-256 GRU
-# (197K a step) took 1.88 ms serial against 1.11 split (onnxruntime 1.24; builds alternated in one process)
-CPU_MANY_CORES, CPU_MANY_CORES_MIN_MACS = 8, 1 << 17
+# a launch over 16 threads costs more than over 2, so this stays at 256K. Tried at 128K (2026-11-27): the batch-1
+# hidden-256 GRU (197K a step) took 1.88 ms serial against 1.11 split with the two builds alternated in one
+# process, but 2.3-3.2 ms split in three runs of `tvmseq bench cpu` (alternating with onnxruntime's 16 threads)
+# against 1.67 serial in the run before: not kept
+CPU_MANY_CORES, CPU_MANY_CORES_MIN_MACS = 8, 1 << 18
 
 
 def cpu_cores(target=None) -> int:
