@@ -383,7 +383,7 @@ def test_one_launch_time_loop_equals_a_launch_a_loop(monkeypatch, cell, kw):
     outs = {}
     for one_launch in (True, False):
         if not one_launch:
-            monkeypatch.setattr(module, "cpu_one_launch_steps", lambda step_on_pool, steps, *a, **k: steps)
+            monkeypatch.setattr(gru, "cpu_one_launch_steps", lambda step_on_pool, steps, *a, **k: steps)
         func = module.recurrence_func(spec, LLVM)
         assert ("pragma_parallel_launch_point" in func.script()) == one_launch
         mod = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)

@@ -426,6 +426,34 @@ def cpu_one_launch_steps(step_on_pool, steps, D: int, B, G: int, H: int, target=
     return run
 
 
+def gemm_then_units_steps(gpu: bool, gemm, update, unpack, pool_stages, D: int, B, G: int, H: int, target=None):
+    """T.macro steps(R, bufs, seq) of a cell whose step is the step GEMM, then one unit kernel (RNN, LSTM): at step s
+    gemm(state, R, gh), then update(Lens, Y, unit_bufs, s, seq), with (state, gh, Lens, Y, unit_bufs) = unpack(bufs).
+    On the CPU `pool_stages()` gives the two built with parallel=True, for the one-launch loop of
+    `cpu_one_launch_steps`."""
+    def step_of(gemm_, update_):
+        @T.macro
+        def step(R, bufs, s, seq):
+            state, gh, Lens, Y, unit_bufs = T.meta_var(unpack(bufs))
+            gemm_(state, R, gh)
+            update_(Lens, Y, unit_bufs, s, seq)
+
+        return step
+
+    step = step_of(gemm, update)
+
+    @T.macro
+    def launch_a_loop(R, bufs, seq):
+        for s in range(seq):
+            step(R, bufs, s, seq)
+
+    if gpu:
+        return launch_a_loop
+    gemm_on_pool, update_on_pool = pool_stages()
+    return cpu_one_launch_steps(step_of(cpu_barrier(gemm_on_pool), cpu_barrier(update_on_pool)), launch_a_loop,
+                                D, B, G, H, target)
+
+
 def unit_update(gpu: bool, NT: int, H: int, dt: str, row_length, is_reverse, step):
     """The unit of a per-step gate kernel (`unit_loops`), the same for every cell: unit(Lens, Y, bufs, s, seq, b,
     d, jc, tx) for unit j = jc * NT + tx of batch row b, direction d at step s: within the row's length
@@ -597,35 +625,34 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
     update_launch = unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
                                                              step_unit if gpu else step_unit_cpu))
 
+    def step_of(zr_gemm, reset, h_gemm, update):
+        @T.macro
+        def step(R, bufs, s, seq):
+            GateI, RbH, Lens, Y, state, gh, rh = T.meta_var(bufs)
+            zr_gemm(state, R, gh)
+            if not lbr:
+                reset(GateI, Lens, state, gh, rh, s, seq)
+                h_gemm(rh, R, gh)
+            update(Lens, Y, (GateI, RbH, state, gh), s, seq)
+
+        return step
+
+    step = step_of(gemm_zr, reset_launch, gemm_h, update_launch)
+
     @T.macro
     def launch_a_loop(R, bufs, seq):
-        GateI, RbH, Lens, Y, state, gh, rh = T.meta_var(bufs)
         for s in range(seq):
-            gemm_zr(state, R, gh)
-            if not lbr:
-                reset_launch(GateI, Lens, state, gh, rh, s, seq)
-                gemm_h(rh, R, gh)
-            update_launch(Lens, Y, (GateI, RbH, state, gh), s, seq)
+            step(R, bufs, s, seq)
 
     steps = launch_a_loop
     if not gpu:   # the same stages in one launch a call where the GEMM splits over threads
-        zr_on_pool = cpu_barrier(step_gemm_plan(gpu, D, B, H, dt, sched, G if lbr else 2 * H, 0, G, target,
-                                                parallel=True)[0])
-        h_on_pool = cpu_barrier(step_gemm_plan(gpu, D, B, H, dt, sched, H, 2 * H, G, target, parallel=True)[0])
-        reset_on_pool = cpu_barrier(unit_loops(gpu, D, B, H, NT, reset_gate_cpu, parallel=True))
-        update_on_pool = cpu_barrier(unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
-                                                                              step_unit_cpu), parallel=True))
-
-        @T.macro
-        def step_on_pool(R, bufs, s, seq):
-            GateI, RbH, Lens, Y, state, gh, rh = T.meta_var(bufs)
-            zr_on_pool(state, R, gh)
-            if not lbr:
-                reset_on_pool(GateI, Lens, state, gh, rh, s, seq)
-                h_on_pool(rh, R, gh)
-            update_on_pool(Lens, Y, (GateI, RbH, state, gh), s, seq)
-
-        steps = cpu_one_launch_steps(step_on_pool, launch_a_loop, D, B, G if lbr else 2 * H, H, target)
+        pool_stages = (step_gemm_plan(gpu, D, B, H, dt, sched, G if lbr else 2 * H, 0, G, target, parallel=True)[0],
+                       unit_loops(gpu, D, B, H, NT, reset_gate_cpu, parallel=True),
+                       step_gemm_plan(gpu, D, B, H, dt, sched, H, 2 * H, G, target, parallel=True)[0],
+                       unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse, step_unit_cpu),
+                                  parallel=True))
+        steps = cpu_one_launch_steps(step_of(*(cpu_barrier(stage) for stage in pool_stages)), launch_a_loop,
+                                     D, B, G if lbr else 2 * H, H, target)
 
     run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target)
 

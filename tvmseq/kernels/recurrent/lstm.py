@@ -36,9 +36,9 @@ except ImportError:  # runtime-only TVM: nothing is built here
 
 from ...errors import TvmseqError
 from ..activations import Activation
-from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_barrier,
-                  cpu_one_launch_steps, cpu_packs_r, cpu_unit_chunk, partial_sum, reverse_fn, row_length_fn,
-                  state_macros, step_gemm_plan, time_loop, unit_loops, unit_update)
+from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_packs_r,
+                  cpu_unit_chunk, gemm_then_units_steps, partial_sum, reverse_fn, row_length_fn, state_macros,
+                  step_gemm_plan, time_loop, unit_loops, unit_update)
 from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, cpu_cores, cpu_fused_time_loop_macro,
                         cpu_parallel_min_macs)
 
@@ -223,26 +223,16 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
     update_launch = unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
                                                              step_unit if gpu else step_unit_cpu))
 
-    @T.macro
-    def launch_a_loop(R, bufs, seq):
-        GateI, P, Lens, Y, state, cell, gh = T.meta_var(bufs)
-        for s in range(seq):
-            gemm(state, R, gh)   # all 4H gate rows in one GEMM
-            update_launch(Lens, Y, (GateI, P, state, cell, gh), s, seq)
+    def pool_stages():   # the CPU's one-launch time loop: both stages on the pool at any size
+        return (step_gemm_plan(gpu, D, B, H, dt, sched, G, 0, G, target, parallel=True)[0],
+                unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse, step_unit_cpu),
+                           parallel=True))
 
-    per_step_launches = launch_a_loop
-    if not gpu:   # the same two stages in one launch a call where the GEMM splits over threads
-        gemm_on_pool = cpu_barrier(step_gemm_plan(gpu, D, B, H, dt, sched, G, 0, G, target, parallel=True)[0])
-        update_on_pool = cpu_barrier(unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
-                                                                              step_unit_cpu), parallel=True))
+    def unpack(bufs):   # gemm(state, R, gh) over all 4H gate rows, then the units on (GateI, P, state, cell, gh)
+        GateI, P, Lens, Y, state, cell, gh = bufs
+        return state, gh, Lens, Y, (GateI, P, state, cell, gh)
 
-        @T.macro
-        def step_on_pool(R, bufs, s, seq):
-            GateI, P, Lens, Y, state, cell, gh = T.meta_var(bufs)
-            gemm_on_pool(state, R, gh)
-            update_on_pool(Lens, Y, (GateI, P, state, cell, gh), s, seq)
-
-        per_step_launches = cpu_one_launch_steps(step_on_pool, launch_a_loop, D, B, G, H, target)
+    per_step_launches = gemm_then_units_steps(gpu, gemm, update_launch, unpack, pool_stages, D, B, G, H, target)
 
     fused = cpu_fuses_gates(gpu, sched, H, target)
     if fused:

@@ -17,9 +17,9 @@ except ImportError:  # runtime-only TVM: nothing is built here
     T = None
 
 from ..activations import Activation
-from .gru import (StepSchedule, _clip_fn, batch_extent, check_spec, cpu_activation, cpu_barrier, cpu_one_launch_steps,
-                  cpu_unit_chunk, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan, time_loop,
-                  unit_loops, unit_update)
+from .gru import (StepSchedule, _clip_fn, batch_extent, check_spec, cpu_activation, cpu_unit_chunk,
+                  gemm_then_units_steps, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan,
+                  time_loop, unit_loops, unit_update)
 
 
 @dataclass(frozen=True)
@@ -75,26 +75,16 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
     update_launch = unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
                                                              step_unit if gpu else step_unit_cpu))
 
-    @T.macro
-    def launch_a_loop(R, bufs, seq):
-        GateI, Lens, Y, state, gh = T.meta_var(bufs)
-        for s in range(seq):
-            gemm(state, R, gh)
-            update_launch(Lens, Y, (GateI, state, gh), s, seq)
+    def pool_stages():   # the CPU's one-launch time loop: both stages on the pool at any size
+        return (step_gemm_plan(gpu, D, B, H, dt, sched, H, 0, H, target, parallel=True)[0],
+                unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse, step_unit_cpu),
+                           parallel=True))
 
-    steps = launch_a_loop
-    if not gpu:   # the same two stages in one launch a call where the GEMM splits over threads
-        gemm_on_pool = cpu_barrier(step_gemm_plan(gpu, D, B, H, dt, sched, H, 0, H, target, parallel=True)[0])
-        update_on_pool = cpu_barrier(unit_loops(gpu, D, B, H, NT, unit_update(gpu, NT, H, dt, row_length, is_reverse,
-                                                                              step_unit_cpu), parallel=True))
+    def unpack(bufs):   # gemm(state, R, gh), then the units on (GateI, state, gh)
+        GateI, Lens, Y, state, gh = bufs
+        return state, gh, Lens, Y, (GateI, state, gh)
 
-        @T.macro
-        def step_on_pool(R, bufs, s, seq):
-            GateI, Lens, Y, state, gh = T.meta_var(bufs)
-            gemm_on_pool(state, R, gh)
-            update_on_pool(Lens, Y, (GateI, state, gh), s, seq)
-
-        steps = cpu_one_launch_steps(step_on_pool, launch_a_loop, D, B, H, H, target)
+    steps = gemm_then_units_steps(gpu, gemm, update_launch, unpack, pool_stages, D, B, H, H, target)
 
     run_steps = time_loop(steps, gpu, dt, D, H, H, B, sched, target)
 
