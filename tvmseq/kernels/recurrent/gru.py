@@ -426,10 +426,18 @@ def cpu_one_launch_steps(step_on_pool, steps, D: int, B, G: int, H: int, target=
     return run
 
 
-def gemm_then_units_steps(gpu: bool, gemm, update, unpack, pool_stages, D: int, B, G: int, H: int, target=None):
+def cpu_steps_on_pool(gpu: bool, sched: StepSchedule) -> bool:
+    """Whether a recurrence's time loop can be one launch of the thread pool (`cpu_one_launch_steps`): on the CPU with
+    the SIMD step GEMMs, whose work is a parallel loop. (A forced tiled GEMM, `sched.tiled`, runs its serial variant:
+    inside a parallel region every thread would run all of it.)"""
+    return not gpu and not sched.tiled
+
+
+def gemm_then_units_steps(gpu: bool, sched: StepSchedule, gemm, update, unpack, pool_stages, D: int, B, G: int,
+                          H: int, target=None):
     """T.macro steps(R, bufs, seq) of a cell whose step is the step GEMM, then one unit kernel (RNN, LSTM): at step s
     gemm(state, R, gh), then update(Lens, Y, unit_bufs, s, seq), with (state, gh, Lens, Y, unit_bufs) = unpack(bufs).
-    On the CPU `pool_stages()` gives the two built with parallel=True, for the one-launch loop of
+    Where `cpu_steps_on_pool`, `pool_stages()` gives the two built with parallel=True, for the one-launch loop of
     `cpu_one_launch_steps`."""
     def step_of(gemm_, update_):
         @T.macro
@@ -447,7 +455,7 @@ def gemm_then_units_steps(gpu: bool, gemm, update, unpack, pool_stages, D: int, 
         for s in range(seq):
             step(R, bufs, s, seq)
 
-    if gpu:
+    if not cpu_steps_on_pool(gpu, sched):
         return launch_a_loop
     gemm_on_pool, update_on_pool = pool_stages()
     return cpu_one_launch_steps(step_of(cpu_barrier(gemm_on_pool), cpu_barrier(update_on_pool)), launch_a_loop,
@@ -645,7 +653,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
             step(R, bufs, s, seq)
 
     steps = launch_a_loop
-    if not gpu:   # the same stages in one launch a call where the GEMM splits over threads
+    if cpu_steps_on_pool(gpu, sched):   # the same stages in one launch a call where the GEMM splits over threads
         pool_stages = (step_gemm_plan(gpu, D, B, H, dt, sched, G if lbr else 2 * H, 0, G, target, parallel=True)[0],
                        unit_loops(gpu, D, B, H, NT, reset_gate_cpu, parallel=True),
                        step_gemm_plan(gpu, D, B, H, dt, sched, H, 2 * H, G, target, parallel=True)[0],

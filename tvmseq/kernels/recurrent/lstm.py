@@ -232,7 +232,7 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
         GateI, P, Lens, Y, state, cell, gh = bufs
         return state, gh, Lens, Y, (GateI, P, state, cell, gh)
 
-    per_step_launches = gemm_then_units_steps(gpu, gemm, update_launch, unpack, pool_stages, D, B, G, H, target)
+    per_step_launches = gemm_then_units_steps(gpu, sched, gemm, update_launch, unpack, pool_stages, D, B, G, H, target)
 
     fused = cpu_fuses_gates(gpu, sched, H, target)
     if fused:

@@ -84,7 +84,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         GateI, Lens, Y, state, gh = bufs
         return state, gh, Lens, Y, (GateI, state, gh)
 
-    steps = gemm_then_units_steps(gpu, gemm, update_launch, unpack, pool_stages, D, B, H, H, target)
+    steps = gemm_then_units_steps(gpu, sched, gemm, update_launch, unpack, pool_stages, D, B, H, H, target)
 
     run_steps = time_loop(steps, gpu, dt, D, H, H, B, sched, target)
 
