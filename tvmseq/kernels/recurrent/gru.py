@@ -33,9 +33,9 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 from ...errors import TvmseqError
 from ..activations import Activation
 from ..projection.gemm import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
-from .step_gemm import (CPU_PANEL, TILED_MIN_BATCH, GemmTile, choose_tile, cpu_gemm_macro, cpu_lanes,
-                        cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile, cpu_panel_count, cpu_parallel,
-                        cpu_parallel_at_run_time, cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro,
+from .step_gemm import (CPU_PANEL, TILED_MIN_BATCH, GemmTile, choose_tile, cpu_barrier, cpu_gemm_macro, cpu_lanes,
+                        cpu_one_launch_loop, cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile,
+                        cpu_panel_count, cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro,
                         normalized, tiled_gemm_macro)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
@@ -383,47 +383,10 @@ def unit_loops(gpu: bool, D: int, B, H: int, NT: int, unit, parallel: bool | Non
     return launch
 
 
-def cpu_barrier(stage):
-    """`stage` (a macro whose work is one T.parallel loop) followed by TVM's parallel barrier: a stage of
-    `cpu_one_launch_steps`'s step."""
-    @T.macro
-    def staged(*args):
-        with T.attr(0, "pragma_parallel_barrier_when_finish", 1):
-            stage(*args)
-
-    return staged
-
-
 def cpu_one_launch_steps(step_on_pool, steps, D: int, B, G: int, H: int, target=None):
-    """T.macro run(R, bufs, seq) for a CPU recurrence: where its step GEMM (B x G x H a direction) splits over
-    threads (`step_gemm.cpu_parallel`, decided once a call for a symbolic batch) the whole time loop is ONE launch
-    of TVM's thread pool, every thread running `step_on_pool(R, bufs, s, seq)` at each step (each of its stages a
-    T.parallel loop followed by a barrier, `cpu_barrier`; the pool's threads take their share of each loop), else
-    `steps(R, bufs, seq)` (a launch per split loop). A barrier costs 0.29 us on the 2-core Zen 4 against 0.77 for
-    a launch and join, and the gate loop goes on the pool with it at any size."""
-    min_macs = cpu_parallel_min_macs(target)
-    splits = cpu_parallel(D, B, G, H, min_macs)
-    decided_per_call = splits and not isinstance(B, int)
-
-    @T.macro
-    def one_launch(R, bufs, seq):
-        with T.attr(0, "pragma_parallel_launch_point", 1):
-            for s in range(seq):
-                step_on_pool(R, bufs, s, seq)
-
-    @T.macro
-    def run(R, bufs, seq):
-        if decided_per_call:
-            if cpu_parallel_at_run_time(D, B, G, H, min_macs):
-                one_launch(R, bufs, seq)
-            else:
-                steps(R, bufs, seq)
-        elif splits:
-            one_launch(R, bufs, seq)
-        else:
-            steps(R, bufs, seq)
-
-    return run
+    """`step_gemm.cpu_one_launch_loop` of a per-step recurrence whose step GEMM is B x G x H a direction: one launch
+    a call where that GEMM splits over threads on `target` (`cpu_parallel_min_macs`), else `steps`."""
+    return cpu_one_launch_loop(step_on_pool, steps, D, B, G, H, cpu_parallel_min_macs(target))
 
 
 def cpu_steps_on_pool(gpu: bool, sched: StepSchedule) -> bool:

@@ -247,7 +247,7 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
             if packed:   # the gate math in the panel GEMM's write-back, h in two buffers, one launch a call
                 GateI, P, Lens, Y, state, cell, gh = T.meta_var(bufs)
                 h_next = T.alloc_buffer((D, B, H), "float32")
-                fused_loop(state, h_next, Rp, (GateI, P, Lens, Y, cell, seq), seq)
+                fused_loop(Rp, (state, h_next, (GateI, P, Lens, Y, cell, seq)), seq)
                 if seq % 2 == 1:
                     for d, b, j in T.grid(D, B, H):
                         state[d, b, j] = h_next[d, b, j]

@@ -489,31 +489,63 @@ def cpu_parallel_at_run_time(D: int, M, rows: int, K: int, min_macs: int | None 
     return M * (D * rows * K) >= (min_macs or CPU_PARALLEL_MIN_MACS)
 
 
+def _split_or_serial(split, serial, D: int, M, rows: int, K: int, parallel: bool | None = None,
+                     min_macs: int | None = None):
+    """TVMScript macro `run(*operands)`: `split(*operands)` (work on TVM's thread pool) where a step of M x rows x K
+    multiply-adds per direction splits from `min_macs` (`cpu_parallel`), else `serial(*operands)`; `parallel` forces
+    one. Decided at build time for an int M and, for a symbolic M that can reach the threshold, each time the macro
+    runs (`cpu_parallel_at_run_time`): at a small batch the pool's launch and join would cost more than the split
+    saves."""
+    splits = cpu_parallel(D, M, rows, K, min_macs) if parallel is None else parallel
+    decided_at_run_time = splits and parallel is None and not isinstance(M, int)
+
+    @T.macro
+    def run(*operands):
+        if decided_at_run_time:
+            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
+                split(*operands)
+            else:
+                serial(*operands)
+        elif splits:
+            split(*operands)
+        else:
+            serial(*operands)
+
+    return run
+
+
 def cpu_thread_split_macro(blocks_macro, D: int, M, rows: int, K: int, parallel: bool | None = None,
                            min_macs: int | None = None):
     """TVMScript macro `blocks(*operands)`: the work loop `blocks_macro(loop)` builds, on TVM's thread pool
-    (loop T.parallel) or on this thread (T.serial). `parallel` forces one; else a step of M x rows x K
-    multiply-adds per direction splits from `min_macs` (`cpu_parallel`), decided at build time for an int
-    M and, for a symbolic M that can reach it, every step (`cpu_parallel_at_run_time`)."""
-    splits = cpu_parallel(D, M, rows, K, min_macs) if parallel is None else parallel
-    # a symbolic batch that can be large enough is checked every step: at a small batch the pool's launch and
-    # join would cost more than the split saves (a forced `parallel` always takes its loop)
-    decided_per_step = splits and parallel is None and not isinstance(M, int)
-    parallel_blocks, serial_blocks = blocks_macro(T.parallel), blocks_macro(T.serial)
+    (loop T.parallel) or on this thread (T.serial), chosen by `_split_or_serial` (for a symbolic M every step)."""
+    return _split_or_serial(blocks_macro(T.parallel), blocks_macro(T.serial), D, M, rows, K, parallel, min_macs)
 
+
+def cpu_barrier(stage):
+    """`stage` (a macro whose work is one T.parallel loop) followed by TVM's parallel barrier: a stage of
+    `cpu_one_launch_loop`'s step."""
     @T.macro
-    def blocks(*operands):
-        if decided_per_step:
-            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
-                parallel_blocks(*operands)
-            else:
-                serial_blocks(*operands)
-        elif splits:
-            parallel_blocks(*operands)
-        else:
-            serial_blocks(*operands)
+    def staged(*args):
+        with T.attr(0, "pragma_parallel_barrier_when_finish", 1):
+            stage(*args)
 
-    return blocks
+    return staged
+
+
+def cpu_one_launch_loop(step_on_pool, serial_loop, D: int, M, rows: int, K: int, min_macs: int | None = None):
+    """T.macro loop(W, bufs, seq) of a CPU recurrence: where its step (M x rows x K multiply-adds a direction) splits
+    over threads (`_split_or_serial`, decided once a call for a symbolic M) the whole time loop is ONE launch of TVM's
+    thread pool, every thread running `step_on_pool(W, bufs, s, seq)` at each step (each of its stages a T.parallel
+    loop followed by a barrier, `cpu_barrier`; the pool's threads take their share of each loop; codegen's
+    `pragma_parallel_launch_point` / `pragma_parallel_barrier_when_finish`), else `serial_loop(W, bufs, seq)`. A
+    barrier costs 0.29 us on the 2-core Zen 4 against 0.77 for a launch and join."""
+    @T.macro
+    def one_launch(W, bufs, seq):
+        with T.attr(0, "pragma_parallel_launch_point", 1):
+            for s in range(seq):            # every thread runs the loop; the work of a step is split
+                step_on_pool(W, bufs, s, seq)
+
+    return _split_or_serial(one_launch, serial_loop, D, M, rows, K, None, min_macs)
 
 
 def _stored_sum(bias: bool):
@@ -890,7 +922,7 @@ def _fused_m_blocks(M, D: int, nP: int, threads: int):
 
 def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None,
                               threads: int = 1):
-    """TVMScript macro `loop(h, h_next, Rp, ops, seq)`: the time loop of a cell whose `gates` x K recurrent
+    """TVMScript macro `loop(Rp, (h, h_next, ops), seq)`: the time loop of a cell whose `gates` x K recurrent
     weights are packed with `cpu_pack_macro(..., interleave=CPU_FUSED_UNITS)` (a panel: CPU_FUSED_UNITS units of
     every gate). At each step s, each work item (m block, direction, panel) computes the panel GEMM's register tiles
     on the state src [D, M, K] and hands each tile straight to the cell, `write_back(BT)` -> macro
@@ -898,12 +930,9 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
     acc[(j * gates + g) * U + v]; the cell writes the new state to dst. src / dst are h / h_next at even steps and
     h_next / h at odd ones (after the loop the last state is in h_next when seq is odd).
     The gate math runs on the thread that computed its sums (the per-step path launches a GEMM and a gate loop,
-    and writes and reads back gh). Where the step is large enough to split (the panel GEMM's rule, decided once a
-    call for a symbolic M) the whole loop is ONE launch of TVM's thread pool: every thread runs the time loop and
-    its share of each step's work items, with TVM's parallel barrier between steps (codegen's
-    `pragma_parallel_launch_point` / `pragma_parallel_barrier_when_finish`): on the 2-core Zen 4 a barrier costs
-    0.29 us a step against 0.77 for a launch and join. m blocks smaller than CPU_M_BLOCK where `threads` would
-    otherwise idle (`_fused_m_blocks`)."""
+    and writes and reads back gh). Where the step is large enough to split (`min_macs`) the whole loop is ONE
+    launch of TVM's thread pool with a barrier a step (`cpu_one_launch_loop`). m blocks smaller than CPU_M_BLOCK
+    where `threads` would otherwise idle (`_fused_m_blocks`)."""
     U = CPU_FUSED_UNITS
     BT = CPU_PANEL_BATCH_TILE
     units = K
@@ -934,43 +963,27 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
 
         return blocks
 
-    parallel_blocks, serial_blocks = blocks_macro(T.parallel), blocks_macro(T.serial)
-
-    @T.macro
-    def one_launch(h, h_next, Rp, ops, seq):
-        with T.attr(0, "pragma_parallel_launch_point", 1):
-            for s in range(seq):            # every thread runs the loop; the items of a step are split
-                with T.attr(0, "pragma_parallel_barrier_when_finish", 1):
-                    if s % 2 == 0:
-                        parallel_blocks(h, h_next, Rp, ops, s)
-                    else:
-                        parallel_blocks(h_next, h, Rp, ops, s)
-
-    @T.macro
-    def on_this_thread(h, h_next, Rp, ops, seq):
-        for s in range(seq):
+    def step_of(blocks):
+        """step s from h into h_next at even steps, back at odd ones (bufs = (h, h_next, ops))"""
+        @T.macro
+        def step(Rp, bufs, s, seq):
+            h, h_next, ops = T.meta_var(bufs)
             if s % 2 == 0:
-                serial_blocks(h, h_next, Rp, ops, s)
+                blocks(h, h_next, Rp, ops, s)
             else:
-                serial_blocks(h_next, h, Rp, ops, s)
+                blocks(h_next, h, Rp, ops, s)
 
-    rows = gates * units
-    splits = cpu_parallel(D, M, rows, K, min_macs)
-    decided_per_call = splits and not isinstance(M, int)
+        return step
+
+    serial_step = step_of(blocks_macro(T.serial))
 
     @T.macro
-    def loop(h, h_next, Rp, ops, seq):
-        if decided_per_call:
-            if cpu_parallel_at_run_time(D, M, rows, K, min_macs):
-                one_launch(h, h_next, Rp, ops, seq)
-            else:
-                on_this_thread(h, h_next, Rp, ops, seq)
-        elif splits:
-            one_launch(h, h_next, Rp, ops, seq)
-        else:
-            on_this_thread(h, h_next, Rp, ops, seq)
+    def on_this_thread(Rp, bufs, seq):
+        for s in range(seq):
+            serial_step(Rp, bufs, s, seq)
 
-    return loop
+    return cpu_one_launch_loop(cpu_barrier(step_of(blocks_macro(T.parallel))), on_this_thread, D, M, gates * units,
+                               K, min_macs)
 
 
 def cpu_panel_gemm_func(D: int, M, N: int, K: int, panel: int = CPU_PANEL, parallel: bool | None = None,
