@@ -4,16 +4,26 @@
 flattened, each in three vectorized passes with the polynomial exp (TVM's legalized softmax ran scalar with one
 libm expf an element on rows of 6625 / 8210 classes: PP-OCR's and ddddocr's heads). Any other softmax (another
 axis, float16, a symbolic row length) is left to TVM.
+
+Integer contractions (ConvInteger / MatMulInteger as `tvmseq.onnx.quantized` imports them: int8/int16 operands,
+int32 sums) with a constant weight become `kernels.integer.pairs` on an x86 target with AVX512BW: a dense NCHW
+conv2d takes its data padded, in channel pairs ([N, C/2, H, W, 2]: a pad, a reshape and a transpose that fuse
+into the op computing the centered activation) and its weight packed once; a matmul [..., M, K] x [K, N] runs as
+the 1 x 1 conv of N channels over M columns, its result transposed back (fused into the dequantizing epilogue).
+Sums bit-identical to the int32 products they replace (each pair's products exact in int16 x int16, wrapped in
+int32 like any int32 sum).
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .cpu_layout import rewrite_functions
+from .kernels.integer import pairs
 from .kernels.softmax.rows import PARALLEL_MIN_ELEMENTS, cpu_softmax_func
 
 MIN_COLUMNS = 8      # shorter rows are left to TVM (a vector is 8-16 lanes)
@@ -21,17 +31,26 @@ MIN_COLUMNS = 8      # shorter rows are left to TVM (a vector is 8-16 lanes)
 
 @mutator
 class _CpuOps(PyExprMutator):
-    def __init__(self, mod, lanes: int):
+    def __init__(self, mod, lanes: int, int_pairs: str | None):
         super().__init__(mod)
         self.softmax = tvm.ir.Op.get("relax.nn.softmax")
+        self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+        self.matmul = tvm.ir.Op.get("relax.matmul")
         self.lanes = lanes
+        self.int_pairs = int_pairs     # "vnni", "avx512bw" or None (no integer kernels)
         self.kernels = {}
         self.changed = 0
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if isinstance(call.op, tvm.ir.Op) and call.op.same_as(self.softmax):
+        if not isinstance(call.op, tvm.ir.Op):
+            return call
+        if call.op.same_as(self.softmax):
             return self._softmax_rows(call)
+        if self.int_pairs and call.op.same_as(self.conv2d):
+            return self._pair_conv(call)
+        if self.int_pairs and call.op.same_as(self.matmul):
+            return self._pair_matmul(call)
         return call
 
     def _softmax_rows(self, call):
@@ -48,8 +67,8 @@ class _CpuOps(PyExprMutator):
         parallel = static_rows is None or static_rows * columns >= PARALLEL_MIN_ELEMENTS
         key = (columns, parallel)
         if key not in self.kernels:
-            self.kernels[key] = self.builder_.add_func(cpu_softmax_func(columns, self.lanes, parallel),
-                                                       f"softmax_rows_{columns}")
+            self.kernels[key] = self._add_kernel(cpu_softmax_func(columns, self.lanes, parallel),
+                                                 f"softmax_rows_{columns}")
         self.changed += 1
         flat = self.builder_.emit(relax.op.reshape(data, [rows, columns]))
         out = self.builder_.emit(relax.call_tir(self.kernels[key], [flat],
@@ -57,14 +76,138 @@ class _CpuOps(PyExprMutator):
         return relax.op.reshape(out, list(values))
 
 
-def cpu_ops(mod: tvm.IRModule, lanes: int = 16) -> tvm.IRModule:
+    # ---- integer contractions ---------------------------------------------------------------------
+    def _pair_conv(self, call):
+        data, weight = call.args
+        a = call.attrs
+        w = _int_constant(weight)
+        if w is None or not _int_operand(data) or str(call.ty.dtype) != "int32" or w.ndim != 4 \
+                or int(a.groups) != 1 or (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != \
+                ("NCHW", "OIHW", "NCHW") or not isinstance(data.ty.shape.values[1], tvm.tirx.IntImm):
+            return call
+        O, C, KH, KW = w.shape
+        top, left, bottom, right = (int(p) for p in a.padding)
+        paired = self._channel_pairs(data, C, [top, bottom, left, right])
+        kernel = self._pair_kernel(C, O, KH, KW, tuple(int(v) for v in a.strides), tuple(int(v) for v in a.dilation))
+        return self._pair_call(kernel, paired, w, call.ty)
+
+    def _pair_matmul(self, call):
+        a, b = call.args
+        w = _int_constant(b)
+        shape = getattr(a.ty, "shape", None)
+        if w is None or w.ndim != 2 or not _int_operand(a) or str(call.ty.dtype) != "int32" or shape is None \
+                or len(shape.values) < 2 or not isinstance(shape.values[-1], tvm.tirx.IntImm):
+            return call
+        K, N = w.shape
+        kernel = self._pair_kernel(K, N, 1, 1, (1, 1), (1, 1))
+        # the rows of a as the columns of a 1 x 1 conv's image (one TE op each way: Relax's reshapes of a symbolic
+        # row count failed RewriteDataflowReshape)
+        paired = self.builder_.emit_te(_rows_as_pairs, a, pairs.pair_count(K), primfunc_name_hint="rows_as_pairs")
+        out = self._pair_call(kernel, paired, w.T.reshape(N, K, 1, 1),
+                              relax.TensorType([1, N, 1, paired.ty.shape.values[3]], "int32"))
+        return self.builder_.emit_te(_columns_as_rows, self.builder_.emit(out), list(call.ty.shape.values),
+                                     primfunc_name_hint="columns_as_rows")
+
+    def _channel_pairs(self, data, C: int, pads):
+        """data [N, C, H, W] (8/16-bit integers) -> int16 [N, ceil(C/2), H + pads, W + pads, 2], the kernel's layout
+        (`pairs.image_pairs_func`; pads: top, bottom, left, right)."""
+        dtype = str(data.ty.dtype)
+        key = ("image_pairs", C, tuple(pads), dtype)
+        if key not in self.kernels:
+            self.kernels[key] = self._add_kernel(pairs.image_pairs_func(C, pads, dtype), f"image_pairs_{C}")
+        N, _, H, W = data.ty.shape.values
+        top, bottom, left, right = pads
+        return self.builder_.emit(relax.call_tir(
+            self.kernels[key], [data],
+            relax.TensorType([N, pairs.pair_count(C), H + top + bottom, W + left + right, 2], "int16")))
+
+    def _pair_kernel(self, C, O, KH, KW, strides, dilation):
+        key = ("pairs", C, O, KH, KW, strides, dilation)
+        if key not in self.kernels:
+            func = pairs.pair_conv2d_func(C, O, KH, KW, strides, dilation, vnni=self.int_pairs == "vnni")
+            self.kernels[key] = self._add_kernel(func, f"pair_conv_{C}_{O}_{KH}x{KW}")
+        return self.kernels[key]
+
+    def _add_kernel(self, func, name: str):
+        """func added under a global symbol of its own (several shapes of one kernel may be in a module)."""
+        gv = self.builder_.add_func(func, name)
+        self.builder_.update_func(gv, func.with_attr("global_symbol", gv.name_hint))
+        return gv
+
+    def _pair_call(self, kernel, paired, weight, out_ty):
+        self.changed += 1
+        packed = relax.const(pairs.pack_weight(weight, pairs.PairTile.for_channels(weight.shape[0])))
+        return relax.call_tir(kernel, [paired, packed], relax.TensorType(out_ty.shape, "int32"))
+
+
+_INT_DTYPES = ("int8", "uint8", "int16")
+
+
+def _rows_as_pairs(a, cp: int):
+    """a [d0, .., M, K] -> int16 [1, ceil(K/2), 1, d0 x .. x M, 2] (zero past K)."""
+    from tvm import te, tirx
+
+    *lead, K = a.shape
+    rows = 1
+    for d in lead:
+        rows = rows * d
+
+    def value(_n, p, _y, m, e):
+        index, rest = [], m
+        for d in reversed(lead):
+            index.append(rest % d)
+            rest = rest // d
+        k = 2 * p + e
+        return tirx.if_then_else(k < K, a[(*reversed(index), tirx.min(k, K - 1))].astype("int16"),
+                                 tirx.const(0, "int16"))
+
+    return te.compute((1, cp, 1, rows, 2), value, name="pairs")
+
+
+def _columns_as_rows(out, shape):
+    """[1, N, 1, M] -> shape [d0, .., N] with M = d0 x .. (the rows back in the matmul's order)."""
+    from tvm import te
+
+    lead = shape[:-1]
+
+    def value(*i):
+        m = 0
+        for d, v in zip(lead, i[:-1]):
+            m = m * d + v
+        return out[0, i[-1], 0, m]
+
+    return te.compute(shape, value, name="rows")
+
+
+def _int_operand(expr) -> bool:
+    return str(getattr(expr.ty, "dtype", "")) in _INT_DTYPES
+
+
+def _int_constant(expr) -> np.ndarray | None:
+    """A constant 8/16-bit integer operand's value, else None (a weight passed in, or wider)."""
+    if isinstance(expr, tvm.ir.GenericConst) and str(expr.value.dtype) in _INT_DTYPES:
+        return expr.value.numpy()
+    return None
+
+
+def _int_pairs(target) -> str | None:
+    """Which pair instructions the llvm target has: "vnni" (vpdpwssd), "avx512bw" (vpmaddwd), or None."""
+    from tvm.target import codegen
+
+    if target.kind.name != "llvm" or not codegen.target_has_features("avx512bw", target):
+        return None
+    return "vnni" if codegen.target_has_features("avx512vnni", target) else "avx512bw"
+
+
+def cpu_ops(mod: tvm.IRModule, lanes: int = 16, int_pairs: str | None = None) -> tvm.IRModule:
     """`mod` with the ops of the module doc replaced by tvmseq's CPU kernels; `mod` itself when none is."""
-    return rewrite_functions(_CpuOps(mod, lanes), mod)
+    return rewrite_functions(_CpuOps(mod, lanes, int_pairs), mod)
 
 
 def cpu_ops_pass(target) -> tvm.transform.Pass:
     """`cpu_ops` as a module pass for an llvm `target` (vectors as wide as its SIMD registers)."""
     from .schedule_cpu import _lanes
 
-    lanes = _lanes(target, "float32")
-    return tvm.transform.module_pass(lambda mod, _ctx: cpu_ops(mod, lanes), opt_level=0, name="TvmseqCpuOps")
+    lanes, int_pairs = _lanes(target, "float32"), _int_pairs(target)
+    return tvm.transform.module_pass(lambda mod, _ctx: cpu_ops(mod, lanes, int_pairs), opt_level=0,
+                                     name="TvmseqCpuOps")

@@ -89,9 +89,9 @@ def _legalize_passes(target, database: Path | None) -> list:
         # their pure ops fuse (50 kernels; one thread, a 512-sample call 0.141 -> 0.091 ms in the VM). Then conv /
         # matmul weights take the layouts the CPU rules vectorize (tvmseq.cpu_layout); reductions whose loops all
         # have extent 1 become plain elementwise blocks: an epilogue inlined into such a reduction is otherwise
-        # added in its init AND its update (tvmseq.schedule_gpu's doc); softmax runs as tvmseq's row kernel
-        # (tvmseq.cpu_ops)
-        passes = [relax.transform.ConvertToDataflow(), weight_layouts_pass(), cpu_ops_pass(target),
+        # added in its init AND its update (tvmseq.schedule_gpu's doc); softmax and integer convs / matmuls run as
+        # tvmseq's kernels (tvmseq.cpu_ops: before the weight layouts, which would transpose the weights it packs)
+        passes = [relax.transform.ConvertToDataflow(), cpu_ops_pass(target), weight_layouts_pass(),
                   *stock.legalize_passes(target),
                   schedule_gpu.unit_reductions_pass(), schedule_pass()]
     at = next((i for i, p in enumerate(passes) if p.info.name in _SCHEDULING_PASSES), len(passes))

@@ -1,0 +1,1 @@
+"""Integer contractions on the CPU (ConvInteger / MatMulInteger after tvmseq.onnx.quantized)."""

@@ -1,0 +1,168 @@
+"""Integer convolutions on the CPU as dot products of int16 pairs (x86 AVX-512).
+
+ONNX ConvInteger / MatMulInteger reach TVM as conv2d / matmul of centered int16 (or int8) operands summed in int32
+(`tvmseq.onnx.quantized`). Legalized and vectorized by `schedule_cpu`, a product is a sign-extending load, a
+`vpmulld` and a `vpaddd` on 16 int32 lanes: one multiply-add a lane an instruction (ddddocr-old-int8's 48 -> 192
+3x3 convs: 1.26 ms each on the 2-core Zen 4, where onnxruntime's VNNI kernels run its whole call in ~5 ms). Here
+two adjacent reduction elements share a 32-bit lane: (a0, a1) . (w0, w1) = a0 w0 + a1 w1, exact (int16 products,
+int32 sums), 32 multiply-adds an instruction: `vpdpwssd` (AVX512-VNNI, into the accumulator) or `vpmaddwd` +
+`vpaddd` (AVX512BW only). A matmul [M, K] x [K, N] runs as the 1 x 1 conv of N output channels over M columns.
+
+Layouts (`pack_weight` packs a constant weight once; the Relax side pads, pairs and transposes the data, ops that
+fuse into the one computing the centered activation, see `tvmseq.cpu_ops`):
+  data   int16 [N, CP, IH, IW, 2]   input channels 2 cp and 2 cp + 1 adjacent, zero padded spatially already
+  weight int16 [OB, KH, KW, CP, V * 16, 2]   V vectors of 16 output channels a block, each lane's channel pair
+  out    int32 [N, O, OH, OW]        NCHW, as the conv it replaces
+
+Work: (image, channel block, output row) items over TVM's thread pool; an item walks its row in register tiles of
+R output columns x V vectors of 16 channels (the `PairTile`), the last R - 1 columns in tiles of 4, 2, 1, the
+weight block staying in the core's cache across the row's tiles. Each column's two channels enter as one 32-bit
+broadcast. Stores go channel by channel (NCHW: 16 lanes a plane apart), one per output against KH x KW x CP / 2
+instructions of products.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+LANES = 16                 # int32 lanes of a 512-bit vector
+REGISTERS = 32             # zmm registers: R x V accumulators + V weight vectors + the broadcast
+
+
+@dataclass(frozen=True)
+class PairTile:
+    """Register tile of the pair conv: `vectors` (V) of 16 output channels x `columns` (R) output columns."""
+    vectors: int
+    columns: int
+
+    @classmethod
+    def for_channels(cls, out_channels: int) -> "PairTile":
+        """The widest channel block (<= 4 vectors) that divides the channels' vectors evenly, then as many columns
+        as the registers hold (at most 8: the tail tiles are 4, 2, 1)."""
+        vectors16 = math.ceil(out_channels / LANES)
+        vectors = next(v for v in (4, 3, 2, 1) if vectors16 % v == 0)
+        return cls(vectors, min(8, (REGISTERS - 2 - vectors) // vectors))
+
+
+def pair_count(channels: int) -> int:
+    return (channels + 1) // 2
+
+
+def pack_weight(weight: np.ndarray, tile: PairTile) -> np.ndarray:
+    """OIHW integer weight -> int16 [OB, KH, KW, CP, V * 16, 2] (zero padded channels)."""
+    O, C, KH, KW = weight.shape
+    V = tile.vectors
+    OB = math.ceil(O / (LANES * V))
+    padded = np.zeros((OB * V * LANES, 2 * pair_count(C), KH, KW), np.int16)
+    padded[:O, :C] = weight
+    return np.ascontiguousarray(
+        padded.reshape(OB, V * LANES, pair_count(C), 2, KH, KW).transpose(0, 4, 5, 2, 1, 3))
+
+
+def pair_conv2d_func(C: int, O: int, KH: int, KW: int, stride=(1, 1), dilation=(1, 1), tile: PairTile | None = None,
+                     vnni: bool = True):
+    """prim_func(data, weight, out) of the module doc: out[n, o, y, x] = sum over (kh, kw, c) of
+    data[n, c // 2, y * sh + kh * dh, x * sw + kw * dw, c % 2] * weight of (o, c, kh, kw), in int32; N, IH, IW,
+    OH, OW symbolic (OH, OW: the caller's, within the padded data)."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    tile = tile or PairTile.for_channels(O)
+    V, R = tile.vectors, tile.columns
+    CP = pair_count(C)
+    OB = math.ceil(O / (LANES * V))
+    SH, SW = stride
+    DH, DW = dilation
+    n, ih, iw, oh, ow = (tirx.Var(name, "int64") for name in ("n", "ih", "iw", "oh", "ow"))
+    assert R > 4, "the tail tiles are 4, 2 and 1 columns"
+
+    def dot(acc, pair, wv):
+        """acc + the pairwise products of the broadcast pair and the 16 weight pairs."""
+        a = T.reinterpret(T.broadcast(pair, LANES), dtype="int16x32")
+        if vnni:
+            return T.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpwssd.512", acc, a, wv)
+        return acc + T.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.pmaddw.d.512", a, wv)
+
+    @T.macro
+    def row_tile(D, Wt, Y, acc, b, ob, y, x0, cols):
+        for i in T.unroll(cols * V):
+            acc[T.ramp(i * LANES, 1, LANES)] = T.broadcast(T.int32(0), LANES)
+        for kh, kw, cp in T.grid(KH, KW, CP):
+            for c in T.unroll(cols):
+                pair = T.meta_var(T.reinterpret(
+                    D.vload([b, cp, y * SH + kh * DH, (x0 + c) * SW + kw * DW, 0], "int16x2"), dtype="int32"))
+                for v in T.unroll(V):
+                    acc[T.ramp((c * V + v) * LANES, 1, LANES)] = dot(
+                        acc[T.ramp((c * V + v) * LANES, 1, LANES)], pair,
+                        Wt.vload([ob, kh, kw, cp, v * LANES, 0], "int16x32"))
+        for c, v, lane in T.grid(cols, V, LANES):
+            if (ob * V + v) * LANES + lane < O:
+                Y[b, (ob * V + v) * LANES + lane, y, x0 + c] = acc[(c * V + v) * LANES + lane]
+
+    @T.prim_func(s_tir=True)
+    def pair_conv(d: T.handle, w: T.handle, out: T.handle):
+        T.func_attr({"global_symbol": "pair_conv", "tirx.noalias": True})
+        D = T.match_buffer(d, (n, CP, ih, iw, 2), "int16")
+        Wt = T.match_buffer(w, (OB, KH, KW, CP, V * LANES, 2), "int16")
+        Y = T.match_buffer(out, (n, O, oh, ow), "int32")
+        with T.sblock("root"):
+            for item in T.parallel(n * OB * oh):
+                acc = T.alloc_buffer((R * V * LANES,), "int32")
+                b = T.meta_var(item // (OB * oh))
+                ob = T.meta_var(item // oh % OB)
+                y = T.meta_var(item % oh)
+                for t in T.serial(ow // R):
+                    row_tile(D, Wt, Y, acc, b, ob, y, t * R, R)
+                # the last ow % R (< 8) columns: tiles of 4, 2, 1 (the rest's bits, highest first)
+                rest = T.meta_var(ow % R)
+                if rest // 4 % 2 == 1:
+                    row_tile(D, Wt, Y, acc, b, ob, y, ow - rest, 4)
+                if rest // 2 % 2 == 1:
+                    row_tile(D, Wt, Y, acc, b, ob, y, ow - rest % 4, 2)
+                if rest % 2 == 1:
+                    row_tile(D, Wt, Y, acc, b, ob, y, ow - 1, 1)
+
+    # opaque to FuseOps (op_pattern 8), as tvmseq's other kernels
+    return pair_conv.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+
+
+def image_pairs_func(C: int, pads, in_dtype: str = "int16"):
+    """prim_func(x, out): x [N, C, H, W] (8/16-bit integers) -> int16 [N, ceil(C/2), H + top + bottom,
+    W + left + right, 2], the data layout of `pair_conv2d_func` (pads: top, bottom, left, right; zeros there and
+    in an odd C's last pair). Padded rows over the thread pool, each copied without a bounds check an element
+    (a TE compute of the same took ~130 us for 48 x 18 x 18 pairs, one thread and a check every element)."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    CP = pair_count(C)
+    top, bottom, left, right = pads
+    n, h, w = (tirx.Var(name, "int64") for name in ("n", "h", "w"))
+
+    @T.prim_func(s_tir=True)
+    def image_pairs(x: T.handle, out: T.handle):
+        T.func_attr({"global_symbol": "image_pairs", "tirx.noalias": True})
+        X = T.match_buffer(x, (n, C, h, w), in_dtype)
+        Y = T.match_buffer(out, (n, CP, h + top + bottom, w + left + right, 2), "int16")
+        with T.sblock("root"):
+            for row in T.parallel(n * CP * (h + top + bottom)):
+                b = T.meta_var(row // (CP * (h + top + bottom)))
+                cp = T.meta_var(row // (h + top + bottom) % CP)
+                y = T.meta_var(row % (h + top + bottom))
+                if y < top or y >= h + top:
+                    for xx, e in T.grid(w + left + right, 2):
+                        Y[b, cp, y, xx, e] = T.int16(0)
+                else:
+                    for xx, e in T.grid(left, 2):
+                        Y[b, cp, y, xx, e] = T.int16(0)
+                    for xx, e in T.grid(right, 2):
+                        Y[b, cp, y, left + w + xx, e] = T.int16(0)
+                    for xx in T.serial(w):
+                        Y[b, cp, y, left + xx, 0] = T.Cast("int16", X[b, 2 * cp, y - top, xx])
+                        if 2 * cp + 1 < C:
+                            Y[b, cp, y, left + xx, 1] = T.Cast("int16", X[b, 2 * cp + 1, y - top, xx])
+                        else:
+                            Y[b, cp, y, left + xx, 1] = T.int16(0)
+
+    return image_pairs.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
