@@ -192,3 +192,64 @@ def test_cpu_ops_runs_float_activations_on_the_polynomial_exp(name):
         assert np.all(got[values >= 88] > 1e38) and np.all(got[values <= -87] < 1.2e-38)
     else:
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-7)
+
+
+@pytest.mark.parametrize("K,N", [(4, 1), (12, 37), (64, 50), (1024, 8210)])
+def test_u8s8_matmul_equals_exact_sums(K, N):
+    """uint8 x int8 quads (vpdpbusd) at every row tail (M = 1 .. 2 x rows + 1), full byte ranges."""
+    from tvmseq.kernels.integer.pairs import PairTile
+    from tvmseq.kernels.integer.quads import pack_quads, u8s8_matmul_func
+
+    _instruction("vnni")
+    rng = np.random.default_rng(K + N)
+    w = rng.integers(-128, 128, (K, N)).astype(np.int8)
+    w[0] = -128                                        # the int8 extremes in every column
+    tile = PairTile.for_channels(N)
+    func = u8s8_matmul_func(K, N, tile.vectors, tile.columns)
+    packed = pack_quads(w, tile.vectors)
+    for M in (range(1, 2 * tile.columns + 2) if K < 1024 else (15,)):
+        a = rng.integers(0, 256, (M, K)).astype(np.uint8)
+        a[0] = 255
+        got = _run(func, "u8s8_matmul", a, packed, out_shape=(M, N), out_dtype="int32")
+        np.testing.assert_array_equal(got, a.astype(np.int64) @ w.astype(np.int64), err_msg=f"rows {M}")
+
+
+def test_shifted_int8_keeps_columns_of_at_most_256_values():
+    from tvmseq.kernels.integer.quads import shifted_int8
+
+    centered = np.array([[-255, 0, 7], [0, 255, 7], [-10, 100, 7]], np.int16)
+    w8, shift = shifted_int8(centered)
+    assert w8.dtype == np.int8
+    np.testing.assert_array_equal(w8.astype(np.int64) + shift, centered)
+    assert shifted_int8(np.array([[-200], [100]], np.int16)) is None     # 301 values apart
+
+
+def test_matmul_integer_of_uint8_runs_on_quads():
+    """ONNX MatMulInteger of uint8 A (scalar zero point) and a constant uint8 B (a zero point per column, so the
+    centered B needs int16): on a VNNI target cpu_ops runs it as quads with the zero points' terms added, and the
+    result equals the exact int32 sums."""
+    import tvm
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm import relax
+
+    import tvmseq
+    from tvmseq.cpu_ops import cpu_ops
+
+    _instruction("vnni")
+    rng = np.random.default_rng(7)
+    K, N = 64, 19
+    b = rng.integers(0, 256, (K, N)).astype(np.uint8)
+    b_zp = rng.integers(0, 256, N).astype(np.uint8)
+    node = helper.make_node("MatMulInteger", ["A", "B", "a_zp", "b_zp"], ["Y"])
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("A", TensorProto.UINT8, ["M", 1, K])],
+                              [helper.make_tensor_value_info("Y", TensorProto.INT32, None)],
+                              [numpy_helper.from_array(v, k) for k, v in
+                               {"B": b, "a_zp": np.array(201, np.uint8), "b_zp": b_zp}.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    mod = cpu_ops(relax.transform.ConvertToDataflow()(tvmseq.from_onnx(model, target="llvm")), int_pairs="vnni")
+    assert any(str(gv.name_hint).startswith("u8s8_matmul") for gv in mod.get_global_vars())
+    compiled = tvmseq.compile_onnx(model, target="llvm")
+    for M in (1, 11):
+        a = rng.integers(0, 256, (M, 1, K)).astype(np.uint8)
+        want = (a.astype(np.int64) - 201) @ (b.astype(np.int64) - b_zp.astype(np.int64))
+        np.testing.assert_array_equal(np.asarray(compiled(A=a)), want)

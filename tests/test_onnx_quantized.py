@@ -225,11 +225,12 @@ def _matmul_integer_model(a_shape, b, a_zp, b_zp):
                   _outputs(("Y", TensorProto.INT32)), {"B": b, "a_zp": a_zp, "b_zp": b_zp})
 
 
-@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (3, 7, 5), (5, 33, 41), (7, 129, 50)])
+@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (3, 7, 5), (5, 33, 41), (7, 129, 50), (9, 64, 37)])
 @pytest.mark.parametrize("b_dtype,b_zp,stored", [(np.int8, 0, "int8"), (np.uint8, 119, "int16")])
 def test_matmul_integer_narrow_weight_is_bit_exact(M, K, N, b_dtype, b_zp, stored):
     """MatMulInteger with uint8 A (zero point 255: A - a_zp down to -255) and B stored narrow: the int32 result
-    equals the exact sum, and onnxruntime's. N = 41, 50: cpu_layout pads the narrow weight's columns."""
+    equals the exact sum, and onnxruntime's. N = 41, 50: cpu_layout pads the narrow weight's columns; K = 64 (a
+    multiple of 4) takes the uint8 x int8 quads on a VNNI CPU (tests/test_cpu_integer.py)."""
     rng = np.random.default_rng(M * 100 + N)
     b = _full_range(rng, b_dtype, (K, N))
     model = _matmul_integer_model(["M", K], b, np.array(255, np.uint8), np.array(b_zp, b_dtype))

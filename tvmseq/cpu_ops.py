@@ -27,7 +27,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .cpu_layout import rewrite_functions
-from .kernels.integer import pairs
+from .kernels.integer import pairs, quads
 from .kernels.softmax.rows import PARALLEL_MIN_ELEMENTS, cpu_softmax_func
 
 MIN_COLUMNS = 8      # shorter rows are left to TVM (a vector is 8-16 lanes)
@@ -40,6 +40,8 @@ class _CpuOps(PyExprMutator):
         self.softmax = tvm.ir.Op.get("relax.nn.softmax")
         self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
         self.matmul = tvm.ir.Op.get("relax.matmul")
+        self.subtract = tvm.ir.Op.get("relax.subtract")
+        self.astype = tvm.ir.Op.get("relax.astype")
         self.activations = {tvm.ir.Op.get(f"relax.{name}"): name for name in ("sigmoid", "tanh", "exp")}
         self.lanes = lanes
         self.int_pairs = int_pairs     # "vnni", "avx512bw" or None (no integer kernels)
@@ -108,6 +110,10 @@ class _CpuOps(PyExprMutator):
                 or len(shape.values) < 2 or not isinstance(shape.values[-1], tvm.tirx.IntImm):
             return call
         K, N = w.shape
+        if self.int_pairs == "vnni":
+            quad = self._quad_matmul(call, a, w)
+            if quad is not None:
+                return quad
         kernel = self._pair_kernel(K, N, 1, 1, (1, 1), (1, 1))
         # the rows of a as the columns of a 1 x 1 conv's image (one TE op each way: Relax's reshapes of a symbolic
         # row count failed RewriteDataflowReshape)
@@ -116,6 +122,57 @@ class _CpuOps(PyExprMutator):
                               relax.TensorType([1, N, 1, paired.ty.shape.values[3]], "int32"))
         return self.builder_.emit_te(_columns_as_rows, self.builder_.emit(out), list(call.ty.shape.values),
                                      primfunc_name_hint="columns_as_rows")
+
+    def _quad_matmul(self, call, a, w):
+        """a = uint8 x (less a scalar zero point z) times the constant centered w: sum x * w8 on `quads` plus
+        shift[n] * sum_k x - z * sum_k w[k, n] (exact in int32), or None where a is not so made or w does not shift
+        into int8 (module doc of `kernels.integer.quads`)."""
+        source = self._uint8_source(a)
+        shifted = quads.shifted_int8(w)
+        K, N = w.shape
+        if source is None or shifted is None or K % quads.QUAD:
+            return None
+        x, zero_point = source
+        w8, shift = shifted
+        lead = list(x.ty.shape.values[:-1])
+        rows = math.prod(lead)
+        x2 = self.builder_.emit(relax.op.reshape(x, [rows, K]))
+        key = ("quads", K, N)
+        tile = pairs.PairTile.for_channels(N)
+        if key not in self.kernels:
+            self.kernels[key] = self._add_kernel(quads.u8s8_matmul_func(K, N, tile.vectors, tile.columns),
+                                                 f"u8s8_matmul_{K}_{N}")
+        self.changed += 1
+        product = self.builder_.emit(relax.call_tir(self.kernels[key], [x2, relax.const(quads.pack_quads(w8, tile.vectors))],
+                                                    relax.TensorType([rows, N], "int32")))
+        row_sums = relax.op.sum(relax.op.astype(x2, "int32"), axis=[1], keepdims=True)
+        out = relax.op.add(product, relax.op.multiply(row_sums, relax.const(shift.astype(np.int32))))
+        if zero_point is not None:
+            column_sums = w.astype(np.int64).sum(axis=0).astype(np.int32)   # wraps as the int32 sums do
+            out = relax.op.subtract(out, relax.op.multiply(relax.op.astype(zero_point, "int32"),
+                                                           relax.const(column_sums)))
+        return relax.op.reshape(self.builder_.emit(out), list(call.ty.shape.values))
+
+    def _uint8_source(self, a):
+        """(x, z) when a is uint8 x itself (z None) or astype(x, int16) - z with z of one element, else None."""
+        if str(a.ty.dtype) == "uint8":
+            return a, None
+        value = self._bound(a)
+        if not (isinstance(value, relax.Call) and value.op.same_as(self.subtract)):
+            return None
+        lhs, zero_point = (self._bound(v) for v in value.args)
+        if not (isinstance(lhs, relax.Call) and lhs.op.same_as(self.astype)
+                and str(lhs.args[0].ty.dtype) == "uint8"):
+            return None
+        z_shape = getattr(zero_point.ty, "shape", None)
+        if z_shape is None or any(not (isinstance(d, tvm.tirx.IntImm) and int(d) == 1) for d in z_shape.values):
+            return None
+        return lhs.args[0], value.args[1]
+
+    def _bound(self, expr):
+        """The value a dataflow variable is bound to (itself when it is none)."""
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+        return expr if value is None else value
 
     def _channel_pairs(self, data, C: int, pads):
         """data [N, C, H, W] (8/16-bit integers) -> int16 [N, ceil(C/2), H + pads, W + pads, 2], the kernel's layout
