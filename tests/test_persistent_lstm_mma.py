@@ -69,6 +69,10 @@ CPU_CASES = [
     (1, 19, 67, "float32", "reverse", None, 0.7, True, 1, False, (8, 4, 32, 0, 1, 0, 1)),  # half_stage
     (2, 19, 100, "float32", "bidirectional", None, None, True, 0, True,
      (8, 4, 16, 0, 2, 0, 0, 0, 0, 0, 13, 1, 1)),                                     # lstm_cluster_config's pick
+    (1, 11, 70, "float16", "forward", None, None, True, 0, True,
+     (32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1, 4)),                         # n split: 2 k-groups x 4 warps
+    (2, 9, 45, "float16", "bidirectional", None, 0.8, True, 1, False,
+     (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1, 2)),                         # n split 2, padded units and k
 ]
 
 
@@ -103,7 +107,8 @@ def _spec(D, B, H, dtype="float16", **kw):
 @pytest.mark.parametrize("D,B,H,dtype,path", [
     (1, 64, 512, "float16", "persistent_mma"), (2, 256, 128, "float16", "persistent_mma"),
     (1, 8, 256, "float16", "persistent_mma"),    # the GRU database: the staged kernel beat the engine there
-    (1, 64, 256, "float32", "persistent_mma"), (1, 8, 512, "float16", "persistent"),
+    (1, 64, 256, "float32", "persistent_mma"),
+    (1, 8, 512, "float16", "persistent_mma"),    # the n split: measured faster than the engine (database)
     (1, 8, 512, "float32", "persistent"), (1, 256, 1024, "float32", "per_step"),
     (1, 19, 100, "float32", "persistent_mma"), (2, 67, 37, "float16", "persistent_mma"),   # lstm_cluster_config
     (1, 8, 128, "float32", "persistent_mma"),    # the LSTM's own sweep: the staged kernel beat the engine there
@@ -144,8 +149,10 @@ def test_requested_mma_path_and_configs():
     (2, 256, 128, (16, 4, 16, 0, 16, 0, 0, 0, 0, 0, 8, 1, 1)),  # 8 units a block would need 512 blocks
     (1, 9, 200, (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1)),
     (2, 67, 37, (8, 4, 16, 0, 5, 0, 0, 0, 0, 0, 5, 1, 1)),
-    (1, 7, 128, None), (1, 8, 257, None), (2, 1024, 256, None),  # batch below 8, 17 groups, too many blocks
-])
+    (1, 8, 512, (32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 4)),  # 32 units, warps split k 2 x gate rows 4
+    (2, 13, 257, (32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 9, 1, 1, 4)),  # 17 groups of 16 units: 9 of 32
+    (1, 7, 128, None), (1, 24, 512, None), (1, 8, 600, None), (2, 1024, 256, None),  # batch below 8 / above 16
+])                                                               # for 32 units, 19 groups, too many blocks
 def test_lstm_cluster_config(D, B, H, knobs):
     """The small-hidden LSTM rule (measured winners of schedules/plstm_sweep.py): its configs fit the H100."""
     from tvmseq.kernels.recurrent_gemm import gpu_facts

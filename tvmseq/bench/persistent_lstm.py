@@ -87,6 +87,8 @@ MMA_TEST_CASES = [
     (2, 64, 256, "float32", "bidirectional", None, 0.8, True, 1, True, None),
     (1, 64, 512, "float32", "forward", None, None, True, 0, True, None),      # image, cluster 2
     (1, 19, 100, "float32", "reverse", None, 0.7, True, 1, True, None),       # lstm_cluster_config: 13-block dsmem
+    (1, 11, 300, "float16", "forward", None, None, True, 0, True, None),      # the n split: 10 blocks of 32 units
+    (2, 9, 500, "float16", "bidirectional", None, 0.9, True, 1, False, None),  # n split, 2 clusters of 16
 ]
 
 

@@ -164,6 +164,10 @@ class MmaConfig:
                      on no other block, so clusters run independently, the launch is not cooperative, and the
                      step's hand-off costs a cluster barrier (cluster-scope release/acquire of the state written to
                      global memory) instead of a grid-wide one; with image, the state copies multicast over it
+    n_split:         (float16 with dsmem) warps split the gate rows n_split ways as well as k: num_warps / n_split
+                     k-groups of n_split warps, each warp holding the B fragments of its k-slice for 1 / n_split of
+                     the block's n8 tiles, so a block of many units (32: an LSTM's 128 gate rows at hidden 512 in a
+                     cluster of 16) keeps R in registers without every warp accumulating all its gate rows
     dsmem:           (with cluster_sync, one chunk a block a step) no state in global memory and no barrier a step:
                      a block sends each new state element straight into the staging slot of every block of its
                      cluster by st.async (distributed shared memory), which completes on the receiver's mbarrier of
@@ -191,13 +195,14 @@ class MmaConfig:
     cluster: int = 1
     cluster_sync: bool = False
     dsmem: bool = False
+    n_split: int = 1
 
     # the compact form the sweeps, the tuning script and the GPU test cases write a config in: (units, warps,
     # rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk[, image[, cluster[, cluster_sync[,
-    # dsmem]]]]]]]]]]), 0/1 switches
+    # dsmem[, n_split]]]]]]]]]]]), 0/1 switches
     _OPTIONAL = (("pipeline", False), ("batch_split", 1), ("flags", False), ("half_stage", False),
                  ("early_gate", False), ("bulk", False), ("image", False), ("cluster", 1), ("cluster_sync", False),
-                 ("dsmem", False))
+                 ("dsmem", False), ("n_split", 1))
 
     @classmethod
     def of(cls, knobs) -> "MmaConfig":
@@ -226,11 +231,14 @@ class MmaGeometry:
     NW = property(lambda self: self.cfg.num_warps)
     NT = property(lambda self: 32 * self.NW)
     G = property(lambda self: math.ceil(self.H / self.UB))              # blocks per direction
-    Hp = property(lambda self: math.ceil(self.H / (16 * self.NW)) * 16 * self.NW)  # k padded to warps x 16
-    KW = property(lambda self: self.Hp // self.NW)                     # k per warp
+    NS = property(lambda self: self.cfg.n_split)                       # warps sharing a k-slice (n split)
+    KG = property(lambda self: self.NW // self.NS)                     # k-groups (warps of one k-slice)
+    Hp = property(lambda self: math.ceil(self.H / (16 * self.KG)) * 16 * self.KG)  # k padded to k-groups x 16
+    KW = property(lambda self: self.Hp // self.KG)                     # k per warp (per k-group)
     KTW = property(lambda self: self.KW // 16)                         # k16 tiles per warp
     NGU = property(lambda self: self.NG * self.UB)                     # gate rows (n) per block
     NN = property(lambda self: self.NGU // 8)                          # n8 tiles per block
+    NNW = property(lambda self: self.NN // self.NS)                    # n8 tiles per warp
     MC = property(lambda self: min(self.cfg.chunk_rows, math.ceil(self.B / 16) * 16))
     MT = property(lambda self: self.MC // 16)                          # m16 tiles per chunk
     BS = property(lambda self: self.cfg.batch_split)
@@ -263,7 +271,7 @@ class MmaGeometry:
         if self.SIMT:   # accumulators, the state operands (4 a row) and the W operands (4 a gate row)
             product = self.CPL + 4 * self.MC // 16 + 2 * self.NGU
         else:           # B fragments (R), accumulators, the A fragment
-            product = self.KTW * self.NN * 2 + self.MT * self.NN * 4 + 4
+            product = self.KTW * self.NNW * 2 + self.MT * self.NNW * 4 + 4
         # LSTM: the cell state of each item beside h, the i, o, f peepholes of its unit and the gate math's
         # temporaries (ptxas, sm_90a: 16-unit blocks at hidden 1024 estimated 215 took 254 registers without
         # spills, estimated 219 and 227 spilled; _LSTM_TEMPS puts those two over the cap)
@@ -272,7 +280,7 @@ class MmaGeometry:
 
     def smem_bytes(self) -> int:
         weights = 4 * self.NGU * self.WROW if self.SIMT else 0
-        return self.ESZ * self.SLOTS * self.NW * self.REGION + 4 * self.NW * self.MC * self.NGU + weights
+        return self.ESZ * self.SLOTS * self.KG * self.REGION + 4 * self.KG * self.MC * self.NGU + weights
 
     def check(self, facts) -> str | None:
         """Why this geometry cannot run (one resident block per SM), or None."""
@@ -280,6 +288,10 @@ class MmaGeometry:
         if c.units_per_block < 8 or c.units_per_block % 8 or c.num_warps < 1 or c.chunk_rows < 16 \
                 or c.chunk_rows % 16 or c.batch_split < 1:
             return f"config {c}: units_per_block must be a multiple of 8, chunk_rows of 16, batch_split >= 1"
+        if c.n_split < 1 or self.NW % c.n_split or self.NN % c.n_split:
+            return f"config {c}: n_split must divide the warps ({self.NW}) and the block's n8 tiles ({self.NN})"
+        if c.n_split > 1 and (self.SIMT or not c.dsmem):
+            return f"config {c}: n_split is for the float16 product with the state handed over in dsmem"
         if self.SIMT and self.MC not in (16, 32):
             return f"config {c}: the float32 product needs 16 or 32 chunk rows (lanes x rows)"
         if c.bulk and self.HALF:
@@ -314,7 +326,7 @@ class MmaGeometry:
         cap = min(_MAX_REGS, facts.regs_per_sm // (self.NT * per_sm))
         if self.regs_estimate() > cap:
             what = (f"{self.CPL} accumulators, {2 * self.NGU} W operands" if self.SIMT else
-                    f"B fragments {self.KTW}x{self.NN}, accumulators {self.MT}x{self.NN}")
+                    f"B fragments {self.KTW}x{self.NNW}, accumulators {self.MT}x{self.NNW}")
             return f"~{self.regs_estimate()} registers per thread ({what}) > {cap} ({per_sm} block(s) per SM)"
         smem_cap = facts.smem_per_block if per_sm == 1 else (facts.smem_per_block + 1024) // per_sm - 1024
         if self.smem_bytes() > smem_cap:
@@ -412,6 +424,9 @@ def wide_block_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
 
 # the smallest LSTM batch `lstm_cluster_config` was measured at
 LSTM_CLUSTER_MIN_BATCH = 8
+# its 32-unit blocks with the n split: measured at batch 8 (fp16 H512 B8 recurrence 2.17 us a step on the SIMT engine,
+# 1.81 in a cluster of 16 such blocks; schedules/plstm_sweep.py's harness, 2026-11-27)
+N_SPLIT_UNITS, N_SPLIT_MAX_BATCH = 32, 16
 
 
 def lstm_cluster_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
@@ -421,7 +436,10 @@ def lstm_cluster_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
     config and the GRU-derived staged picks (schedules/plstm_sweep.py, artifacts/bench/plstm_sweep.json.gz, recurrence
     us a step, the best other kernel in brackets): fp16 H128 B8 0.81 (engine 1.70), B64 1.21 (2.40), B256 1.54
     (2.85), bi B256 1.99 (3.85); fp32 H128 B8 1.59 (engine 1.69), B32 1.88 (2.96), B64 1.89 (2.89), bi B64 2.89
-    (3.91); fp16 H256 B8 1.27 (1.86). None where it does not apply or fit."""
+    (3.91); fp16 H256 B8 1.27 (1.86). Past 16 groups of 16 units (hidden 257-512) at batch <= 16: 32-unit blocks whose
+    8 warps split k 2 ways and the gate rows 4 ways (`n_split`: the 128 KB of R a block holds stays in registers
+    without 128 gate rows of accumulators a warp), fp16 H512 B8 1.81 (engine 2.17). None where it does not apply or
+    fit."""
     if B < LSTM_CLUSTER_MIN_BATCH:
         return None
     split = math.ceil(B / 16)
@@ -429,6 +447,12 @@ def lstm_cluster_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
         groups = math.ceil(H / units)
         if 2 <= groups <= CLUSTER_SYNC_MAX and D * groups * split <= 2 * facts.num_sms:
             return MmaConfig(units, 4, 16, batch_split=split, cluster=groups, cluster_sync=True, dsmem=True)
+    # up to hidden 512 at batch <= 16: 32 units a block, the warps split 2 (k) x 4 (gate rows) (`n_split`), float16
+    # only (the check refuses it for float32, whose other rules then apply)
+    groups = math.ceil(H / N_SPLIT_UNITS)
+    if B <= N_SPLIT_MAX_BATCH and 2 <= groups <= CLUSTER_SYNC_MAX and D * groups * split <= 2 * facts.num_sms:
+        return MmaConfig(N_SPLIT_UNITS, 8, 16, batch_split=split, cluster=groups, cluster_sync=True, dsmem=True,
+                         n_split=4)
     return None
 
 
@@ -603,6 +627,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     geo = checked_geometry("mma", cell, D, B, H, cfg, lambda c: MmaGeometry(D, B, H, NG, c, dtype),
                            rg.gpu_facts(target) if gpu else None)
     UB, NW, NT, G, Hp, KW, KTW = geo.UB, geo.NW, geo.NT, geo.G, geo.Hp, geo.KW, geo.KTW
+    KG, NS, NNW = geo.KG, geo.NS, geo.NNW   # k-groups, warps of a k-group (n split), n8 tiles a warp
     NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
                                                  geo.ITEMS, geo.FI)
     BS, NCB = geo.BS, geo.NCB
@@ -615,7 +640,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     MCS, CSYNC = (CS if IMAGE else 1), cfg.cluster_sync
     DSMEM = cfg.dsmem and gpu   # the CPU variant has no staging: the same numerics through hbuf
     # one half of the state double buffer (dtype): [D, Bp, Hp], or the staging image [D, NCH, NW, PARTS, MC, SROW]
-    buf_words = D * Bp * (NW * PARTS * SROW if IMAGE else Hp)
+    buf_words = D * Bp * (KG * PARTS * SROW if IMAGE else Hp)
 
     f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip)
 
@@ -628,29 +653,30 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
 
     def hidx(buf, d, b, k):
         if IMAGE:   # row b % MC of chunk b // MC, column k % KP of k half (k % KW) // KP of warp k // KW's slice
-            region = (d * NCH + b // MC) * NW + k // KW
+            region = (d * NCH + b // MC) * KG + k // KW
             return buf * buf_words + ((region * PARTS + k % KW // KP) * MC + b % MC) * SROW + k % KP
         return buf * buf_words + (d * Bp + b) * Hp + k
 
     def soff(slot, w, row, part):
-        """Offset in the staging buffer of row `row`, k half `part` of warp w's region in slot `slot`
-        (half_stage: both halves go to column 0 in turn)."""
+        """Offset in the staging buffer of row `row`, k half `part` of k-group w's region in slot `slot`
+        (half_stage: both halves go to column 0 in turn; without an n split a k-group is a warp)."""
         if IMAGE:
-            return (slot * NW + w) * REGION + (part * MC + row) * SROW
-        return (slot * NW + w) * REGION + row * SROW + (0 if HALF else part * KP)
+            return (slot * KG + w) * REGION + (part * MC + row) * SROW
+        return (slot * KG + w) * REGION + row * SROW + (0 if HALF else part * KP)
 
     # ---- set-up ---------------------------------------------------------------------------------
     @T.macro
     def load_b_fragments(Rw, bfrag, d, g, w, lane):
-        """bfrag[(kt * NN + nt) * 4 + i]: the m16n8k16 B fragment (k x n = R^T) of k tile kt, n tile nt:
-        lane holds n = lane / 4, k = 2 (lane % 4) + i % 2 + 8 (i / 2)."""
+        """bfrag[(kt * NNW + nt) * 4 + i]: the m16n8k16 B fragment (k x n = R^T) of k tile kt, n tile nt of warp
+        w's share (k-group w / NS, n tiles from (w % NS) * NNW): lane holds n = lane / 4, k = 2 (lane % 4) + i % 2 +
+        8 (i / 2)."""
         for kt in unroll(KTW):
-            for nt in unroll(NN):
+            for nt in unroll(NNW):
                 for i in unroll(4):
-                    col = T.meta_var(nt * 8 + lane // 4)
-                    k = T.meta_var(w * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 2))
+                    col = T.meta_var((w % NS * NNW + nt) * 8 + lane // 4)
+                    k = T.meta_var(w // NS * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 2))
                     unit = T.meta_var(g * UB + col % UB)
-                    bfrag[(kt * NN + nt) * 4 + i] = T.if_then_else(
+                    bfrag[(kt * NNW + nt) * 4 + i] = T.if_then_else(
                         unit < H and k < H, Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
 
     PADC = Hp - G * UB     # padding columns past the last block's units
@@ -851,9 +877,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
 
     @T.macro
     def product_gpu(stage, mbar, bfrag, afrag, acc, red, slot, w, lane, phase):
-        """Partial sums of warp w over its k-slice of the chunk in staging slot `slot`: acc (C fragments) ->
-        red[w, row, gate row]."""
-        for v in unroll(MT * NN * 4):
+        """Partial sums of warp w over its k-slice of the chunk in staging slot `slot`, for its n tiles: acc (C
+        fragments) -> red[k-group, row, gate row] (k-group w / NS, n tiles from (w % NS) * NNW)."""
+        for v in unroll(MT * NNW * 4):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
             if not DSMEM:   # dsmem: the slot's mbarrier was waited on at the start of the step
@@ -862,21 +888,21 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 for mt in unroll(MT):
                     T.evaluate(T.ptx_legacy.ldmatrix(
                         False, 4, ".b16", afrag.data, 0, stage.access_ptr("r"),
-                        soff(slot, w, mt * 16 + lane % 16, part) + kp * 16 + 8 * (lane // 16), dtype="float16"))
-                    for nt in unroll(NN):
+                        soff(slot, w // NS, mt * 16 + lane % 16, part) + kp * 16 + 8 * (lane // 16), dtype="float16"))
+                    for nt in unroll(NNW):
                         T.evaluate(T.ptx_legacy.mma(
                             "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, 0, bfrag.data,
-                            ((part * KTW // PARTS + kp) * NN + nt) * 4, acc.data, (mt * NN + nt) * 4, False,
+                            ((part * KTW // PARTS + kp) * NNW + nt) * 4, acc.data, (mt * NNW + nt) * 4, False,
                             dtype="float32"))
         T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
         for mt in unroll(MT):
-            for nt in unroll(NN):
+            for nt in unroll(NNW):
                 for h in unroll(2):   # C fragment halves: rows lane / 4 and + 8, columns (lane % 4) * 2 + 0, 1
                     row = T.meta_var(mt * 16 + lane // 4 + 8 * h)
-                    col = T.meta_var(nt * 8 + (lane % 4) * 2)
+                    col = T.meta_var((w % NS * NNW + nt) * 8 + (lane % 4) * 2)
                     T.ptx["st.shared.v2.f32"](
-                        red.access_ptr("w", offset=(w * MC + row) * NGU + red_col(row, col), extent=2),
-                        *[acc[(mt * NN + nt) * 4 + 2 * h + e] for e in range(2)])
+                        red.access_ptr("w", offset=(w // NS * MC + row) * NGU + red_col(row, col), extent=2),
+                        *[acc[(mt * NNW + nt) * 4 + 2 * h + e] for e in range(2)])
 
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
 
@@ -918,7 +944,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     @T.macro
     def product_cpu(hbuf, Rw, red, buf, d, g, c):
         """The same partial sums with serial loops (float32 products of the fp16 state and R)."""
-        for w, row, col in T.grid(NW, MC, NGU):
+        for w, row, col in T.grid(KG, MC, NGU):
             at = T.meta_var((w * MC + row) * NGU + red_col(row, col))
             red[at] = T.float32(0)
             for k in T.serial(KW):
@@ -930,7 +956,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
 
     def gate_sum(red, row, col):
         total = red[row * NGU + red_col(row, col)]
-        for w in range(1, NW):
+        for w in range(1, KG):
             total = total + red[(w * MC + row) * NGU + red_col(row, col)]
         return total
 
@@ -1003,7 +1029,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         T.evaluate(T.cuda.func_call("tvmseq_flags_wait", T.address_of(flags[(d * BS + q) * G + T.min(w * KW // UB, G - 1)]),
                                     T.max(T.min(PW, G - w * KW // UB), 0), s, source_code=_WAIT_SRC))
 
-    serial_kernel = serial_variant(D, G, BS, NT, NCB, FI, NW * MC * NGU, LSTM, PEEP, seed_state, load_peepholes,
+    serial_kernel = serial_variant(D, G, BS, NT, NCB, FI, KG * MC * NGU, LSTM, PEEP, seed_state, load_peepholes,
                                    prefetch, product_cpu, finish, final_state)
 
     # ---- the kernel (`gpu` picks the branch while the script is parsed: one body for both), a GRU / RNN or an
@@ -1020,10 +1046,10 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                   for t in T.thread_binding(NT, thread="threadIdx.x"):
                     # __launch_bounds__(NT, blocks per SM): ptxas must leave room for a second block of a split
                     with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", PER_SM):
-                      stage = T.alloc_buffer((SLOTS * NW * REGION,), dtype, scope="shared.dyn")
-                      red = T.alloc_buffer((NW * MC * NGU,), "float32", scope="shared.dyn")
+                      stage = T.alloc_buffer((SLOTS * KG * REGION,), dtype, scope="shared.dyn")
+                      red = T.alloc_buffer((KG * MC * NGU,), "float32", scope="shared.dyn")
                       hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
-                      acc = T.alloc_buffer((CPL if SIMT else MT * NN * 4,), "float32", scope="local")
+                      acc = T.alloc_buffer((CPL if SIMT else MT * NNW * 4,), "float32", scope="local")
                       gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
                       if LSTM:
                           cst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
@@ -1039,7 +1065,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                           hv = T.alloc_buffer((4 * RPL,), "float32", scope="local")
                           wv = T.alloc_buffer((4 * CW,), "float32", scope="local")
                       else:
-                          bfrag = T.alloc_buffer((KTW * NN * 4,), "float16", scope="local")
+                          bfrag = T.alloc_buffer((KTW * NNW * 4,), "float16", scope="local")
                           afrag = T.alloc_buffer((8,), "float16", scope="local")
                       d = T.meta_var(gb // (G * BS))
                       # a cluster's blocks share the batch chunks (q) and own consecutive unit groups (g)
@@ -1053,8 +1079,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       in_bytes = T.meta_var(T.max(T.min(B - q * MC, MC), 0) * (H if SIMT else (H + 1) // 2) * 4)
                       if DSMEM:   # slots zeroed (padding stays zero), each slot's mbarrier initialised and armed for
                           # its first state (h0 in slot 0, h1 in slot 1) before any peer sends into it
-                          for i in T.serial(math.ceil(SLOTS * NW * REGION / NT)):
-                              if i * NT + t < SLOTS * NW * REGION:
+                          for i in T.serial(math.ceil(SLOTS * KG * REGION / NT)):
+                              if i * NT + t < SLOTS * KG * REGION:
                                   stage[i * NT + t] = T.Cast(dtype, 0)
                           if t == 0:
                               for slot in T.serial(2):
