@@ -11,11 +11,11 @@ element, scalar (ddddocr's conv epilogues with a SiLU: 0.2 -> 0.04 ms each on 2 
 
 Integer contractions (ConvInteger / MatMulInteger as `tvmseq.onnx.quantized` imports them: int8/int16 operands,
 int32 sums) with a constant weight become `kernels.integer.pairs` on an x86 target with AVX512BW: a dense NCHW
-conv2d takes its data padded, in channel pairs ([N, C/2, H, W, 2]: a pad, a reshape and a transpose that fuse
-into the op computing the centered activation) and its weight packed once; a matmul [..., M, K] x [K, N] runs as
-the 1 x 1 conv of N channels over M columns, its result transposed back (fused into the dequantizing epilogue).
-Sums bit-identical to the int32 products they replace (each pair's products exact in int16 x int16, wrapped in
-int32 like any int32 sum).
+conv2d takes its data padded, in channel pairs ([N, C/2, H, W, 2], made by `pairs.image_pairs_func`) and its
+weight packed once; a matmul [..., M, K] x [K, N] runs as the 1 x 1 conv of N channels over M columns (its rows
+paired and its result transposed back by two TE ops), or, where A is uint8 less a scalar zero point and the target
+has VNNI, on `kernels.integer.quads`. Sums bit-identical to the int32 products they replace (each pair's products
+exact in int16 x int16, wrapped in int32 like any int32 sum).
 """
 from __future__ import annotations
 
@@ -86,7 +86,6 @@ class _CpuOps(PyExprMutator):
                                                 relax.TensorType([rows, columns], "float32")))
         return relax.op.reshape(out, list(values))
 
-
     # ---- integer contractions ---------------------------------------------------------------------
     def _pair_conv(self, call):
         data, weight = call.args
@@ -127,10 +126,10 @@ class _CpuOps(PyExprMutator):
         """a = uint8 x (less a scalar zero point z) times the constant centered w: sum x * w8 on `quads` plus
         shift[n] * sum_k x - z * sum_k w[k, n] (exact in int32), or None where a is not so made or w does not shift
         into int8 (module doc of `kernels.integer.quads`)."""
-        source = self._uint8_source(a)
-        shifted = quads.shifted_int8(w)
         K, N = w.shape
-        if source is None or shifted is None or K % quads.QUAD:
+        source = None if K % quads.QUAD else self._uint8_source(a)
+        shifted = None if source is None else quads.shifted_int8(w)   # a pass over the weight: only when used
+        if shifted is None:
             return None
         x, zero_point = source
         w8, shift = shifted
@@ -143,7 +142,8 @@ class _CpuOps(PyExprMutator):
             self.kernels[key] = self._add_kernel(quads.u8s8_matmul_func(K, N, tile.vectors, tile.columns),
                                                  f"u8s8_matmul_{K}_{N}")
         self.changed += 1
-        product = self.builder_.emit(relax.call_tir(self.kernels[key], [x2, relax.const(quads.pack_quads(w8, tile.vectors))],
+        packed = relax.const(quads.pack_quads(w8, tile.vectors))
+        product = self.builder_.emit(relax.call_tir(self.kernels[key], [x2, packed],
                                                     relax.TensorType([rows, N], "int32")))
         row_sums = relax.op.sum(relax.op.astype(x2, "int32"), axis=[1], keepdims=True)
         out = relax.op.add(product, relax.op.multiply(row_sums, relax.const(shift.astype(np.int32))))

@@ -8,8 +8,8 @@ two adjacent reduction elements share a 32-bit lane: (a0, a1) . (w0, w1) = a0 w0
 int32 sums), 32 multiply-adds an instruction: `vpdpwssd` (AVX512-VNNI, into the accumulator) or `vpmaddwd` +
 `vpaddd` (AVX512BW only). A matmul [M, K] x [K, N] runs as the 1 x 1 conv of N output channels over M columns.
 
-Layouts (`pack_weight` packs a constant weight once; the Relax side pads, pairs and transposes the data, ops that
-fuse into the one computing the centered activation, see `tvmseq.cpu_ops`):
+Layouts (`pack_weight` packs a constant weight once, `image_pairs_func` pads and pairs the data; `tvmseq.cpu_ops`
+puts both in front of the conv):
   data   int16 [N, CP, IH, IW, 2]   input channels 2 cp and 2 cp + 1 adjacent, zero padded spatially already
   weight int16 [OB, KH, KW, CP, V * 16, 2]   V vectors of 16 output channels a block, each lane's channel pair
   out    int32 [N, O, OH, OW]        NCHW, as the conv it replaces

@@ -19,8 +19,9 @@ import math
 
 import numpy as np
 
+from .pairs import LANES
+
 QUAD = 4                   # bytes of k a lane sums an instruction
-LANES = 16
 
 
 def pack_quads(weight, vectors: int):
@@ -41,34 +42,35 @@ def u8s8_matmul_func(K: int, N: int, vectors: int = 2, rows: int = 8):
 
     assert K % QUAD == 0 and rows > 4
     V, R = vectors, rows
-    NB = math.ceil(N / (16 * V))
+    NB = math.ceil(N / (LANES * V))
     KQ = K // QUAD
     m = tirx.Var("m", "int64")
 
     @T.macro
     def row_tile(A, Wq, Y, acc, nb, r0, count):
         for i in T.unroll(count * V):
-            acc[T.ramp(i * 16, 1, 16)] = T.broadcast(T.int32(0), 16)
+            acc[T.ramp(i * LANES, 1, LANES)] = T.broadcast(T.int32(0), LANES)
         for kq in T.serial(KQ):
             for r in T.unroll(count):
                 quad = T.meta_var(T.reinterpret(A.vload([r0 + r, kq * QUAD], "uint8x4"), dtype="int32"))
                 for v in T.unroll(V):
-                    acc[T.ramp((r * V + v) * 16, 1, 16)] = T.call_llvm_pure_intrin(
-                        "int32x16", "llvm.x86.avx512.vpdpbusd.512", acc[T.ramp((r * V + v) * 16, 1, 16)],
-                        T.reinterpret(T.broadcast(quad, 16), dtype="int8x64"), Wq.vload([nb, kq, v * 16, 0], "int8x64"))
-        for r, v, lane in T.grid(count, V, 16):
-            if (nb * V + v) * 16 + lane < N:
-                Y[r0 + r, (nb * V + v) * 16 + lane] = acc[(r * V + v) * 16 + lane]
+                    acc[T.ramp((r * V + v) * LANES, 1, LANES)] = T.call_llvm_pure_intrin(
+                        "int32x16", "llvm.x86.avx512.vpdpbusd.512", acc[T.ramp((r * V + v) * LANES, 1, LANES)],
+                        T.reinterpret(T.broadcast(quad, LANES), dtype="int8x64"),
+                        Wq.vload([nb, kq, v * LANES, 0], "int8x64"))
+        for r, v, lane in T.grid(count, V, LANES):
+            if (nb * V + v) * LANES + lane < N:
+                Y[r0 + r, (nb * V + v) * LANES + lane] = acc[(r * V + v) * LANES + lane]
 
     @T.prim_func(s_tir=True)
     def u8s8_matmul(a: T.handle, w: T.handle, out: T.handle):
         T.func_attr({"global_symbol": "u8s8_matmul", "tirx.noalias": True})
         A = T.match_buffer(a, (m, K), "uint8")
-        Wq = T.match_buffer(w, (NB, KQ, V * 16, QUAD), "int8")
+        Wq = T.match_buffer(w, (NB, KQ, V * LANES, QUAD), "int8")
         Y = T.match_buffer(out, (m, N), "int32")
         with T.sblock("root"):
             for nb in T.parallel(NB):
-                acc = T.alloc_buffer((R * V * 16,), "int32")
+                acc = T.alloc_buffer((R * V * LANES,), "int32")
                 for t in T.serial(m // R):
                     row_tile(A, Wq, Y, acc, nb, t * R, R)
                 rest = T.meta_var(m % R)
@@ -85,8 +87,10 @@ def u8s8_matmul_func(K: int, N: int, vectors: int = 2, rows: int = 8):
 def shifted_int8(centered: np.ndarray):
     """(w8 int8 [K, N], shift int64 [N]) with centered = w8 + shift per column, or None where a column spans more
     than 256 values (an 8-bit weight less its zero point never does)."""
+    if centered.size == 0:
+        return None
     lo, hi = centered.min(axis=0).astype(np.int64), centered.max(axis=0).astype(np.int64)
-    if centered.size == 0 or np.any(hi - lo > 255):
+    if np.any(hi - lo > 255):
         return None
     shift = lo + 128
     return (centered.astype(np.int64) - shift).astype(np.int8), shift
