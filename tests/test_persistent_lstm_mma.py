@@ -178,6 +178,13 @@ def test_rejects_bad_arguments():
 
     with pytest.raises(TvmseqError, match="cell must be one of"):
         pw.persistent_wgmma_func(1, 256, 256, "float16", "forward", None, None, False, "cuda", cell="lstm2")
+    # the n split: a divisor of the warps and of the block's n8 tiles, float16 with the dsmem hand-off only
+    split = lambda **kw: pm.MmaConfig(32, 8, 16, cluster=4, cluster_sync=True, dsmem=True, **kw)  # noqa: E731
+    for cfg, dtype, why in [(split(n_split=3), "float16", "n_split must divide the warps"),
+                            (pm.MmaConfig(32, 8, 16, n_split=2), "float16", "n_split is for the float16 product"),
+                            (split(n_split=2), "float32", "n_split is for the float16 product")]:
+        with pytest.raises(TvmseqError, match=why):
+            pm.persistent_mma_func(1, 8, 100, dtype, "forward", None, None, False, "llvm", cfg, "lstm")
 
 
 # ---- CUDA code generation ---------------------------------------------------------------------------
