@@ -36,7 +36,8 @@ SEQ, WARM, TIMED = 100, 3, 20
 
 def mma_variants(D: int, B: int, H: int, dtype: str) -> list:
     """Staged-state configs: the rules' pick, the GRU-derived LSTM picks, then every cluster config with the state in
-    distributed shared memory (cluster = the G unit blocks of a batch group, one chunk a block) that fits."""
+    distributed shared memory (cluster = the G unit blocks of a batch group, one chunk a block; float16 also with
+    the warps splitting the gate rows) that fits."""
     from tvmseq.kernels import recurrent_gemm as rg
     from tvmseq.kernels.recurrent import mma as pm
     from tvmseq.targets import resolve
@@ -52,9 +53,11 @@ def mma_variants(D: int, B: int, H: int, dtype: str) -> list:
             continue
         for warps in (4, 8, 16):
             for rows in (16, 32):
-                split = math.ceil(B / rows)
-                picks.append(pm.MmaConfig(units, warps, rows, batch_split=split, cluster=groups, cluster_sync=True,
-                                          dsmem=True))
+                # float16: the warps may also split the gate rows (n_split; the check refuses what does not divide)
+                for n_split in ((1, 2, 4, 8) if dtype == "float16" else (1,)):
+                    split = math.ceil(B / rows)
+                    picks.append(pm.MmaConfig(units, warps, rows, batch_split=split, cluster=groups,
+                                              cluster_sync=True, dsmem=True, n_split=n_split))
     return [c for c in dict.fromkeys(picks) if fits(c) and D * math.ceil(H / c.units_per_block) * c.batch_split
             <= facts.num_sms * 2]
 

@@ -73,6 +73,8 @@ CPU_CASES = [
      (32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1, 4)),                         # n split: 2 k-groups x 4 warps
     (2, 9, 45, "float16", "bidirectional", None, 0.8, True, 1, False,
      (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1, 2)),                         # n split 2, padded units and k
+    (1, 21, 45, "float16", "reverse", None, None, True, 0, True,
+     (8, 4, 16, 0, 2, 0, 0, 0, 0, 0, 6, 1, 1, 4)),                          # n split 4: one k-group of 4 warps
 ]
 
 
@@ -143,25 +145,29 @@ def test_requested_mma_path_and_configs():
 
 
 @needs_compiler
-@pytest.mark.parametrize("D,B,H,knobs", [
-    (1, 8, 128, (8, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)),     # one cluster of 16 blocks
-    (1, 256, 128, (8, 4, 16, 0, 16, 0, 0, 0, 0, 0, 16, 1, 1)),  # 256 blocks: two an SM
-    (2, 256, 128, (16, 4, 16, 0, 16, 0, 0, 0, 0, 0, 8, 1, 1)),  # 8 units a block would need 512 blocks
-    (1, 9, 200, (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1)),
-    (2, 67, 37, (8, 4, 16, 0, 5, 0, 0, 0, 0, 0, 5, 1, 1)),
-    (1, 8, 512, (32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 4)),  # 32 units, warps split k 2 x gate rows 4
-    (2, 13, 257, (32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 9, 1, 1, 4)),  # 17 groups of 16 units: 9 of 32
-    (1, 7, 128, None), (1, 24, 512, None), (1, 8, 600, None), (2, 1024, 256, None),  # batch below 8 / above 16
-])                                                               # for 32 units, 19 groups, too many blocks
-def test_lstm_cluster_config(D, B, H, knobs):
+@pytest.mark.parametrize("D,B,H,dtype,knobs", [
+    (1, 8, 128, "float16", (8, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 4)),   # one cluster of 16 blocks, the n split
+    (1, 8, 128, "float32", (8, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)),      # float32: no n split
+    (1, 256, 128, "float16", (8, 4, 16, 0, 16, 0, 0, 0, 0, 0, 16, 1, 1, 4)),  # 256 blocks: two an SM
+    (2, 256, 128, "float16", (16, 8, 16, 0, 16, 0, 0, 0, 0, 0, 8, 1, 1, 4)),  # 8 units a block would need 512 blocks
+    (1, 9, 200, "float16", (16, 8, 16, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1, 4)),
+    (1, 19, 100, "float32", (8, 4, 16, 0, 2, 0, 0, 0, 0, 0, 13, 1, 1)),
+    (2, 67, 37, "float16", (8, 4, 16, 0, 5, 0, 0, 0, 0, 0, 5, 1, 1, 4)),
+    (1, 8, 512, "float16", (32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 4)),  # 32 units, warps split k 2 x gate rows 4
+    (2, 13, 257, "float16", (32, 8, 16, 0, 1, 0, 0, 0, 0, 0, 9, 1, 1, 4)),  # 17 groups of 16 units: 9 of 32
+    (1, 8, 512, "float32", None),                                           # 32-unit blocks: float16 only
+    (1, 7, 128, "float16", None), (1, 24, 512, "float16", None), (1, 8, 600, "float16", None),  # batch below 8 /
+    (2, 1024, 256, "float16", None),                # above 16 for 32 units, 19 groups, too many blocks
+])
+def test_lstm_cluster_config(D, B, H, dtype, knobs):
     """The small-hidden LSTM rule (measured winners of schedules/plstm_sweep.py): its configs fit the H100."""
     from tvmseq.kernels.recurrent_gemm import gpu_facts
 
     facts = gpu_facts(resolve("cuda"))
-    cfg = pm.lstm_cluster_config(D, B, H, facts)
+    cfg = pm.lstm_cluster_config(D, B, H, facts, dtype)
     assert (cfg.knobs() if cfg else None) == knobs
     if cfg:
-        assert pm.MmaGeometry(D, B, H, 4, cfg, "float16").check(facts) is None
+        assert pm.MmaGeometry(D, B, H, 4, cfg, dtype).check(facts) is None
     for dtype in ("float16", "float32"):   # where the rule's pick does not fit (fp32 registers), the next rule's does
         picked = pm.default_config(D, B, H, resolve("cuda"), "lstm", measured=False, dtype=dtype)
         assert picked is None or pm.MmaGeometry(D, B, H, 4, picked, dtype).check(facts) is None, dtype

@@ -227,6 +227,9 @@ def test_cluster_sync_codegen(dtype, cell, knobs):
     assert ("multicast::cluster" in src) == cfg.image
     assert ("st.async.shared::cluster.mbarrier::complete_tx::bytes" in src and "mapa.shared::cluster" in src) == cfg.dsmem
     assert ("cp.async" not in src) == cfg.dsmem
+    # float32 sends 4 units a lane as one 16-byte st.async, float16 2 units as a word (mma.DSMEM_SEND_BYTES)
+    sent = f"tvmseq_st_async_{dtype}_{pm.DSMEM_SEND_BYTES[dtype]}("
+    assert (sent in src) == cfg.dsmem
 
 
 def _dyn_shared_bytes(func, tgt) -> int:
@@ -342,6 +345,9 @@ GPU_CASES = [
     (1, 7, 250, "reverse", "gru", ("HardSigmoid", "Softsign"), None, True, (32, 8, 16, 0, 1, 0, 0, 1, 0, 0, 8, 1, 1)),
     (2, 50, 500, "bidirectional", "gru", None, 1.1, True, (32, 8, 16, 0, 4, 0, 0, 0, 0, 0, 16, 1, 1)),  # padded k
     (1, 23, 136, "forward", "rnn", ("Relu",), None, False, (16, 4, 32, 0, 1, 0, 0, 0, 0, 0, 9, 1, 1)),   # 32-row chunk
+    # dsmem with the n split: k-groups of warps splitting the gate rows
+    (1, 11, 250, "forward", "gru", None, None, True, (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 2)),  # 2 k-groups
+    (2, 19, 250, "bidirectional", "gru", None, 0.9, True, (16, 8, 16, 0, 2, 0, 0, 0, 0, 0, 16, 1, 1, 2)),
 ]
 TOL32 = dict(rtol=1e-4, atol=2e-5)
 

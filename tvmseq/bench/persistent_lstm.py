@@ -89,6 +89,9 @@ MMA_TEST_CASES = [
     (1, 19, 100, "float32", "reverse", None, 0.7, True, 1, True, None),       # lstm_cluster_config: 13-block dsmem
     (1, 11, 300, "float16", "forward", None, None, True, 0, True, None),      # the n split: 10 blocks of 32 units
     (2, 9, 500, "float16", "bidirectional", None, 0.9, True, 1, False, None),  # n split, 2 clusters of 16
+    (1, 67, 37, "float16", "forward", None, None, True, 0, True, None),       # 8 units: 4 warps split 4 (n)
+    (1, 9, 200, "float16", "reverse", None, 0.8, True, 1, True, None),        # 16 units: 2 k-groups x 4 warps
+    (2, 19, 100, "float16", "bidirectional", None, None, True, 0, True, None),  # 13-block clusters, n split
 ]
 
 

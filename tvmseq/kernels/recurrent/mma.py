@@ -78,11 +78,19 @@ __forceinline__ __device__ void tvmseq_flags_wait(const int* flags, int count, i
 """
 # dsmem: the new state into a cluster peer's staging slot by st.async, whose complete_tx on the peer's mbarrier for
 # that slot tells the peer the bytes have landed (no fence, no cluster barrier: each block waits for its own slot).
-# float32: one unit a store; float16: st.async has no 16-bit form, so lanes 2i and 2i + 1 (units u, u + 1 of one row)
-# go as one 32-bit word from lane 2i. Every lane calls it (the shuffle); `store` says whether the value is sent.
-_ST_ASYNC_B32 = r"""
-#ifndef TVMSEQ_ST_ASYNC_B32
-#define TVMSEQ_ST_ASYNC_B32
+# A lane sends DSMEM_SEND_BYTES of consecutive units of one row: st.async has no 16-bit form, and each lane's store
+# is a remote transaction of its own, so the group's values are gathered by shuffles into its first lane, which
+# stores them as one 4-byte word (4: float32 one unit, float16 two) or one v4 of 16 bytes (float32 four units,
+# float16 eight). A group never straddles a row or a k-slice (units_per_block and k-slices are multiples of 8 units;
+# staging rows are 16-byte multiples). Every lane calls it (the shuffles); `store` says whether the group is sent.
+# Bytes a lane sends, by dtype (H100, 2026-11-27, 35 dsmem configs, the two widths alternated in one process, outputs
+# bit-identical): float32 16 B was 4-5% faster at hidden 128 batch 32-64 (LSTM 1.81 -> 1.73 us a step, bi 2.80 ->
+# 2.65) and level elsewhere; float16 16 B was 1-8% slower everywhere (the gather's shuffles cost more than the
+# remote stores they save), so float16 keeps a word of two units a lane.
+DSMEM_SEND_BYTES = {"float32": 16, "float16": 4}
+_ST_ASYNC_COMMON = r"""
+#ifndef TVMSEQ_ST_ASYNC_COMMON
+#define TVMSEQ_ST_ASYNC_COMMON
 __forceinline__ __device__ void tvmseq_st_async_b32(void* local, void* mbar, int ranks, unsigned w) {
   unsigned a = (unsigned)__cvta_generic_to_shared(local), m = (unsigned)__cvta_generic_to_shared(mbar), ra, rm;
   for (int r = 0; r < ranks; ++r) {
@@ -92,18 +100,43 @@ __forceinline__ __device__ void tvmseq_st_async_b32(void* local, void* mbar, int
                  :: "r"(ra), "r"(w), "r"(rm) : "memory");
   }
 }
+__forceinline__ __device__ void tvmseq_st_async_v4(void* local, void* mbar, int ranks, unsigned w0, unsigned w1,
+                                                   unsigned w2, unsigned w3) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(local), m = (unsigned)__cvta_generic_to_shared(mbar), ra, rm;
+  for (int r = 0; r < ranks; ++r) {
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rm) : "r"(m), "r"(r));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+                 :: "r"(ra), "r"(w0), "r"(w1), "r"(w2), "r"(w3), "r"(rm) : "memory");
+  }
+}
 #endif
 """
 _ST_ASYNC_SRC = {
-    "float32": _ST_ASYNC_B32 + r"""
-__forceinline__ __device__ void tvmseq_st_async_float32(float* local, void* mbar, int ranks, float v, int store) {
+    ("float32", 4): _ST_ASYNC_COMMON + r"""
+__forceinline__ __device__ void tvmseq_st_async_float32_4(float* local, void* mbar, int ranks, float v, int store) {
   if (store) tvmseq_st_async_b32(local, mbar, ranks, __float_as_uint(v));
 }
 """,
-    "float16": _ST_ASYNC_B32 + r"""
-__forceinline__ __device__ void tvmseq_st_async_float16(half* local, void* mbar, int ranks, half v, int store) {
+    ("float16", 4): _ST_ASYNC_COMMON + r"""
+__forceinline__ __device__ void tvmseq_st_async_float16_4(half* local, void* mbar, int ranks, half v, int store) {
   unsigned x = __half_as_ushort(v), hi = __shfl_down_sync(0xffffffffu, x, 1);
   if (store && !(threadIdx.x & 1)) tvmseq_st_async_b32(local, mbar, ranks, (x & 0xffffu) | (hi << 16));
+}
+""",
+    ("float32", 16): _ST_ASYNC_COMMON + r"""
+__forceinline__ __device__ void tvmseq_st_async_float32_16(float* local, void* mbar, int ranks, float v, int store) {
+  unsigned x = __float_as_uint(v), x1 = __shfl_down_sync(0xffffffffu, x, 1), x2 = __shfl_down_sync(0xffffffffu, x, 2),
+           x3 = __shfl_down_sync(0xffffffffu, x, 3);
+  if (store && !(threadIdx.x & 3)) tvmseq_st_async_v4(local, mbar, ranks, x, x1, x2, x3);
+}
+""",
+    ("float16", 16): _ST_ASYNC_COMMON + r"""
+__forceinline__ __device__ void tvmseq_st_async_float16_16(half* local, void* mbar, int ranks, half v, int store) {
+  unsigned x = __half_as_ushort(v), p = (x & 0xffffu) | (__shfl_down_sync(0xffffffffu, x, 1) << 16),
+           p1 = __shfl_down_sync(0xffffffffu, p, 2), p2 = __shfl_down_sync(0xffffffffu, p, 4),
+           p3 = __shfl_down_sync(0xffffffffu, p, 6);
+  if (store && !(threadIdx.x & 7)) tvmseq_st_async_v4(local, mbar, ranks, p, p1, p2, p3);
 }
 """}
 
@@ -359,7 +392,7 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
     facts = rg.gpu_facts(target)
     fits = lambda cfg: cfg is not None and MmaGeometry(D, B, H, GATES[cell], cfg, dtype).check(facts) is None  # noqa: E731
     if cell == "lstm":
-        cluster = lstm_cluster_config(D, B, H, facts)
+        cluster = lstm_cluster_config(D, B, H, facts, dtype)
         if fits(cluster):
             return cluster
         derived = next((cfg for cfg in lstm_variants(default_config(D, B, H, target, "gru", measured, dtype))
@@ -427,32 +460,42 @@ LSTM_CLUSTER_MIN_BATCH = 8
 # its 32-unit blocks with the n split: measured at batch 8 (fp16 H512 B8 recurrence 2.17 us a step on the SIMT engine,
 # 1.81 in a cluster of 16 such blocks; schedules/plstm_sweep.py's harness, 2026-11-27)
 N_SPLIT_UNITS, N_SPLIT_MAX_BATCH = 32, 16
+# float16 cluster blocks by units a block: (warps, n_split), the warps k-groups of n_split warps each splitting the
+# gate rows (H100, 2026-11-27, recurrence us a step, 14-18 variants a cell timed in one process, against the rule's
+# 4 warps without the split: 8 units H128 B64 1.20 (8 warps, the database's) -> 0.91, H128 B256 1.52 -> 1.49, H37
+# B67 0.74 -> 0.67, bi H100 B19 0.95 -> 0.86; 16 units H256 B8 1.21 -> 1.13 (4 warps split 2: 1.07), H200 B9 1.40
+# -> 1.10, bi H128 B256 1.98 -> 1.68; 32 units H512 B8 1.75 (8 warps split 8: 1.85))
+N_SPLIT_WARPS = {8: (4, 4), 16: (8, 4), 32: (8, 4)}
 
 
-def lstm_cluster_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
+def lstm_cluster_config(D: int, B: int, H: int, facts, dtype: str = "float16") -> MmaConfig | None:
     """LSTM, hidden <= 256, batch >= 8: each batch group's unit blocks form one cluster that hands the state over
-    in distributed shared memory (`dsmem`), 4 warps, one 16-row chunk a block (the batch split over clusters), 8
-    units a block where that needs at most 2 blocks an SM, else 16. Measured on the H100 against every engine
-    config and the GRU-derived staged picks (schedules/plstm_sweep.py, artifacts/bench/plstm_sweep.json.gz, recurrence
-    us a step, the best other kernel in brackets): fp16 H128 B8 0.81 (engine 1.70), B64 1.21 (2.40), B256 1.54
-    (2.85), bi B256 1.99 (3.85); fp32 H128 B8 1.59 (engine 1.69), B32 1.88 (2.96), B64 1.89 (2.89), bi B64 2.89
-    (3.91); fp16 H256 B8 1.27 (1.86). Past 16 groups of 16 units (hidden 257-512) at batch <= 16: 32-unit blocks whose
-    8 warps split k 2 ways and the gate rows 4 ways (`n_split`: the 128 KB of R a block holds stays in registers
-    without 128 gate rows of accumulators a warp), fp16 H512 B8 1.81 (engine 2.17). None where it does not apply or
-    fit."""
+    in distributed shared memory (`dsmem`), one 16-row chunk a block (the batch split over clusters), 8 units a
+    block where that needs at most 2 blocks an SM, else 16; float32 4 warps, float16 the warps of
+    `N_SPLIT_WARPS` splitting the gate rows as well as k. Measured on the H100 against every engine config and the
+    GRU-derived staged picks (schedules/plstm_sweep.py, artifacts/bench/plstm_sweep.json.gz, recurrence us a step,
+    the best other kernel in brackets): fp16 H128 B8 0.81 (engine 1.70), B64 1.21 (2.40), B256 1.54 (2.85), bi
+    B256 1.99 (3.85); fp32 H128 B8 1.59 (engine 1.69), B32 1.88 (2.96), B64 1.89 (2.89), bi B64 2.89 (3.91); fp16
+    H256 B8 1.27 (1.86). Past 16 groups of 16 units (hidden 257-512) at batch <= 16: 32-unit blocks, float16 only
+    (the check refuses the n split in float32, whose other rules then apply), fp16 H512 B8 1.81 (engine 2.17).
+    None where it does not apply or fit."""
     if B < LSTM_CLUSTER_MIN_BATCH:
         return None
     split = math.ceil(B / 16)
+
+    def config(units, groups):
+        warps, n_split = N_SPLIT_WARPS[units] if dtype == "float16" else (4, 1)
+        return MmaConfig(units, warps, 16, batch_split=split, cluster=groups, cluster_sync=True, dsmem=True,
+                         n_split=n_split)
+
     for units in (8, 16):
         groups = math.ceil(H / units)
         if 2 <= groups <= CLUSTER_SYNC_MAX and D * groups * split <= 2 * facts.num_sms:
-            return MmaConfig(units, 4, 16, batch_split=split, cluster=groups, cluster_sync=True, dsmem=True)
-    # up to hidden 512 at batch <= 16: 32 units a block, the warps split 2 (k) x 4 (gate rows) (`n_split`), float16
-    # only (the check refuses it for float32, whose other rules then apply)
+            return config(units, groups)
     groups = math.ceil(H / N_SPLIT_UNITS)
-    if B <= N_SPLIT_MAX_BATCH and 2 <= groups <= CLUSTER_SYNC_MAX and D * groups * split <= 2 * facts.num_sms:
-        return MmaConfig(N_SPLIT_UNITS, 8, 16, batch_split=split, cluster=groups, cluster_sync=True, dsmem=True,
-                         n_split=4)
+    if dtype == "float16" and B <= N_SPLIT_MAX_BATCH and 2 <= groups <= CLUSTER_SYNC_MAX \
+            and D * groups * split <= 2 * facts.num_sms:
+        return config(N_SPLIT_UNITS, groups)
     return None
 
 
@@ -483,7 +526,7 @@ def _cluster_fits(D: int, B: int, H: int, dtype: str, target) -> bool:
     from .. import recurrent_gemm as rg
 
     facts = rg.gpu_facts(target)
-    cfg = lstm_cluster_config(D, B, H, facts)
+    cfg = lstm_cluster_config(D, B, H, facts, dtype)
     return cfg is not None and MmaGeometry(D, B, H, GATES["lstm"], cfg, dtype).check(facts) is None
 
 
@@ -632,6 +675,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                                  geo.ITEMS, geo.FI)
     BS, NCB = geo.BS, geo.NCB
     SIMT, CPL, WROW, EPC = geo.SIMT, geo.CPL, geo.WROW, 16 // geo.ESZ     # EPC: state elements per 16-byte copy
+    SEND_BYTES = DSMEM_SEND_BYTES[dtype]
+    SEND = SEND_BYTES // geo.ESZ   # dsmem: units a lane sends (`_ST_ASYNC_SRC`)
     PER_SM = math.ceil(geo.BLOCKS / rg.gpu_facts(target).num_sms) if gpu else 1
     unroll = T.unroll if gpu else T.serial
     G3 = NG * H
@@ -701,10 +746,11 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             v = T.meta_var(i * NT + t)
             j = T.meta_var(g * UB + v % UB)
             at = T.meta_var(soff(slot, T.min(j, Hp - 1) // KW, T.min(v // UB, MC - 1), 0) + T.min(j, Hp - 1) % KW)
-            T.evaluate(T.cuda.func_call(f"tvmseq_st_async_{dtype}", T.address_of(stage[at]), T.address_of(dmbar[slot]),
-                                        CS, T.Cast(dtype, hst[i]),
+            # the lane of a group's first unit sends the group (SEND units; units past H are zero in hst)
+            T.evaluate(T.cuda.func_call(f"tvmseq_st_async_{dtype}_{SEND_BYTES}", T.address_of(stage[at]),
+                                        T.address_of(dmbar[slot]), CS, T.Cast(dtype, hst[i]),
                                         T.Cast("int32", v < ITEMS and c * MC + v // UB < B and j < H),
-                                        source_code=_ST_ASYNC_SRC[dtype]))
+                                        source_code=_ST_ASYNC_SRC[dtype, SEND_BYTES]))
 
     @T.macro
     def seed_state(S0, st, hbuf, hoff, d, g, q, t, to_image):
@@ -1076,7 +1122,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       else:
                           load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
                       # dsmem: bytes a block receives a step (its chunk's rows x all units, from the whole cluster)
-                      in_bytes = T.meta_var(T.max(T.min(B - q * MC, MC), 0) * (H if SIMT else (H + 1) // 2) * 4)
+                      in_bytes = T.meta_var(T.max(T.min(B - q * MC, MC), 0) * math.ceil(H / SEND) * SEND_BYTES)
                       if DSMEM:   # slots zeroed (padding stays zero), each slot's mbarrier initialised and armed for
                           # its first state (h0 in slot 0, h1 in slot 1) before any peer sends into it
                           for i in T.serial(math.ceil(SLOTS * KG * REGION / NT)):
