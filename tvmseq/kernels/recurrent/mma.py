@@ -709,6 +709,14 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             return (slot * KG + w) * REGION + (part * MC + row) * SROW
         return (slot * KG + w) * REGION + row * SROW + (0 if HALF else part * KP)
 
+    def k_group(w):
+        """Warp w's k-group: its k-slice is columns [k_group * KW, (k_group + 1) * KW) (n split: NS warps a group)."""
+        return w // NS
+
+    def first_n8(w):
+        """Warp w's first n8 tile of the block's gate rows; its NNW tiles follow (all of them without an n split)."""
+        return w % NS * NNW
+
     # ---- set-up ---------------------------------------------------------------------------------
     @T.macro
     def load_b_fragments(Rw, bfrag, d, g, w, lane):
@@ -718,8 +726,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         for kt in unroll(KTW):
             for nt in unroll(NNW):
                 for i in unroll(4):
-                    col = T.meta_var((w % NS * NNW + nt) * 8 + lane // 4)
-                    k = T.meta_var(w // NS * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 2))
+                    col = T.meta_var((first_n8(w) + nt) * 8 + lane // 4)
+                    k = T.meta_var(k_group(w) * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 2))
                     unit = T.meta_var(g * UB + col % UB)
                     bfrag[(kt * NNW + nt) * 4 + i] = T.if_then_else(
                         unit < H and k < H, Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
@@ -934,7 +942,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 for mt in unroll(MT):
                     T.evaluate(T.ptx_legacy.ldmatrix(
                         False, 4, ".b16", afrag.data, 0, stage.access_ptr("r"),
-                        soff(slot, w // NS, mt * 16 + lane % 16, part) + kp * 16 + 8 * (lane // 16), dtype="float16"))
+                        soff(slot, k_group(w), mt * 16 + lane % 16, part) + kp * 16 + 8 * (lane // 16), dtype="float16"))
                     for nt in unroll(NNW):
                         T.evaluate(T.ptx_legacy.mma(
                             "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, 0, bfrag.data,
@@ -945,9 +953,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             for nt in unroll(NNW):
                 for h in unroll(2):   # C fragment halves: rows lane / 4 and + 8, columns (lane % 4) * 2 + 0, 1
                     row = T.meta_var(mt * 16 + lane // 4 + 8 * h)
-                    col = T.meta_var((w % NS * NNW + nt) * 8 + (lane % 4) * 2)
+                    col = T.meta_var((first_n8(w) + nt) * 8 + (lane % 4) * 2)
                     T.ptx["st.shared.v2.f32"](
-                        red.access_ptr("w", offset=(w // NS * MC + row) * NGU + red_col(row, col), extent=2),
+                        red.access_ptr("w", offset=(k_group(w) * MC + row) * NGU + red_col(row, col), extent=2),
                         *[acc[(mt * NNW + nt) * 4 + 2 * h + e] for e in range(2)])
 
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
