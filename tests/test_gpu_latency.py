@@ -231,5 +231,46 @@ def test_a_one_frame_build_projects_its_inputs_as_a_gemv():
     assert any("gru_input_projection" in gv.name_hint for gv in dynamic.functions)
 
 
+def test_a_length_known_at_run_time_chooses_the_projection_by_its_rows():
+    """Compiler only: with a symbolic length (and a static batch) the GRU input projection is a function whose `If`
+    on seq x batch calls the stock matmul (few rows) or the row-tiled kernel (many); a static length gets one of
+    them and no `If`."""
+    pytest.importorskip("tvm.script")
+    from tvmseq import from_onnx, targets
+    from tvmseq.onnx import gru
+
+    model, _ = _model("denoiser_b1")
+    mod = from_onnx(model, target=targets.resolve("cuda"))
+    names = {gv.name_hint for gv in mod.functions}
+    assert {"gru_projection_by_rows", "gru_projection_stock", "gru_projection_tiled"} <= names
+    script = mod["gru_projection_by_rows"].script()
+    assert f"<= {gru.STOCK_PROJECTION_MAX_ROWS}" in script and "if " in script
+    assert "einsum" in mod["gru_projection_stock"].script()
+    static = from_onnx(model, {"X": [50, 1, FRAME_SHAPES["X"][2]]}, target=targets.resolve("cuda"))
+    assert not any("projection_by_rows" in gv.name_hint for gv in static.functions)
+    # a length computed from an input's dim (X [2N, 1, 8] reshaped to [N, 1, 16], as a CRNN's width / 4): X is
+    # given a var of its own for the choice, and gate_i the node's length back
+    computed = from_onnx(_reshaped_gru(), target=targets.resolve("cuda"))
+    assert "gru_projection_by_rows" in {gv.name_hint for gv in computed.functions}
+    assert "R.match_cast" in computed["main"].script()
+
+
+def _reshaped_gru():
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    H, I = 16, 16
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in
+             (("W", rng.standard_normal((1, 3 * H, I)) * 0.2), ("R", rng.standard_normal((1, 3 * H, H)) * 0.2),
+              ("B", rng.standard_normal((1, 6 * H)) * 0.1))]
+    inits.append(numpy_helper.from_array(np.array([-1, 1, I], np.int64), "shape"))
+    nodes = [helper.make_node("Reshape", ["X", "shape"], ["Xr"]),
+             helper.make_node("GRU", ["Xr", "W", "R", "B"], ["Y"], hidden_size=H, linear_before_reset=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T2", 1, 8])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
 if __name__ == "__main__":
     build(sys.argv[1] if len(sys.argv) > 1 else ROOT, sys.argv[2:] or None)

@@ -160,6 +160,82 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
                              [x_rows, c["w"], bias_i], relax.TensorType([D, seq * B, G], "float32"),
                              name_hint=op + suffix)
         return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
+    if tile and STOCK_PROJECTION_MAX_ROWS > 0 and static_seq is None and is_static(B) and \
+            tvm.target.Target(str(target)).kind.name == "cuda":
+        # the length is known at run time only: few rows go to the stock matmul, many to the row-tiled kernel
+        dispatched = _projection_by_rows(bb, cell, c, bias_i, D, G, int(B), I,
+                                         lambda c_, b_: _tiled_projection(bb, cell, spec, c_, b_, target, proj, tile))
+        if dispatched is not None:
+            return dispatched
+    return _tiled_projection(bb, cell, spec, c, bias_i, target, proj, tile)
+
+
+# GPU, float32, a length known at run time: up to this many rows (seq x batch) the input projection is a stock
+# matmul (`_gemv_projection`, scheduled by schedule_gpu.Matmul's 16 x 64 x 32 tile), from there the row-tiled
+# kernel; 0 turns the choice off. Measured before on whole models with one form everywhere (H100, ms a call): the
+# stock form faster at 100 rows (ASR 1.011 -> 0.844), slower from ~800 (ASR batch 8 100 frames 2.00 -> 2.64, 1000
+# rows 6.28 -> 7.25). With the choice, both builds in one run each, two runs (2026-11-27, README): batch 1, 100
+# frames denoiser 0.330 -> 0.314, VAD 0.148 -> 0.142, CRNN 0.394 -> 0.369, ASR 1.016 -> 0.900; many rows level
+# (+-1%) except the ASR at batch 8 (2 directions, 800-8000 rows: +1.5 / +2.5%).
+STOCK_PROJECTION_MAX_ROWS = 256
+
+
+def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int, tiled):
+    """gate_i through a run-time choice on the row count seq x B (X [seq, B, I] with seq symbolic): a function
+    `<cell>_projection_by_rows` whose body is If(seq * B <= STOCK_PROJECTION_MAX_ROWS) calling a function of the
+    stock matmul, else one of `tiled(c, bias_i)` (each branch a single call, as `batch_dispatch` builds them: TVM's
+    memory planner mishandles storage made in an If's branch and used after it). None where X's length is not
+    its own dim (nothing emitted)."""
+    from . import batch_dispatch as bd
+
+    tensors = {"x": bb.normalize(c["x"]), "w": bb.normalize(c["w"]), "bias_i": bb.normalize(bias_i)}
+    x_ty = tensors["x"].ty
+    if not isinstance(x_ty, relax.TensorType) or x_ty.shape is None or len(x_ty.shape.values) != 3:
+        return None
+    seq = x_ty.shape.values[0]
+    if not isinstance(seq, tirx.Var):   # a length computed from the inputs' (a CRNN's width // 4): its own var here
+        tensors["x"] = bb.match_cast(tensors["x"], relax.TensorType([tirx.Var("frames", "int64"),
+                                                                     *x_ty.shape.values[1:]], x_ty.dtype))
+    defined = {v for t in tensors.values() for v in relax.analysis.definable_tir_vars_in_type(t.ty)}
+    used = {v for t in tensors.values() for v in relax.analysis.tir_vars_in_type(t.ty)}
+    if not used <= defined:
+        return None
+    tensors = {k: v if isinstance(v, (relax.Var, tvm.ir.expr.Constant)) else bb.emit(v) for k, v in tensors.items()}
+    names = list(tensors)
+    suffix = c.get("suffix", "")
+
+    def params():
+        return [relax.Var(k, tensors[k].ty) for k in names]
+
+    def branch(name, make):
+        ps = params()
+        mine = dict(c, **dict(zip(names, ps)), seq=ps[0].ty.shape.values[0])
+        return bd._function(bb, name, ps, lambda: make(mine, ps[2])), ps
+
+    stock, _ = branch(f"{cell}_projection_stock{suffix}",
+                      lambda c_, b_: _gemv_projection(bb, c_, b_, D, G, c_["seq"], B, I))
+    tiled_fn, _ = branch(f"{cell}_projection_tiled{suffix}", tiled)
+    ps = params()
+    rows = ps[0].ty.shape.values[0] * B
+    choose = bd._function(bb, f"{cell}_projection_by_rows{suffix}", ps,
+                          lambda: relax.If(relax.prim_value(rows <= STOCK_PROJECTION_MAX_ROWS),
+                                           relax.Call(stock, ps), relax.Call(tiled_fn, ps)))
+    gate_i = bb.emit(relax.Call(choose, [tensors[k] for k in names]))
+    # typed with the node's own length again (the match_cast above gave X a var of its own)
+    return gate_i if seq.same_as(tensors["x"].ty.shape.values[0]) else \
+        bb.match_cast(gate_i, relax.TensorType([D, seq, B, G], "float32"))
+
+
+def _tiled_projection(bb, cell: str, spec, c, bias_i, target, proj, tile):
+    """gate_i from the batch-layout projection kernel (tile None) or the row-tiled one (X's rows padded to whole
+    tiles, projected, the valid rows viewed / sliced back)."""
+    from ..kernels.projection import gemm as ip
+    from .importer import emit_kernel
+
+    D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
+    G = spec.gates * H
+    suffix = c.get("suffix", "")
+    static_seq = int(seq) if isinstance(seq, (int, tirx.IntImm)) else None
     sizes = {"directions": D, "batch": tile or B, "hidden": H, "input_size": I, "gates": spec.gates}
     few = tile and ip.padded_rows_genes(spec, static_seq, target) is ip.FEW_BLOCKS_GENES
     key = recurrent_key(sizes, c["dtype"], {"genes": "few_blocks"} if few else {})
