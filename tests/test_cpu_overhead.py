@@ -268,3 +268,54 @@ def test_fast_path_shapes_are_bounded_and_threads_do_not_share_buffers(compiled)
         with ThreadPoolExecutor(4) as pool:
             for f, out in pool.map(call, feeds * 4):
                 _check(out, f)
+
+
+def _aliasing_model():
+    """Y = 2 X (memory of its own), I = X passed through, C = a constant, V = Y reshaped (a view of Y's memory)."""
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["B", 4])
+    outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["B", 4]),
+            helper.make_tensor_value_info("I", TensorProto.FLOAT, ["B", 4]),
+            helper.make_tensor_value_info("C", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("V", TensorProto.FLOAT, None)]
+    nodes = [helper.make_node("Mul", ["X", "two"], ["Y"]), helper.make_node("Identity", ["X"], ["I"]),
+             helper.make_node("Identity", ["c"], ["C"]), helper.make_node("Reshape", ["Y", "flat"], ["V"])]
+    inits = [numpy_helper.from_array(np.array(2, np.float32), "two"),
+             numpy_helper.from_array(np.array([1, 2, 3], np.float32), "c"),
+             numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+    graph = helper.make_graph(nodes, "m", [x], outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_fast_path_hands_out_fresh_outputs_and_copies_aliases():
+    """After two calls of a shape, outputs in memory the VM allocated for the call alone are returned without a copy;
+    an input passed through, a constant and two views of one tensor are still copied: every call's outputs stay
+    as they were, and writing into one changes neither the model nor another output."""
+    model = tvmseq.compile_onnx(_aliasing_model(), target="llvm")
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((5, 4)).astype(np.float32) for _ in range(6)]
+    outs = [model(X=x) for x in xs]
+    (entry,) = model._fast.values()
+    assert entry.fresh is not None and entry.fresh[1] is False and entry.fresh[2] is False
+    assert not (entry.fresh[0] and entry.fresh[3])        # Y and its view never both handed out uncopied
+    for x, (y, i, c, v) in zip(xs, outs):
+        np.testing.assert_array_equal(y, 2 * x)
+        np.testing.assert_array_equal(i, x)
+        np.testing.assert_array_equal(c, [1, 2, 3])
+        np.testing.assert_array_equal(v, (2 * x).ravel())
+    outs[-1][2][...] = -1                                  # the returned constant is the caller's
+    outs[-1][0][...] = 0                                   # so is Y: its view V keeps the call's values
+    np.testing.assert_array_equal(outs[-1][3], (2 * xs[-1]).ravel())
+    y, i, c, v = model(X=xs[0])
+    np.testing.assert_array_equal(c, [1, 2, 3])
+    np.testing.assert_array_equal(y, 2 * xs[0])
+
+
+def test_fast_path_outputs_of_their_own_are_not_copied(compiled):
+    """The three outputs of `_model` are each computed into memory of their own: from the third call of a shape
+    they are the VM's tensors (no copy), and each call's stay as they were."""
+    feeds = [_feeds(3, 4, seed) for seed in range(5)]
+    outs = [compiled(**f) for f in feeds]
+    assert compiled._fast[((3, 4, 5), (), (3,))].fresh == (True, True, True)
+    assert not any(o.flags.owndata for o in outs[-1])
+    for f, out in zip(feeds, outs):
+        _check(out, f)

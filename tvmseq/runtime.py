@@ -540,7 +540,10 @@ class Model:
 
 
 _FAST_SHAPES = 8                 # input shape combinations a model keeps a _FastEntry for
-_FAST_MAX_BYTES = 1 << 20        # inputs above this (all together) take the generic path (their copy dominates)
+# inputs above this (all together) take the generic path. The entry's buffers are reused call after call: a fresh
+# block a call cost more than the copy (the 16-core Xeon of the GPU machine, an LSTM node's 6.5 MB input: ~6 ms of
+# page faults and copy into new memory against ~8 ms for its two kernels, 2026-11-27)
+_FAST_MAX_BYTES = 64 << 20
 _Array = tvm_ffi.Array
 _array_item = getattr(getattr(tvm_ffi, "_ffi_api", None), "ArrayGetItem", None)
 
@@ -565,7 +568,7 @@ class _FastEntry:
     64-byte aligned compact inputs; a numpy copy into a view of the buffer costs ~0.3 us) and the argument
     list. Taken out of the model's table while a call uses it, so concurrent calls never share buffers.
     Value checks of inputs (`_run_check`) still run at every call."""
-    __slots__ = ("views", "args", "main", "vm_lock", "checks", "symbols", "outs")
+    __slots__ = ("views", "args", "main", "vm_lock", "checks", "symbols", "outs", "fresh", "first")
 
     def __init__(self, model: Model, shapes: tuple):
         facts = model._fast_facts
@@ -588,6 +591,8 @@ class _FastEntry:
         self.checks = [(i, check, spec.get("onnx_name", spec["name"]))
                        for i, spec in enumerate(model._feed_specs) for check in spec.get("checks", ())]
         self.outs = None
+        self.fresh = None    # per output: handed out without a copy (`_learn_fresh`), once two calls were seen
+        self.first = None    # the first call's output views, kept alive until the second call
 
     def __call__(self, values):
         for view, value in zip(self.views, values):
@@ -596,17 +601,49 @@ class _FastEntry:
             _run_check(check, name, self.views[i], self.symbols)
         with self.vm_lock:
             out = self.main(*self.args)
-        # outputs copied out at once (a numpy copy through DLPack, ~0.5 us): the VM may hand back a constant of
-        # the model or one of these input buffers, reused at the next call
+        # each output copied out (a numpy copy through DLPack, ~0.5 us) unless it was found to be memory the VM
+        # allocated for this call alone: the VM may hand back a constant of the model, one of these input buffers
+        # (reused at the next call) or two views of one tensor
         if out.__class__ is _Array and _array_item is not None:
             outs = self.outs
             if outs is None:
                 outs = self.outs = range(len(out))
             try:
-                return tuple([np.from_dlpack(_array_item(out, i)).copy() for i in outs])
+                views = [np.from_dlpack(_array_item(out, i)) for i in outs]
             except (RuntimeError, BufferError, TypeError, AttributeError):   # nested, or a dtype numpy lacks
-                pass
+                return _to_numpy(out)
+            fresh = self.fresh
+            if fresh is None:
+                fresh = self._learn_fresh(views)
+            return tuple([v if f else v.copy() for v, f in zip(views, fresh)])
         return _to_numpy(out)
+
+    def _learn_fresh(self, views: list) -> tuple:
+        """Which outputs can be handed out without a copy: those whose memory differs from the previous call's
+        while that call's outputs are still alive (a constant, or an input buffer, comes back at the same
+        address) and overlaps neither an input buffer nor another output. Decided at the second call; until
+        then every output is copied."""
+        if self.first is None:
+            self.first = views
+            return (False,) * len(views)
+        spans = [_span(v) for v in views]
+        inputs = [_span(v) for v in self.views]
+        fresh = []
+        for i, (span, before) in enumerate(zip(spans, self.first)):
+            others = inputs + spans[:i] + spans[i + 1:]
+            fresh.append(span[1] > span[0] and span != _span(before) and not any(_overlap(span, o) for o in others))
+        self.fresh, self.first = tuple(fresh), None
+        return (False,) * len(views)
+
+
+def _span(view: np.ndarray) -> tuple:
+    """The byte range [start, end) of a compact array."""
+    start = view.__array_interface__["data"][0]
+    return start, start + view.nbytes
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _to_numpy(out):
