@@ -619,31 +619,20 @@ class _FastEntry:
         return _to_numpy(out)
 
     def _learn_fresh(self, views: list) -> tuple:
-        """Which outputs can be handed out without a copy: those whose memory differs from the previous call's
-        while that call's outputs are still alive (a constant, or an input buffer, comes back at the same
-        address) and overlaps neither an input buffer nor another output. Decided at the second call; until
-        then every output is copied."""
+        """Which outputs can be handed out without a copy: those whose memory shares nothing with the previous
+        call's outputs while those are still alive (a constant, or an input buffer, comes back at the same
+        address), nor with an input buffer or another output. Decided at the second call; until then every
+        output is copied."""
         if self.first is None:
             self.first = views
             return (False,) * len(views)
-        spans = [_span(v) for v in views]
-        inputs = [_span(v) for v in self.views]
         fresh = []
-        for i, (span, before) in enumerate(zip(spans, self.first)):
-            others = inputs + spans[:i] + spans[i + 1:]
-            fresh.append(span[1] > span[0] and span != _span(before) and not any(_overlap(span, o) for o in others))
+        for i, (view, before) in enumerate(zip(views, self.first)):
+            others = self.views + views[:i] + views[i + 1:]
+            fresh.append(view.nbytes > 0 and not np.may_share_memory(view, before)
+                         and not any(np.may_share_memory(view, o) for o in others))
         self.fresh, self.first = tuple(fresh), None
         return (False,) * len(views)
-
-
-def _span(view: np.ndarray) -> tuple:
-    """The byte range [start, end) of a compact array."""
-    start = view.__array_interface__["data"][0]
-    return start, start + view.nbytes
-
-
-def _overlap(a: tuple, b: tuple) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
 
 
 def _to_numpy(out):

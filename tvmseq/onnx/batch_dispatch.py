@@ -133,6 +133,24 @@ def _function(bb, name: str, params: list, make_body: Callable[[], relax.Expr]) 
     return bb.add_func(func, name)
 
 
+def own_dims(tensors: dict) -> set | None:
+    """The size vars the tensors' shapes define, when every size in them is a tensor's own dim (X [T, N, I], not
+    [T, 2 * N, I] after a Reshape): then functions of the tensors alone can take them as parameters. Else None."""
+    defined = {v for t in tensors.values() for v in relax.analysis.definable_tir_vars_in_type(t.ty)}
+    used = {v for t in tensors.values() for v in relax.analysis.tir_vars_in_type(t.ty)}
+    return defined if used <= defined else None
+
+
+def bound(bb, tensors: dict) -> dict:
+    """The tensors as arguments of a call: computed ones bound to vars (vars and constants as they are)."""
+    return {k: v if isinstance(v, (relax.Var, tvm.ir.expr.Constant)) else bb.emit(v) for k, v in tensors.items()}
+
+
+def params(tensors: dict) -> list:
+    """Fresh parameters of a function taking the tensors, in their order."""
+    return [relax.Var(k, t.ty) for k, t in tensors.items()]
+
+
 def emit(bb, cell: str, c: dict, spec, plan_ranges: Callable[[], list[tuple[int, str]]],
          core: Callable[[object, dict, object, str], relax.Expr], extra: dict | None = None):
     """The node's outputs (the tuple `core` returns: Y [T, D, N, H], then states [D, N, H]) through the dispatch
@@ -152,17 +170,14 @@ def emit(bb, cell: str, c: dict, spec, plan_ranges: Callable[[], list[tuple[int,
             v = bb.normalize(v)
             if isinstance(v.ty, relax.TensorType):
                 tensors[k] = v
-    # every size in the tensors' shapes must be a parameter's own dim (X [T, N, I], not [T, 2 * N, I] after a
-    # Reshape): the branches are functions of the tensors alone. Else: None, the caller runs the per-step kernels.
-    defined = {v for t in tensors.values() for v in relax.analysis.definable_tir_vars_in_type(t.ty)}
-    used = {v for t in tensors.values() for v in relax.analysis.tir_vars_in_type(t.ty)}
-    if not used <= defined or batch not in defined:
+    # the branches are functions of the tensors alone (`own_dims`); else None: the caller runs the per-step kernels
+    defined = own_dims(tensors)
+    if defined is None or batch not in defined:
         return None
     ranges = plan_ranges()
     if not ranges:
         return None
-    tensors = {k: v if isinstance(v, (relax.Var, tvm.ir.expr.Constant)) else bb.emit(v)   # computed ones bound
-               for k, v in tensors.items()}
+    tensors = bound(bb, tensors)
     names = list(tensors)
     args = [tensors[k] for k in names]
 
@@ -171,11 +186,8 @@ def emit(bb, cell: str, c: dict, spec, plan_ranges: Callable[[], list[tuple[int,
     taken = {gv.name_hint for gv in bb.get().get_global_vars()}
     tag = next(t for t in ("", *map(str, range(2, 1 << 20))) if f"{cell}{t}_batch_dispatch" not in taken)
 
-    def params():
-        return [relax.Var(k, tensors[k].ty) for k in names]
-
     def branch(b: int | None, path: str):
-        ps = params()
+        ps = params(tensors)
         local = dict(zip(names, ps))
 
         def body():
@@ -209,7 +221,7 @@ def emit(bb, cell: str, c: dict, spec, plan_ranges: Callable[[], list[tuple[int,
             return any_batch
         b, fn = bucket_fns[k]
         rest = level(k + 1)
-        ps = params()
+        ps = params(tensors)
         n_var = ps[names.index("x")].ty.shape.values[_BATCH_AXIS["x"]]   # the batch as this function's own var
         name = f"{cell}{tag}_batch_dispatch" + ("" if k == 0 else f"_from_b{b}")
         return _function(bb, name, ps, lambda: relax.If(relax.prim_value(n_var <= b), relax.Call(fn, ps),

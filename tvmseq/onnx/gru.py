@@ -196,31 +196,25 @@ def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int
     if not isinstance(seq, tirx.Var):   # a length computed from the inputs' (a CRNN's width // 4): its own var here
         tensors["x"] = bb.match_cast(tensors["x"], relax.TensorType([tirx.Var("frames", "int64"),
                                                                      *x_ty.shape.values[1:]], x_ty.dtype))
-    defined = {v for t in tensors.values() for v in relax.analysis.definable_tir_vars_in_type(t.ty)}
-    used = {v for t in tensors.values() for v in relax.analysis.tir_vars_in_type(t.ty)}
-    if not used <= defined:
+    if bd.own_dims(tensors) is None:
         return None
-    tensors = {k: v if isinstance(v, (relax.Var, tvm.ir.expr.Constant)) else bb.emit(v) for k, v in tensors.items()}
-    names = list(tensors)
+    tensors = bd.bound(bb, tensors)
     suffix = c.get("suffix", "")
 
-    def params():
-        return [relax.Var(k, tensors[k].ty) for k in names]
-
     def branch(name, make):
-        ps = params()
-        mine = dict(c, **dict(zip(names, ps)), seq=ps[0].ty.shape.values[0])
-        return bd._function(bb, name, ps, lambda: make(mine, ps[2])), ps
+        ps = bd.params(tensors)
+        mine = dict(c, **dict(zip(tensors, ps)), seq=ps[0].ty.shape.values[0])
+        return bd._function(bb, name, ps, lambda: make(mine, ps[2]))
 
-    stock, _ = branch(f"{cell}_projection_stock{suffix}",
-                      lambda c_, b_: _gemv_projection(bb, c_, b_, D, G, c_["seq"], B, I))
-    tiled_fn, _ = branch(f"{cell}_projection_tiled{suffix}", tiled)
-    ps = params()
+    stock = branch(f"{cell}_projection_stock{suffix}",
+                   lambda c_, b_: _gemv_projection(bb, c_, b_, D, G, c_["seq"], B, I))
+    tiled_fn = branch(f"{cell}_projection_tiled{suffix}", tiled)
+    ps = bd.params(tensors)
     rows = ps[0].ty.shape.values[0] * B
     choose = bd._function(bb, f"{cell}_projection_by_rows{suffix}", ps,
                           lambda: relax.If(relax.prim_value(rows <= STOCK_PROJECTION_MAX_ROWS),
                                            relax.Call(stock, ps), relax.Call(tiled_fn, ps)))
-    gate_i = bb.emit(relax.Call(choose, [tensors[k] for k in names]))
+    gate_i = bb.emit(relax.Call(choose, list(tensors.values())))
     # typed with the node's own length again (the match_cast above gave X a var of its own)
     return gate_i if seq.same_as(tensors["x"].ty.shape.values[0]) else \
         bb.match_cast(gate_i, relax.TensorType([D, seq, B, G], "float32"))
