@@ -185,3 +185,39 @@ def test_cpu_inputs_and_outputs_are_copies():
     first[:] = -1
     np.testing.assert_array_equal(compiled(X=view), view + np.arange(35, dtype=np.float32).reshape(5, 7))
     assert first.flags.owndata or first.base is not None and np.all(first == -1)
+
+
+def _kernel_weight_ranks(mod, suffixes=("_recurrence", "_input_projection_flat")) -> dict:
+    """{kernel name: rank of its second argument (W or R)} over main's call_tir calls of the recurrent kernels."""
+    ranks = {}
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if isinstance(call, tvm.relax.Call) and getattr(call.op, "name", "") == "relax.call_tir":
+                name = call.args[0].name_hint
+                if name.endswith(suffixes):
+                    ranks[name] = len(call.args[1].fields[1].ty.shape)
+    return ranks
+
+
+@pytest.mark.parametrize("cell,weights_as_inputs", [("LSTM", False), ("GRU", False), ("RNN", False), ("GRU", True)])
+def test_constant_weights_packed_once_at_import(cell, weights_as_inputs):
+    """W and R as initializers on an AVX-512 CPU: the projection and the recurrence get them as float32 panels
+    packed at import (4-D constants) and never pack in a call; W and R as graph inputs: as given (3-D), packed in
+    long calls. Either way the node matches onnxruntime, at 5 steps x batch 3 (a call the kernels did not pack
+    for before)."""
+    from tvmseq import models
+    from tvmseq.bench import cpu as bench_cpu
+
+    if cell == "LSTM":
+        model, feeds = bench_cpu.lstm_node_model(5, 3, 40, 48)
+    else:
+        model, feeds = models.rnn_node_model(cell, seq=5, batch=3, input_size=40, hidden=48 if cell == "GRU" else 130,
+                                             linear_before_reset=1 if cell == "GRU" else None,
+                                             weights_as_inputs=weights_as_inputs, weight_scale=0.15)
+    ranks = _kernel_weight_ranks(tvmseq.from_onnx(model, target="llvm"))
+    packs = step_gemm._has_avx512(resolve("llvm"))
+    assert len(ranks) == 2 and set(ranks.values()) == {4 if packs and not weights_as_inputs else 3}, ranks
+    got = tvmseq.compile_onnx(model, target="llvm", artifacts=None)(**feeds)
+    for a, b in zip(got, _ort(model, feeds)):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-5)

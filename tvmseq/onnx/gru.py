@@ -116,6 +116,44 @@ def projection_kernel(spec, target_json: str, seq=None):
     return ip.projection_for(spec, tvm.target.Target(target_json), seq)
 
 
+@functools.lru_cache(maxsize=64)
+def packed_projection_kernel(spec, target_json: str):
+    """The CPU projection on W packed by the importer (`cpu_projection_func(..., packed_w=True)`), once per spec."""
+    from ..kernels.projection import gemm as ip
+
+    return ip.cpu_projection_func(spec, tvm.target.Target(target_json), packed_w=True)
+
+
+def packed_constant(weight, panels):
+    """A constant weight (an ONNX initializer) packed into `panels` (`step_gemm.Panels`) once, here, as a new
+    constant; None where there are no panels or the weight is a graph tensor (the kernel then packs it)."""
+    if panels is None:
+        return None
+    value = constant_value(weight)
+    return None if value is None else relax.const(panels.pack(value))
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_r_recurrence(spec, target_json: str):
+    from ..kernels.recurrent import lstm, rnn
+
+    kernels = lstm if isinstance(spec, lstm.LstmSpec) else rnn if isinstance(spec, rnn.RnnSpec) else gru_kernels
+    return kernels.recurrence_func(spec, tvm.target.Target(target_json), packed_r=True)
+
+
+def packed_r_choice(spec, r, path: str, target):
+    """(R packed at import, the per-step recurrence that takes it) for a CPU per-step GRU/RNN/LSTM whose R is a
+    constant and whose kernel would pack R itself (`r_panels`), else None: R as it is, packed in each long call."""
+    from ..kernels.recurrent import lstm, rnn
+
+    target = tvm.target.Target(str(target))
+    if path != "per_step" or target.kind.name == "cuda":
+        return None
+    kernels = lstm if isinstance(spec, lstm.LstmSpec) else rnn if isinstance(spec, rnn.RnnSpec) else gru_kernels
+    r_packed = packed_constant(r, kernels.r_panels(spec, target))
+    return None if r_packed is None else (r_packed, _packed_r_recurrence(spec, str(target)))
+
+
 # seq * batch (both static) at or below which a GPU input projection is a stock matmul: dlight's GEMV rule
 # takes it in ~4 us on the H100 where the row-tiled kernel, shaped for many rows, took ~40 us for one frame
 # of a hidden-400 GRU (ncu, 2026-11-26): what a one-frame streaming build runs
@@ -152,12 +190,17 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
             tvm.target.Target(str(target)).kind.name == "cuda":
         return _gemv_projection(bb, c, bias_i, D, G, seq, B, I)
     proj, tile = projection_kernel(spec, str(target), static_seq)
-    if tile == ip.FLAT:   # tensor cores, on the seq * B rows as one matrix
+    if tile == ip.FLAT:   # tensor cores (GPU) or SIMD (CPU), on the seq * B rows as one matrix
         sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
         x_rows = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
         op = f"{cell}_input_projection_flat"
-        g_rows = emit_kernel(bb, op, KernelKey(sizes, c["dtype"], dynamic=("rows",)), lambda: proj,
-                             [x_rows, c["w"], bias_i], relax.TensorType([D, seq * B, G], "float32"),
+        w, attrs, make = c["w"], {}, lambda: proj
+        w_packed = None if tvm.target.Target(str(target)).kind.name == "cuda" else \
+            packed_constant(c["w"], ip.w_panels(spec, tvm.target.Target(str(target))))
+        if w_packed is not None:   # CPU: W packed into the panel GEMM's layout here, never in a call
+            w, attrs, make = w_packed, {"packed_w": True}, lambda: packed_projection_kernel(spec, str(target))
+        g_rows = emit_kernel(bb, op, KernelKey(sizes, c["dtype"], attrs, dynamic=("rows",)), make,
+                             [x_rows, w, bias_i], relax.TensorType([D, seq * B, G], "float32"),
                              name_hint=op + suffix)
         return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
     if tile and STOCK_PROJECTION_MAX_ROWS > 0 and static_seq is None and is_static(B) and \
@@ -260,7 +303,11 @@ def emit_recurrent_kernels(bb, cell: str, spec, c, rec, path, bias_i, rec_args, 
     sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
     gate_i = emit_input_projection(bb, cell, spec, c, bias_i, target)
     # path is in the key: the persistent and the per-step kernels differ (and the persistent RNN takes rb_h)
-    outs = emit_kernel(bb, f"{cell}_recurrence", recurrent_key(sizes, c["dtype"], {"spec": repr(spec), "path": path}),
+    attrs = {"spec": repr(spec), "path": path}
+    packed = packed_r_choice(spec, rec_args[0], path, target)
+    if packed is not None:   # R (rec_args[0]) packed here once
+        rec_args, rec, attrs = [packed[0], *rec_args[1:]], packed[1], {**attrs, "packed_r": True}
+    outs = emit_kernel(bb, f"{cell}_recurrence", recurrent_key(sizes, c["dtype"], attrs),
                        lambda: rec, [gate_i, *rec_args],
                        [relax.TensorType([seq, D, B, H], c["dtype"]), relax.TensorType([D, B, H], c["dtype"])],
                        name_hint=f"{cell}_recurrence" + c.get("suffix", ""))

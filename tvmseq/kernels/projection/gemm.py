@@ -528,15 +528,25 @@ def cpu_panel_projection(spec, target=None) -> bool:
     return spec.dtype == "float32" and cpu_pack_worthwhile(spec.gates * spec.hidden, target)
 
 
+def w_panels(spec, target=None):
+    """How `cpu_projection_func(spec, target, packed_w=True)` takes W (`step_gemm.Panels`): where the CPU
+    projection has its panel path (`cpu_panel_projection`), else None."""
+    from ..recurrent.step_gemm import Panels
+
+    return Panels() if cpu_panel_projection(spec, target) else None
+
+
 def cpu_projection_func(spec, target=None, panel: bool | None = None,
-                        min_rows: int | None = None) -> tirx.PrimFunc:
+                        min_rows: int | None = None, packed_w: bool = False) -> tirx.PrimFunc:
     """The projection on the CPU over the flat rows (any number: seq * batch, either symbolic):
     gate_i[d, m, j] = sum_k X[m, k] W[d, j, k] + bias[d, j]. Below `min_rows` (`cpu_panel_projection_min_rows`)
     rows, or without the panel path (`cpu_panel_projection`; `panel` forces it on or off), the step GEMM's
     SIMD loop (`step_gemm.cpu_gemm_macro`: k in vector lanes, W rows as stored, row blocks over threads) with
     the bias added as the sums are stored; X and W float32 or float16 (converted as loaded). From `min_rows`
     rows W is packed into 64-row panels in a workspace (`cpu_pack_macro`) and `cpu_panel_gemm_macro` runs on
-    them, X read through a view with a zero direction stride, the bias again added as the sums are stored."""
+    them, X read through a view with a zero direction stride, the bias again added as the sums are stored.
+    packed_w: W comes packed (`w_panels`, by the importer: a constant packed once) and every call, of any
+    number of rows, runs the panel GEMM on it."""
     from ..recurrent.step_gemm import (CPU_PANEL, cpu_gemm_macro, cpu_lanes, cpu_pack_macro, cpu_panel_count,
                                        cpu_panel_gemm_macro)
 
@@ -550,7 +560,20 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     def project(X, W, Bias, GH):
         gemm(X, W, GH, Bias)
 
-    if use_panel:
+    w_shape, w_dtype = (D, G, I), dt
+    if packed_w:
+        panels = w_panels(spec, target)
+        if panels is None:
+            raise ValueError("packed W needs the CPU projection's panel path (float32, AVX-512)")
+        w_shape, w_dtype = panels.shape(D, G, I), "float32"
+        panel_gemm = cpu_panel_gemm_macro(D, rows, I, G, 0, panels.panel, bias=True)
+
+        @T.macro
+        def project(X, W, Bias, GH):   # noqa: F811 - W packed by the importer: the panel GEMM at any row count
+            Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1))   # X for every direction
+            panel_gemm(Xd, W, GH, Bias)
+
+    if use_panel and not packed_w:
         if dt != "float32":
             raise ValueError("the packed CPU projection takes float32 X and W")
         P = CPU_PANEL
@@ -572,7 +595,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
         T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
         X = T.match_buffer(x, (rows, I), dt)
-        W = T.match_buffer(w, (D, G, I), dt)
+        W = T.match_buffer(w, w_shape, w_dtype)
         Bias = T.match_buffer(bias, (D, G), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
         GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view

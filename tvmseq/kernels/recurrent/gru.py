@@ -36,7 +36,7 @@ from ..projection.gemm import input_projection_func, schedule_input_projection  
 from .step_gemm import (CPU_PANEL, TILED_MIN_BATCH, GemmTile, choose_tile, cpu_barrier, cpu_gemm_macro, cpu_lanes,
                         cpu_one_launch_loop, cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile,
                         cpu_panel_count, cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro,
-                        normalized, tiled_gemm_macro)
+                        normalized, tiled_gemm_macro, Panels)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 
@@ -478,12 +478,22 @@ def cpu_packs_r(gpu: bool, sched: StepSchedule | None, G: int, target=None) -> b
 
 
 def time_loop(steps, gpu: bool, dt: str, D: int, G: int, H: int, B=None, sched: StepSchedule | None = None,
-              target=None, interleave: int | None = None):
+              target=None, interleave: int | None = None, packed_r: bool = False):
     """T.macro run(R, bufs, seq) of a per-step recurrence (GRU, RNN, LSTM): its T.macro steps(R', bufs, seq) on
     the weights R [D, G, H] as the step GEMM reads them, R itself or (`cpu_weights_fp32`) a float32 copy; with
     `cpu_packs_r`, R' = (that, R packed in panels, whether this call packed it); `interleave`: the panels hold
-    that many units of every gate (`step_gemm.cpu_pack_macro`), for a step that fuses its gate math."""
+    that many units of every gate (`step_gemm.cpu_pack_macro`), for a step that fuses its gate math. packed_r:
+    R comes packed (`cpu_r_panels`, by the importer), every call steps on its panels."""
     convert_r = cpu_weights_fp32(gpu, dt)
+    if packed_r:
+        if not cpu_packs_r(gpu, sched, G, target):
+            raise TvmseqError("a recurrence takes packed R only where it would pack R itself (`cpu_r_panels`)")
+
+        @T.macro
+        def run_packed(R, bufs, seq):
+            steps((R, R, True), bufs, seq)
+
+        return run_packed
     if cpu_packs_r(gpu, sched, G, target):
         return _packing_time_loop(steps, convert_r, D, G, H, B, interleave)
 
@@ -526,11 +536,29 @@ def _packing_time_loop(steps, convert_r: bool, D: int, G: int, H: int, B, interl
     return run
 
 
-def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule | None = None
-                    ) -> tirx.PrimFunc:
-    """The time loop of a GRU node. Inputs: gate_i [D, T, B, 3H] f32, R [D, 3H, H], rb_h [D, H] f32,
-    seq_lens [B] i32, h0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H] (model dtype). With
-    spec.batch None, B is a variable bound from gate_i's shape: one kernel for every batch."""
+def cpu_r_panels(gpu: bool, sched: StepSchedule | None, G: int, target=None, interleave: int | None = None):
+    """The panels (`step_gemm.Panels`) a CPU recurrence with G gate rows steps on when it packs R
+    (`cpu_packs_r`), else None: the layout in which the importer packs a constant R once (the kernel built with
+    packed_r then takes R that way and never packs it; a call of any length, batch 1 included, steps on the
+    panels)."""
+    return Panels(interleave) if cpu_packs_r(gpu, sched, G, target) else None
+
+
+def r_buffer(D: int, G: int, H: int, dt: str, panels=None) -> tuple:
+    """(shape, dtype) of a recurrence's R argument: [D, G, H] in the model's dtype, or float32 `panels`."""
+    return (panels.shape(D, G, H), "float32") if panels is not None else ((D, G, H), dt)
+
+
+def r_panels(spec: GruSpec, target) -> Panels | None:
+    """How `recurrence_func(spec, target, packed_r=True)` takes R (`cpu_r_panels`), else None (R as stored)."""
+    return cpu_r_panels(target.kind.name == "cuda", StepSchedule.for_batch(spec.batch), 3 * spec.hidden, target)
+
+
+def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule | None = None,
+                    packed_r: bool = False) -> tirx.PrimFunc:
+    """The time loop of a GRU node. Inputs: gate_i [D, T, B, 3H] f32, R [D, 3H, H] (packed_r: float32 panels,
+    `r_panels`), rb_h [D, H] f32, seq_lens [B] i32, h0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H]
+    (model dtype). With spec.batch None, B is a variable bound from gate_i's shape: one kernel for every batch."""
     gpu = target.kind.name == "cuda"
     D, B, H, dt = spec.num_directions, batch_extent(spec.batch), spec.hidden, spec.dtype
     G = 3 * H
@@ -625,7 +653,8 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
         steps = cpu_one_launch_steps(step_of(*(cpu_barrier(stage) for stage in pool_stages)), launch_a_loop,
                                      D, B, G if lbr else 2 * H, H, target)
 
-    run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target)
+    run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target, packed_r=packed_r)
+    r_shape, r_dtype = r_buffer(D, G, H, dt, cpu_r_panels(gpu, sched, G, target) if packed_r else None)
 
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
@@ -633,7 +662,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
         T.func_attr({"global_symbol": "gru_recurrence", "tirx.noalias": True})
         seq = T.int32()
         GateI = T.match_buffer(gate_i, (D, seq, B, G), "float32")
-        R = T.match_buffer(r_w, (D, G, H), dt)
+        R = T.match_buffer(r_w, r_shape, r_dtype)
         RbH = T.match_buffer(rb_h, (D, H), "float32")
         Lens = T.match_buffer(lens, (B,), "int32")
         H0 = T.match_buffer(h0, (D, B, H), "float32")

@@ -37,10 +37,10 @@ except ImportError:  # runtime-only TVM: nothing is built here
 from ...errors import TvmseqError
 from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_packs_r,
-                  cpu_unit_chunk, gemm_then_units_steps, partial_sum, reverse_fn, row_length_fn, state_macros,
+                  cpu_r_panels, cpu_unit_chunk, r_buffer, gemm_then_units_steps, partial_sum, reverse_fn, row_length_fn, state_macros,
                   step_gemm_plan, time_loop, unit_loops, unit_update)
-from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, cpu_cores, cpu_fused_time_loop_macro,
-                        cpu_parallel_min_macs)
+from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, Panels, cpu_cores,
+                        cpu_fused_time_loop_macro, cpu_parallel_min_macs)
 
 GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
 PEEPHOLE_ORDER = ("i", "o", "f")       # entries of P per direction, H each
@@ -148,10 +148,18 @@ def _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H: int, dt: 
     return write_back
 
 
-def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedule | None = None
-                    ) -> tirx.PrimFunc:
+def r_panels(spec: LstmSpec, target) -> Panels | None:
+    """How `recurrence_func(spec, target, packed_r=True)` takes R (`gru.cpu_r_panels`; all 4 gates of
+    CPU_FUSED_UNITS units a panel where the step fuses its gate math), else None (R as stored)."""
+    gpu, sched = target.kind.name == "cuda", StepSchedule.for_batch(spec.batch)
+    fused = cpu_fuses_gates(gpu, sched, spec.hidden, target)
+    return cpu_r_panels(gpu, sched, 4 * spec.hidden, target, CPU_FUSED_UNITS if fused else None)
+
+
+def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedule | None = None,
+                    packed_r: bool = False) -> tirx.PrimFunc:
     """The time loop of an LSTM node. Inputs: gate_i [D, T, B, 4H] f32 (X W^T + Wb + Rb, gates i, o, f, c),
-    R [D, 4H, H] (model dtype), P [D, 3H] f32 (zeros without peepholes), seq_lens [B] i32, h0 [D, B, H] f32,
+    R [D, 4H, H] (model dtype; packed_r: float32 panels, `r_panels`), P [D, 3H] f32 (zeros without peepholes), seq_lens [B] i32, h0 [D, B, H] f32,
     c0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H], Y_c [D, B, H] (model dtype). With spec.batch
     None, B is a variable bound from gate_i's shape: one kernel for every batch."""
     gpu = target.kind.name == "cuda"
@@ -256,7 +264,9 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
         else:
             per_step_launches(R, bufs, seq)
 
-    run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target, CPU_FUSED_UNITS if fused else None)
+    interleave = CPU_FUSED_UNITS if fused else None
+    run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target, interleave, packed_r)
+    r_shape, r_dtype = r_buffer(D, G, H, dt, cpu_r_panels(gpu, sched, G, target, interleave) if packed_r else None)
 
     @T.prim_func
     def lstm_recurrence(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle,
@@ -264,7 +274,7 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
         T.func_attr({"global_symbol": "lstm_recurrence", "tirx.noalias": True})
         seq = T.int32()
         GateI = T.match_buffer(gate_i, (D, seq, B, G), "float32")
-        R = T.match_buffer(r_w, (D, G, H), dt)
+        R = T.match_buffer(r_w, r_shape, r_dtype)
         P = T.match_buffer(p_w, (D, 3 * H), "float32")
         Lens = T.match_buffer(lens, (B,), "int32")
         H0 = T.match_buffer(h0, (D, B, H), "float32")

@@ -17,9 +17,10 @@ except ImportError:  # runtime-only TVM: nothing is built here
     T = None
 
 from ..activations import Activation
-from .gru import (StepSchedule, _clip_fn, batch_extent, check_spec, cpu_activation, cpu_unit_chunk,
-                  gemm_then_units_steps, partial_sum, reverse_fn, row_length_fn, state_macros, step_gemm_plan,
-                  time_loop, unit_loops, unit_update)
+from .gru import (StepSchedule, _clip_fn, batch_extent, check_spec, cpu_activation, cpu_r_panels, cpu_unit_chunk,
+                  gemm_then_units_steps, partial_sum, r_buffer, reverse_fn, row_length_fn, state_macros,
+                  step_gemm_plan, time_loop, unit_loops, unit_update)
+from .step_gemm import Panels
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,15 @@ class RnnSpec:
         check_spec(self, "RNN", ("Tanh",))
 
 
-def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedule | None = None
-                    ) -> tirx.PrimFunc:
-    """Inputs: gate_i [D, T, B, H] f32 (x W^T + Wb + Rb), R [D, H, H], seq_lens [B] i32, h0 [D, B, H] f32.
+def r_panels(spec: RnnSpec, target) -> Panels | None:
+    """How `recurrence_func(spec, target, packed_r=True)` takes R (`gru.cpu_r_panels`), else None."""
+    return cpu_r_panels(target.kind.name == "cuda", StepSchedule.for_batch(spec.batch), spec.hidden, target)
+
+
+def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedule | None = None,
+                    packed_r: bool = False) -> tirx.PrimFunc:
+    """Inputs: gate_i [D, T, B, H] f32 (x W^T + Wb + Rb), R [D, H, H] (packed_r: float32 panels, `r_panels`),
+    seq_lens [B] i32, h0 [D, B, H] f32.
     Outputs: Y [T, D, B, H], Y_h [D, B, H]; sequence_lens semantics as for the GRU; spec.batch None: any
     batch (bound from gate_i's shape)."""
     gpu = target.kind.name == "cuda"
@@ -86,7 +93,8 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
 
     steps = gemm_then_units_steps(gpu, sched, gemm, update_launch, unpack, pool_stages, D, B, H, H, target)
 
-    run_steps = time_loop(steps, gpu, dt, D, H, H, B, sched, target)
+    run_steps = time_loop(steps, gpu, dt, D, H, H, B, sched, target, packed_r=packed_r)
+    r_shape, r_dtype = r_buffer(D, H, H, dt, cpu_r_panels(gpu, sched, H, target) if packed_r else None)
 
     @T.prim_func
     def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,
@@ -94,7 +102,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         T.func_attr({"global_symbol": "rnn_recurrence", "tirx.noalias": True})
         seq = T.int32()
         GateI = T.match_buffer(gate_i, (D, seq, B, H), "float32")
-        R = T.match_buffer(r_w, (D, H, H), dt)
+        R = T.match_buffer(r_w, r_shape, r_dtype)
         Lens = T.match_buffer(lens, (B,), "int32")
         H0 = T.match_buffer(h0, (D, B, H), "float32")
         Y = T.match_buffer(y, (seq, D, B, H), dt)

@@ -1009,10 +1009,10 @@ def cpu_panel_gemm_func(D: int, M, N: int, K: int, panel: int = CPU_PANEL, paral
 
 
 def cpu_pack_func(D: int, G: int, K: int, dtype: str = "float32", panel: int = CPU_PANEL,
-                  name: str = "cpu_pack"):
+                  name: str = "cpu_pack", interleave: int | None = None):
     """`cpu_pack_macro` alone as a PrimFunc (tests, timing): R dtype [D, G, K] -> Rp float32 [D, nP, K, panel]."""
-    nP = cpu_panel_count(G, panel)
-    pack = cpu_pack_macro(D, G, K, panel)
+    nP = Panels(interleave, panel).count(G)
+    pack = cpu_pack_macro(D, G, K, panel, interleave)
 
     @T.prim_func
     def pack_func(r: T.handle, r_p: T.handle):
@@ -1024,15 +1024,49 @@ def cpu_pack_func(D: int, G: int, K: int, dtype: str = "float32", panel: int = C
     return pack_func.with_attr("tirx.is_scheduled", True)
 
 
-def pack_numpy(R, panel: int = CPU_PANEL):
-    """numpy `cpu_pack_macro`: R [D, G, K] -> float32 [D, ceil(G / panel), K, panel]."""
+def pack_numpy(R, panel: int = CPU_PANEL, interleave: int | None = None):
+    """numpy `cpu_pack_macro`: R [D, G, K] -> float32 [D, nP, K, panel], nP = ceil(G / panel); with `interleave` U
+    (R's rows: panel // U gates of G // (panel // U) units each) panel p holds units p * U .. p * U + U - 1 of
+    every gate, nP = ceil(units / U)."""
     import numpy as np
 
     D, G, K = R.shape
-    nP = cpu_panel_count(G, panel)
-    padded = np.zeros((D, nP * panel, K), np.float32)
-    padded[:, :G] = R
-    return np.ascontiguousarray(padded.reshape(D, nP, panel, K).transpose(0, 1, 3, 2))
+    if interleave is None:
+        nP = cpu_panel_count(G, panel)
+        padded = np.zeros((D, nP * panel, K), np.float32)
+        padded[:, :G] = R
+        return np.ascontiguousarray(padded.reshape(D, nP, panel, K).transpose(0, 1, 3, 2))
+    gates = panel // interleave
+    units = G // gates
+    nP = cpu_panel_count(units, interleave)
+    padded = np.zeros((D, gates, nP * interleave, K), np.float32)
+    padded[:, :, :units] = R.reshape(D, gates, units, K)
+    # [D, gate, p, u, K] -> [D, p, K, gate, u]: column gate * U + u of panel p is unit p * U + u of that gate
+    by_panel = padded.reshape(D, gates, nP, interleave, K).transpose(0, 2, 4, 1, 3)
+    return np.ascontiguousarray(by_panel.reshape(D, nP, K, panel))
+
+
+@dataclass(frozen=True)
+class Panels:
+    """A weight as the CPU panel GEMM reads it (`cpu_pack_macro`'s layout, `interleave` as there): what a
+    recurrence or projection kernel takes in place of R [D, G, K] when the importer packed a constant R once
+    (`pack`), instead of the kernel packing it in every call."""
+
+    interleave: int | None = None
+    panel: int = CPU_PANEL
+
+    def count(self, G: int) -> int:
+        """Panels that hold G rows."""
+        if self.interleave is None:
+            return cpu_panel_count(G, self.panel)
+        return cpu_panel_count(G // (self.panel // self.interleave), self.interleave)
+
+    def shape(self, D: int, G: int, K: int) -> tuple:
+        return (D, self.count(G), K, self.panel)
+
+    def pack(self, R):
+        """R [D, G, K] (numpy, any float dtype) -> float32 panels of `shape(D, G, K)`."""
+        return pack_numpy(R, self.panel, self.interleave)
 
 
 def cpu_pack_worthwhile(G: int, target=None) -> bool:
