@@ -118,12 +118,24 @@ def test_batch1_gemm_split_equals_serial_and_numpy(N, K):
 
 
 @pytest.mark.parametrize("M", [1, 6, None])
-def test_split_gemm_tiles_allocate_nothing(M):
-    """The k-in-lanes GEMM's accumulator tiles are stack arrays (CPU_TILE_SCOPE): a split step calls no
-    TVMBackendAllocWorkspace (as "local" buffers each 4-row block of the parallel loop allocated and freed 4 of
-    them: a split batch-1 step took as long as a serial one). (The panel GEMM's 4-row tile, 1 KB, is at TVM's
-    stack limit and still comes from the pool, once per panel of 64 rows x 4 batch rows.)"""
-    func = step_gemm.cpu_gemm_func(1, M, 384, 128, parallel=True)
+@pytest.mark.parametrize("gemm", ["k_in_lanes", "panel", "projection"])
+def test_split_gemm_tiles_allocate_nothing(M, gemm):
+    """The GEMMs' accumulator tiles are stack arrays (CPU_TILE_SCOPE, each under step_gemm.CPU_STACK_BYTES): a split
+    step calls no TVMBackendAllocWorkspace. As "local" buffers each 4-row block of the parallel loop allocated and
+    freed 4 of them (a split batch-1 step took as long as a serial one); the panel GEMM's 4-row tile (1 KB, TVM's
+    stack limit) came from the pool until it was held in two halves, and in a module with a shape function LLVM then
+    kept its sums in memory (`step_gemm.CPU_STACK_BYTES`)."""
+    from types import SimpleNamespace
+
+    from tvmseq.kernels.projection import gemm as ip
+
+    if gemm == "k_in_lanes":
+        func = step_gemm.cpu_gemm_func(1, M, 384, 128, parallel=True)
+    elif gemm == "panel":
+        func = step_gemm.cpu_panel_gemm_func(1, M, 384, 128, parallel=True)
+    else:   # rows symbolic whatever M is
+        spec = SimpleNamespace(num_directions=1, input_size=128, gates=3, hidden=128, dtype="float32")
+        func = ip.cpu_projection_func(spec, LLVM, packed_w=True).with_attr("global_symbol", "main")
     assert "T.parallel" in func.script()
     assert "TVMBackendAllocWorkspace" not in _asm(tvm.compile(func, target=LLVM))
 
@@ -354,6 +366,25 @@ def test_panel_paths_reject_what_they_cannot_compute():
         proj.cpu_projection_func(spec, resolve("llvm"), panel=True)
 
 
+def _recurrence_case(cell, kw, D, B, H, seq, rng):
+    """(spec, args, output shapes, module) of a per-step recurrence with ragged lengths (any batch)."""
+    module = {"GRU": gru, "RNN": rnn, "LSTM": lstm}[cell]
+    G = {"GRU": 3, "RNN": 1, "LSTM": 4}[cell] * H
+    direction = "bidirectional" if D == 2 else "forward"
+    spec = {"GRU": gru.GruSpec, "RNN": rnn.RnnSpec, "LSTM": lstm.LstmSpec}[cell](
+        D, None, H, 9, direction=direction, has_seq_lens=True, **kw)
+    lens = np.array([seq] + [(seq - 2 - b) % (seq + 1) for b in range(1, B)], np.int32)
+    extra = {"GRU": [rng.uniform(-0.5, 0.5, (D, H)).astype(np.float32)], "RNN": [],
+             "LSTM": [rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32)]}[cell]
+    args = [rng.standard_normal((D, seq, B, G)).astype(np.float32),
+            rng.uniform(-0.3, 0.3, (D, G, H)).astype(np.float32), *extra, lens,
+            rng.standard_normal((D, B, H)).astype(np.float32)]
+    if cell == "LSTM":
+        args.append(rng.standard_normal((D, B, H)).astype(np.float32))
+    shapes = [(seq, D, B, H)] + [(D, B, H)] * (2 if cell == "LSTM" else 1)
+    return spec, args, shapes, module
+
+
 @pytest.mark.parametrize("cell,kw", [
     ("GRU", dict(linear_before_reset=0)), ("GRU", dict(linear_before_reset=1)), ("RNN", {}),
     ("LSTM", dict(has_peepholes=True, input_forget=1)),
@@ -364,22 +395,7 @@ def test_one_launch_time_loop_equals_a_launch_a_loop(monkeypatch, cell, kw):
     outputs, bit for bit, as a launch a loop. Bidirectional, ragged lengths, any batch at batch 6, hidden 40 (R
     not packed: seq 5 x batch 6 < CPU_PACK_MIN_ROW_STEPS)."""
     monkeypatch.setattr(step_gemm, "CPU_PARALLEL_MIN_MACS", 1)
-    D, H, B, seq, I = 2, 40, 6, 5, 9
-    module = {"GRU": gru, "RNN": rnn, "LSTM": lstm}[cell]
-    G = {"GRU": 3, "RNN": 1, "LSTM": 4}[cell] * H
-    spec = {"GRU": lambda: gru.GruSpec(D, None, H, I, direction="bidirectional", has_seq_lens=True, **kw),
-            "RNN": lambda: rnn.RnnSpec(D, None, H, I, direction="bidirectional", has_seq_lens=True),
-            "LSTM": lambda: lstm.LstmSpec(D, None, H, I, direction="bidirectional", has_seq_lens=True, **kw)}[cell]()
-    rng = np.random.default_rng(17)
-    lens = np.array([5, 3, 0, 5, 1, 4], np.int32)
-    extra = {"GRU": [rng.uniform(-0.5, 0.5, (D, H)).astype(np.float32)], "RNN": [],
-             "LSTM": [rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32)]}[cell]
-    args = [rng.standard_normal((D, seq, B, G)).astype(np.float32),
-            rng.uniform(-0.3, 0.3, (D, G, H)).astype(np.float32), *extra, lens,
-            rng.standard_normal((D, B, H)).astype(np.float32)]
-    if cell == "LSTM":
-        args.append(rng.standard_normal((D, B, H)).astype(np.float32))
-    shapes = [(seq, D, B, H)] + [(D, B, H)] * (2 if cell == "LSTM" else 1)
+    spec, args, shapes, module = _recurrence_case(cell, kw, 2, 6, 40, 5, np.random.default_rng(17))
     outs = {}
     for one_launch in (True, False):
         if not one_launch:
@@ -408,25 +424,6 @@ def test_importer_packing_equals_the_kernels_packing(G, K, interleave):
     Rp = _tensor(np.full(panels.shape(2, G, K), np.nan, np.float32))
     mod["cpu_pack"](_tensor(R), Rp)
     np.testing.assert_array_equal(panels.pack(R), Rp.numpy())
-
-
-def _recurrence_case(cell, kw, D, B, H, seq, rng):
-    """(spec, args, output shapes, module) of a per-step recurrence with ragged lengths (any batch)."""
-    module = {"GRU": gru, "RNN": rnn, "LSTM": lstm}[cell]
-    G = {"GRU": 3, "RNN": 1, "LSTM": 4}[cell] * H
-    direction = "bidirectional" if D == 2 else "forward"
-    spec = {"GRU": gru.GruSpec, "RNN": rnn.RnnSpec, "LSTM": lstm.LstmSpec}[cell](
-        D, None, H, 9, direction=direction, has_seq_lens=True, **kw)
-    lens = np.array([seq] + [(seq - 2 - b) % (seq + 1) for b in range(1, B)], np.int32)
-    extra = {"GRU": [rng.uniform(-0.5, 0.5, (D, H)).astype(np.float32)], "RNN": [],
-             "LSTM": [rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32)]}[cell]
-    args = [rng.standard_normal((D, seq, B, G)).astype(np.float32),
-            rng.uniform(-0.3, 0.3, (D, G, H)).astype(np.float32), *extra, lens,
-            rng.standard_normal((D, B, H)).astype(np.float32)]
-    if cell == "LSTM":
-        args.append(rng.standard_normal((D, B, H)).astype(np.float32))
-    shapes = [(seq, D, B, H)] + [(D, B, H)] * (2 if cell == "LSTM" else 1)
-    return spec, args, shapes, module
 
 
 @pytest.mark.parametrize("cell,kw,H,D,B,seq", [

@@ -150,7 +150,15 @@ def packed_r_choice(spec, r, path: str, target):
     if path != "per_step" or target.kind.name == "cuda":
         return None
     kernels = lstm if isinstance(spec, lstm.LstmSpec) else rnn if isinstance(spec, rnn.RnnSpec) else gru_kernels
-    r_packed = packed_constant(r, kernels.r_panels(spec, target))
+    panels = kernels.r_panels(spec, target)
+    # a kernel built for packed R steps on panels in every call, where the one that packs for itself keeps R as
+    # stored in short calls. A GRU step at batch 1 was slower on panels (hidden 400, 37 steps: 0.435 against 0.395
+    # ms, 2-core Zen 4): GRU / RNN / an unfused LSTM take packed R from a static batch of 2; an LSTM whose gate
+    # math fuses into the panel tiles (interleaved panels) at any batch (hidden 256-1024 at batch 1: 0.9-0.8x the time)
+    fused = panels is not None and panels.interleave is not None
+    if not fused and not (isinstance(spec.batch, int) and spec.batch >= 2):
+        return None
+    r_packed = packed_constant(r, panels)
     return None if r_packed is None else (r_packed, _packed_r_recurrence(spec, str(target)))
 
 

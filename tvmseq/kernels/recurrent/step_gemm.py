@@ -784,64 +784,104 @@ def cpu_pack_macro(D: int, G: int, K: int, panel: int = CPU_PANEL, interleave: i
     return pack
 
 
+# bytes from which TVM allocates a buffer from its workspace pool instead of the stack (runtime::kMaxStackAlloca:
+# a "global" buffer of fewer bytes is a stack array). A register tile's accumulators must stay under it: LLVM keeps
+# a stack array in registers, but a pool buffer only where it can prove nothing else aliases it, which it could
+# not in a module that also holds a shape function (TVM then inlines the kernel into its packed wrapper and the
+# `noalias` of its arguments is gone): a 4-row panel tile (1024 bytes) kept its sums in memory there, a load and a
+# store around every multiply-add (a GRU's input projection at hidden 400 over 37 rows: 0.17 ms alone, 0.41 ms in
+# the model; with halves of 512 bytes 0.17 in both)
+CPU_STACK_BYTES = 1024
+
+
+def _tile_halves(BT: int, NV: int, VL: int, KS: int) -> tuple:
+    """(rows, rows) of a BT-row register tile held in two accumulator buffers, each under CPU_STACK_BYTES, or (BT, 0)
+    when one buffer is under it."""
+    row_bytes = KS * NV * VL * 4
+    if BT * row_bytes < CPU_STACK_BYTES:
+        return BT, 0
+    first = (BT + 1) // 2
+    if first * row_bytes >= CPU_STACK_BYTES:
+        raise TvmseqError(f"CPU register tile of {BT} rows x {NV * VL} floats does not fit two stack buffers")
+    return first, BT - first
+
+
 def _panel_accumulate_macro(K: int, VL: int, BT: int, NV: int):
-    """(macro `accumulate(acc, src, Rp, d, p, m0)`, floats of acc): the sums of one register tile of the panel
-    GEMM, BT batch rows (src rows m0 ..) x the first NV vectors of VL rows of panel p, left in
-    acc[(j * NV + c) * VL + v] (acc: a CPU_TILE_SCOPE buffer the caller allocates)."""
+    """(macro `accumulate(acc, acc_b, src, Rp, d, p, m0)`, (floats of acc, floats of acc_b)): the sums of one
+    register tile of the panel GEMM, BT batch rows (src rows m0 ..) x the first NV vectors of VL rows of panel p:
+    rows j < RA (`_tile_halves`) in acc[(j * NV + c) * VL + v], rows RA + j in acc_b[(j * NV + c) * VL + v]
+    (CPU_TILE_SCOPE buffers the caller allocates; acc_b is not touched when its size is 0)."""
     # a 1-row tile has only NV accumulator chains, too few to cover the FMA latency: KS sets of them (k
     # alternates), added at the end
     KS = 2 if BT * NV < 8 else 1
     K1 = (K // KS) * KS
-    E = BT * NV * VL                               # floats of one accumulator set
+    RA, RB = _tile_halves(BT, NV, VL, KS)
+    EA, EB = RA * NV * VL, RB * NV * VL            # floats of one accumulator set in acc, acc_b
 
     @T.macro
-    def accumulate(acc, src, Rp, d, p, m0):
-        for e in T.unroll(KS * BT * NV):
+    def fma(acc, E, rows, src, Rp, d, p, m0, k, ks):
+        for j in T.unroll(rows):
+            for c in T.unroll(NV):
+                for v in T.vectorized(VL):
+                    acc[ks * E + (j * NV + c) * VL + v] = acc[ks * E + (j * NV + c) * VL + v] + Rp[
+                        d, p, k, c * VL + v] * src[d, m0 + j, k]
+
+    @T.macro
+    def accumulate(acc, acc_b, src, Rp, d, p, m0):
+        for e in T.unroll(KS * RA * NV):
             for v in T.vectorized(VL):
                 acc[e * VL + v] = T.float32(0)
+        if RB > 0:
+            for e in T.unroll(RB * NV):
+                for v in T.vectorized(VL):
+                    acc_b[e * VL + v] = T.float32(0)
         for k0 in range(K // KS):
             for ks in T.unroll(KS):
-                for j in T.unroll(BT):
-                    for c in T.unroll(NV):
-                        for v in T.vectorized(VL):
-                            acc[ks * E + (j * NV + c) * VL + v] = acc[ks * E + (j * NV + c) * VL + v] + Rp[
-                                d, p, k0 * KS + ks, c * VL + v] * src[d, m0 + j, k0 * KS + ks]
+                fma(acc, EA, RA, src, Rp, d, p, m0, k0 * KS + ks, ks)
+                if RB > 0:
+                    fma(acc_b, EB, RB, src, Rp, d, p, m0 + RA, k0 * KS + ks, ks)
         for kt in range(K - K1):
-            for j in T.unroll(BT):
-                for c in T.unroll(NV):
-                    for v in T.vectorized(VL):
-                        acc[(j * NV + c) * VL + v] = acc[(j * NV + c) * VL + v] + Rp[
-                            d, p, K1 + kt, c * VL + v] * src[d, m0 + j, K1 + kt]
+            fma(acc, EA, RA, src, Rp, d, p, m0, K1 + kt, 0)
+            if RB > 0:
+                fma(acc_b, EB, RB, src, Rp, d, p, m0 + RA, K1 + kt, 0)
         if KS == 2:
-            for e in T.unroll(BT * NV):
+            for e in T.unroll(RA * NV):
                 for v in T.vectorized(VL):
-                    acc[e * VL + v] = acc[e * VL + v] + acc[E + e * VL + v]
+                    acc[e * VL + v] = acc[e * VL + v] + acc[EA + e * VL + v]
 
-    return accumulate, KS * E
+    return accumulate, (KS * EA, max(EB, 1))
 
 
 def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: int, NV: int, bias: bool):
     """One register tile of the panel GEMM: BT batch rows x the first NV vectors of VL rows of panel p (all
     P / VL of them but in a last panel that needs fewer), plus the bias as it is stored (`bias`)."""
-    accumulate, size = _panel_accumulate_macro(K, VL, BT, NV)
+    accumulate, (size, size_b) = _panel_accumulate_macro(K, VL, BT, NV)
+    RA, RB = _tile_halves(BT, NV, VL, 2 if BT * NV < 8 else 1)
     stored = _stored_sum(bias)
 
     @T.macro
-    def tile(src, Rp, gh, bias_buf, d, p, m0):
-        acc = T.alloc_buffer((size,), "float32", scope=CPU_TILE_SCOPE)
-        accumulate(acc, src, Rp, d, p, m0)
+    def store(acc, gh, bias_buf, d, p, m0, n_rows):
         # a panel inside [row_offset, row_offset + rows) stores whole vectors; an edge panel row by row
         if p * P >= row_offset and p * P + NV * VL <= row_offset + rows:
-            for j in T.unroll(BT):
+            for j in T.unroll(n_rows):
                 for c in T.unroll(NV):
                     for v in T.vectorized(VL):
                         gh[0, d, m0 + j, p * P + c * VL + v] = stored(
                             acc[(j * NV + c) * VL + v], bias_buf, d, p * P + c * VL + v)
         else:
-            for j in T.unroll(BT):
+            for j in T.unroll(n_rows):
                 for c in T.serial(NV * VL):
                     if p * P + c >= row_offset and p * P + c < row_offset + rows:
                         gh[0, d, m0 + j, p * P + c] = stored(acc[j * NV * VL + c], bias_buf, d, p * P + c)
+
+    @T.macro
+    def tile(src, Rp, gh, bias_buf, d, p, m0):
+        acc = T.alloc_buffer((size,), "float32", scope=CPU_TILE_SCOPE)
+        acc_b = T.alloc_buffer((size_b,), "float32", scope=CPU_TILE_SCOPE)
+        accumulate(acc, acc_b, src, Rp, d, p, m0)
+        store(acc, gh, bias_buf, d, p, m0, RA)
+        if RB > 0:
+            store(acc_b, gh, bias_buf, d, p, m0 + RA, RB)
 
     return tile
 
@@ -883,7 +923,7 @@ def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: i
         @T.macro
         def blocks(src, Rp, gh, bias_buf):
             for w in loop(nmb * D * npn):
-                mbe: T.int32 = MBe      # bound once a work item (`_even_m_block`, cpu_gemm_macro)
+                mbe = T.bind(MBe)       # bound once a work item (`_even_m_block`, cpu_gemm_macro), a register
                 # m block outermost: a thread's share is a range of (m block, direction, panel)
                 mb = T.meta_var(w // (D * npn))
                 d = T.meta_var(w // npn % D)
@@ -939,14 +979,16 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
     nP = cpu_panel_count(units, U)
     nmb = _fused_m_blocks(M, D, nP, threads)
     MBe = _even_m_block(M, nmb, BT)
-    (acc_tile, tile_size), (acc_row, row_size) = (_panel_accumulate_macro(K, U, bt, gates) for bt in (BT, 1))
-    wb_tile, wb_row = write_back(BT), write_back(1)
+    (acc_tile, (tile_size, tile_size_b)), (acc_row, (row_size, _)) = (_panel_accumulate_macro(K, U, bt, gates)
+                                                                       for bt in (BT, 1))
+    RA, RB = _tile_halves(BT, gates, U, 1)
+    wb_tile, wb_tile_b, wb_row = write_back(RA), write_back(max(RB, 1)), write_back(1)
 
     def blocks_macro(loop):
         @T.macro
         def blocks(src, dst, Rp, ops, s):
             for w in loop(nmb * D * nP):
-                mbe: T.int32 = MBe      # bound once a work item, as the panel GEMM's
+                mbe = T.bind(MBe)       # bound once a work item, as the panel GEMM's
                 mb = T.meta_var(w // (D * nP))
                 d = T.meta_var(w // nP % D)
                 p = T.meta_var(w % nP)
@@ -954,11 +996,14 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
                 mlen = T.meta_var(T.min(mbe, M - m0))
                 for mt in range(mlen // BT):
                     acc = T.alloc_buffer((tile_size,), "float32", scope=CPU_TILE_SCOPE)
-                    acc_tile(acc, src, Rp, d, p, m0 + mt * BT)
+                    acc_b = T.alloc_buffer((tile_size_b,), "float32", scope=CPU_TILE_SCOPE)
+                    acc_tile(acc, acc_b, src, Rp, d, p, m0 + mt * BT)
                     wb_tile(acc, ops, src, dst, s, d, p, m0 + mt * BT)
+                    if RB > 0:
+                        wb_tile_b(acc_b, ops, src, dst, s, d, p, m0 + mt * BT + RA)
                 for mr in range(mlen % BT):
                     acc1 = T.alloc_buffer((row_size,), "float32", scope=CPU_TILE_SCOPE)
-                    acc_row(acc1, src, Rp, d, p, m0 + (mlen // BT) * BT + mr)
+                    acc_row(acc1, acc1, src, Rp, d, p, m0 + (mlen // BT) * BT + mr)
                     wb_row(acc1, ops, src, dst, s, d, p, m0 + (mlen // BT) * BT + mr)
 
         return blocks
