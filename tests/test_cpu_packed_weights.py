@@ -82,3 +82,17 @@ def test_projection_on_importer_packed_w(D, I, G):
         X = rng.standard_normal((rows, I)).astype(np.float32)
         np.testing.assert_allclose(_run_projection(func, X, ip.w_panels(spec, LLVM).pack(W), Bias),
                                    _projection_ref(X, W, Bias), rtol=1e-4, atol=1e-4)
+
+
+def test_packed_w_and_wide_tiles_are_refused():
+    """A projection asked for packed W where it has no panel path (no AVX-512), and a register tile that two stack
+    buffers cannot hold, are errors naming the cause."""
+    from tvmseq.errors import TvmseqError
+    from tvmseq.kernels.projection import gemm as ip
+
+    with pytest.raises(ValueError, match="packed W needs the CPU projection's panel path"):
+        ip.cpu_projection_func(_projection_spec(1, 64, 256), resolve({"kind": "llvm", "mcpu": "x86-64-v3"}),
+                               packed_w=True)
+    assert step_gemm._tile_halves(4, 4, 16, 1) == (2, 2) and step_gemm._tile_halves(4, 3, 16, 1) == (4, 0)
+    with pytest.raises(TvmseqError, match="does not fit two stack buffers"):
+        step_gemm._tile_halves(4, 8, 16, 1)

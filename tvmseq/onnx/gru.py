@@ -99,10 +99,7 @@ def build_kernels(spec, target_json: str, path: str = "auto"):
         if path not in ("auto", "per_step"):
             raise TvmseqError(f"recurrence path {path!r} needs a static batch; this node's batch is symbolic "
                               "(use 'auto' or 'per_step', or pin the batch with --shape)")
-        from ..kernels.recurrent import gru, rnn
-
-        per_step = rnn.recurrence_func if isinstance(spec, rnn.RnnSpec) else gru.recurrence_func
-        return per_step(spec, tvm.target.Target(target_json)), "per_step"
+        return _cell_kernels(spec).recurrence_func(spec, tvm.target.Target(target_json)), "per_step"
     rec, path, _why = paths.recurrence_func_auto(spec, tvm.target.Target(target_json), path=path)
     return rec, path
 
@@ -133,33 +130,35 @@ def packed_constant(weight, panels):
     return None if value is None else relax.const(panels.pack(value))
 
 
+def _cell_kernels(spec):
+    """The kernel module (`kernels.recurrent.gru`, `rnn` or `lstm`) of a GruSpec, RnnSpec or LstmSpec."""
+    from ..kernels.recurrent import lstm, rnn
+
+    return lstm if isinstance(spec, lstm.LstmSpec) else rnn if isinstance(spec, rnn.RnnSpec) else gru_kernels
+
+
 @functools.lru_cache(maxsize=64)
 def _packed_r_recurrence(spec, target_json: str):
-    from ..kernels.recurrent import lstm, rnn
-
-    kernels = lstm if isinstance(spec, lstm.LstmSpec) else rnn if isinstance(spec, rnn.RnnSpec) else gru_kernels
-    return kernels.recurrence_func(spec, tvm.target.Target(target_json), packed_r=True)
+    return _cell_kernels(spec).recurrence_func(spec, tvm.target.Target(target_json), packed_r=True)
 
 
-def packed_r_choice(spec, r, path: str, target):
-    """(R packed at import, the per-step recurrence that takes it) for a CPU per-step GRU/RNN/LSTM whose R is a
-    constant and whose kernel would pack R itself (`r_panels`), else None: R as it is, packed in each long call."""
-    from ..kernels.recurrent import lstm, rnn
-
+def with_packed_r(spec, r, rec, attrs: dict, target) -> tuple:
+    """(R, recurrence, kernel key attrs) of a node's recurrence call (attrs holding its path): for a CPU per-step
+    GRU/RNN/LSTM whose R is a constant and whose kernel would pack R itself (`r_panels`), R packed here once and the
+    recurrence that takes it (attrs + packed_r); else as given (R packed in each long call)."""
     target = tvm.target.Target(str(target))
-    if path != "per_step" or target.kind.name == "cuda":
-        return None
-    kernels = lstm if isinstance(spec, lstm.LstmSpec) else rnn if isinstance(spec, rnn.RnnSpec) else gru_kernels
-    panels = kernels.r_panels(spec, target)
+    if attrs["path"] != "per_step" or target.kind.name == "cuda":
+        return r, rec, attrs
+    panels = _cell_kernels(spec).r_panels(spec, target)
     # a kernel built for packed R steps on panels in every call, where the one that packs for itself keeps R as
     # stored in short calls. A GRU step at batch 1 was slower on panels (hidden 400, 37 steps: 0.435 against 0.395
     # ms, 2-core Zen 4): GRU / RNN / an unfused LSTM take packed R from a static batch of 2; an LSTM whose gate
     # math fuses into the panel tiles (interleaved panels) at any batch (hidden 256-1024 at batch 1: 0.9-0.8x the time)
     fused = panels is not None and panels.interleave is not None
-    if not fused and not (isinstance(spec.batch, int) and spec.batch >= 2):
-        return None
-    r_packed = packed_constant(r, panels)
-    return None if r_packed is None else (r_packed, _packed_r_recurrence(spec, str(target)))
+    r_packed = packed_constant(r, panels) if fused or (isinstance(spec.batch, int) and spec.batch >= 2) else None
+    if r_packed is None:
+        return r, rec, attrs
+    return r_packed, _packed_r_recurrence(spec, str(target)), {**attrs, "packed_r": True}
 
 
 # seq * batch (both static) at or below which a GPU input projection is a stock matmul: dlight's GEMV rule
@@ -203,8 +202,8 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
         x_rows = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
         op = f"{cell}_input_projection_flat"
         w, attrs, make = c["w"], {}, lambda: proj
-        w_packed = None if tvm.target.Target(str(target)).kind.name == "cuda" else \
-            packed_constant(c["w"], ip.w_panels(spec, tvm.target.Target(str(target))))
+        tgt = tvm.target.Target(str(target))
+        w_packed = None if tgt.kind.name == "cuda" else packed_constant(c["w"], ip.w_panels(spec, tgt))
         if w_packed is not None:   # CPU: W packed into the panel GEMM's layout here, never in a call
             w, attrs, make = w_packed, {"packed_w": True}, lambda: packed_projection_kernel(spec, str(target))
         g_rows = emit_kernel(bb, op, KernelKey(sizes, c["dtype"], attrs, dynamic=("rows",)), make,
@@ -311,12 +310,9 @@ def emit_recurrent_kernels(bb, cell: str, spec, c, rec, path, bias_i, rec_args, 
     sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
     gate_i = emit_input_projection(bb, cell, spec, c, bias_i, target)
     # path is in the key: the persistent and the per-step kernels differ (and the persistent RNN takes rb_h)
-    attrs = {"spec": repr(spec), "path": path}
-    packed = packed_r_choice(spec, rec_args[0], path, target)
-    if packed is not None:   # R (rec_args[0]) packed here once
-        rec_args, rec, attrs = [packed[0], *rec_args[1:]], packed[1], {**attrs, "packed_r": True}
+    r, rec, attrs = with_packed_r(spec, rec_args[0], rec, {"spec": repr(spec), "path": path}, target)
     outs = emit_kernel(bb, f"{cell}_recurrence", recurrent_key(sizes, c["dtype"], attrs),
-                       lambda: rec, [gate_i, *rec_args],
+                       lambda: rec, [gate_i, r, *rec_args[1:]],
                        [relax.TensorType([seq, D, B, H], c["dtype"]), relax.TensorType([D, B, H], c["dtype"])],
                        name_hint=f"{cell}_recurrence" + c.get("suffix", ""))
     return gate_i, outs

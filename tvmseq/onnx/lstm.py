@@ -13,8 +13,8 @@ from ..kernels.activations import parse_onnx_activations
 from ..kernels.recurrent import gru as gru_kernels
 from ..kernels.recurrent import lstm as lstm_kernels
 from .gru import (_SUPPORTED_ATTRS, _int, _static_dims, as_float32, constant_value, emit_input_projection,
-                  emit_layer, emit_one_step, finish_outputs, fold_biases, match_state_shape, one_step_wanted, packed_r_choice,
-                  prepare_common, recurrence_path_option, recurrent_key, spec_batch, zeros)
+                  emit_layer, emit_one_step, finish_outputs, fold_biases, match_state_shape, one_step_wanted,
+                  prepare_common, recurrence_path_option, recurrent_key, spec_batch, with_packed_r, zeros)
 from .importer import OnnxOpConverter, emit_kernel, register_converter
 
 _LSTM_ATTRS = (_SUPPORTED_ATTRS - {"linear_before_reset"}) | {"input_forget"}
@@ -104,10 +104,7 @@ def _emit_lstm_kernels(bb, c, spec, c0, peep, target, path_option: str = "auto")
     gate_i = emit_input_projection(bb, "lstm", spec, c, bias_i, target)
     lens = c["lens"] if c["lens"] is not None else zeros((B,), "int32")
     sizes = {"directions": D, "batch": B, "hidden": H, "input_size": c["input_size"], "gates": spec.gates}
-    attrs, r = {"spec": repr(spec), "path": path}, c["r"]
-    packed = packed_r_choice(spec, r, path, target)
-    if packed is not None:   # R packed here once (the CPU's panels)
-        r, rec, attrs = packed[0], packed[1], {**attrs, "packed_r": True}
+    r, rec, attrs = with_packed_r(spec, c["r"], rec, {"spec": repr(spec), "path": path}, target)
     key = recurrent_key(sizes, c["dtype"], attrs)
     state = relax.TensorType([D, B, H], c["dtype"])
     return emit_kernel(bb, "lstm_recurrence", key, lambda: rec, [gate_i, r, peep, lens, c["h0"], c0],

@@ -33,10 +33,10 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 from ...errors import TvmseqError
 from ..activations import Activation
 from ..projection.gemm import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
-from .step_gemm import (CPU_PANEL, TILED_MIN_BATCH, GemmTile, choose_tile, cpu_barrier, cpu_gemm_macro, cpu_lanes,
+from .step_gemm import (TILED_MIN_BATCH, GemmTile, Panels, choose_tile, cpu_barrier, cpu_gemm_macro, cpu_lanes,
                         cpu_one_launch_loop, cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile,
-                        cpu_panel_count, cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro,
-                        normalized, tiled_gemm_macro, Panels)
+                        cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro, normalized,
+                        tiled_gemm_macro)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 
@@ -514,7 +514,7 @@ def _packing_time_loop(steps, convert_r: bool, D: int, G: int, H: int, B, interl
     """time_loop's CPU variant for the panel GEMM: R packed once before a long time loop (a float16 R straight
     into float32 panels), a short one on R (float16: converted) as before."""
     pack = cpu_pack_macro(D, G, H, interleave=interleave)
-    nP = cpu_panel_count(G) if interleave is None else cpu_panel_count(H, interleave)
+    panels = Panels(interleave)
 
     # two copies of the time loop, each with one step GEMM (packed is a Python constant in each): with one
     # loop choosing its GEMM every step and the panels allocated in every call, batch-1 calls (which never
@@ -522,7 +522,7 @@ def _packing_time_loop(steps, convert_r: bool, D: int, G: int, H: int, B, interl
     @T.macro
     def run(R, bufs, seq):
         if cpu_pack_at_run_time(seq, B):
-            Rp = T.alloc_buffer((D, nP, H, CPU_PANEL), "float32")
+            Rp = T.alloc_buffer(panels.shape(D, G, H), "float32")
             pack(R, Rp)
             steps((R, Rp, True), bufs, seq)
         elif convert_r:

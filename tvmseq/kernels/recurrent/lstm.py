@@ -37,8 +37,8 @@ except ImportError:  # runtime-only TVM: nothing is built here
 from ...errors import TvmseqError
 from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_packs_r,
-                  cpu_r_panels, cpu_unit_chunk, r_buffer, gemm_then_units_steps, partial_sum, reverse_fn, row_length_fn, state_macros,
-                  step_gemm_plan, time_loop, unit_loops, unit_update)
+                  cpu_r_panels, cpu_unit_chunk, gemm_then_units_steps, partial_sum, r_buffer, reverse_fn,
+                  row_length_fn, state_macros, step_gemm_plan, time_loop, unit_loops, unit_update)
 from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, Panels, cpu_cores,
                         cpu_fused_time_loop_macro, cpu_parallel_min_macs)
 
@@ -159,8 +159,8 @@ def r_panels(spec: LstmSpec, target) -> Panels | None:
 def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedule | None = None,
                     packed_r: bool = False) -> tirx.PrimFunc:
     """The time loop of an LSTM node. Inputs: gate_i [D, T, B, 4H] f32 (X W^T + Wb + Rb, gates i, o, f, c),
-    R [D, 4H, H] (model dtype; packed_r: float32 panels, `r_panels`), P [D, 3H] f32 (zeros without peepholes), seq_lens [B] i32, h0 [D, B, H] f32,
-    c0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H], Y_c [D, B, H] (model dtype). With spec.batch
+    R [D, 4H, H] (model dtype; packed_r: float32 panels, `r_panels`), P [D, 3H] f32 (zeros without peepholes),
+    seq_lens [B] i32, h0 [D, B, H] f32, c0 [D, B, H] f32. Outputs: Y [T, D, B, H], Y_h [D, B, H], Y_c [D, B, H] (model dtype). With spec.batch
     None, B is a variable bound from gate_i's shape: one kernel for every batch."""
     gpu = target.kind.name == "cuda"
     D, B, H, dt = spec.num_directions, batch_extent(spec.batch), spec.hidden, spec.dtype

@@ -754,7 +754,7 @@ def cpu_pack_macro(D: int, G: int, K: int, panel: int = CPU_PANEL, interleave: i
     CPU_PACK_KB-line (4 KB) block of the panel that stays in L1. (k-major order read a cache line from each of
     `panel` rows K floats apart: 4 KB aliasing in L1 at K 1024, 3x slower.)"""
     P, KB = panel, CPU_PACK_KB
-    nP = cpu_panel_count(G, P) if interleave is None else cpu_panel_count(G // (P // interleave), interleave)
+    nP = Panels(interleave, P).count(G)
     loop = T.parallel if D * G * K >= CPU_PACK_PARALLEL_MIN and nP * D > 1 else T.serial
 
     if interleave is None:
@@ -807,10 +807,10 @@ def _tile_halves(BT: int, NV: int, VL: int, KS: int) -> tuple:
 
 
 def _panel_accumulate_macro(K: int, VL: int, BT: int, NV: int):
-    """(macro `accumulate(acc, acc_b, src, Rp, d, p, m0)`, (floats of acc, floats of acc_b)): the sums of one
-    register tile of the panel GEMM, BT batch rows (src rows m0 ..) x the first NV vectors of VL rows of panel p:
-    rows j < RA (`_tile_halves`) in acc[(j * NV + c) * VL + v], rows RA + j in acc_b[(j * NV + c) * VL + v]
-    (CPU_TILE_SCOPE buffers the caller allocates; acc_b is not touched when its size is 0)."""
+    """(macro `accumulate(acc, acc_b, src, Rp, d, p, m0)`, (floats of acc, floats of acc_b), (RA, RB)): the sums
+    of one register tile of the panel GEMM, BT batch rows (src rows m0 ..) x the first NV vectors of VL rows of panel
+    p: rows j < RA (`_tile_halves`) in acc[(j * NV + c) * VL + v], rows RA + j in acc_b[(j * NV + c) * VL + v]
+    (CPU_TILE_SCOPE buffers the caller allocates; with RB 0, acc_b is a one-float placeholder never touched)."""
     # a 1-row tile has only NV accumulator chains, too few to cover the FMA latency: KS sets of them (k
     # alternates), added at the end
     KS = 2 if BT * NV < 8 else 1
@@ -849,14 +849,13 @@ def _panel_accumulate_macro(K: int, VL: int, BT: int, NV: int):
                 for v in T.vectorized(VL):
                     acc[e * VL + v] = acc[e * VL + v] + acc[EA + e * VL + v]
 
-    return accumulate, (KS * EA, max(EB, 1))
+    return accumulate, (KS * EA, max(EB, 1)), (RA, RB)
 
 
 def _panel_tile_macro(K: int, rows: int, row_offset: int, P: int, VL: int, BT: int, NV: int, bias: bool):
     """One register tile of the panel GEMM: BT batch rows x the first NV vectors of VL rows of panel p (all
     P / VL of them but in a last panel that needs fewer), plus the bias as it is stored (`bias`)."""
-    accumulate, (size, size_b) = _panel_accumulate_macro(K, VL, BT, NV)
-    RA, RB = _tile_halves(BT, NV, VL, 2 if BT * NV < 8 else 1)
+    accumulate, (size, size_b), (RA, RB) = _panel_accumulate_macro(K, VL, BT, NV)
     stored = _stored_sum(bias)
 
     @T.macro
@@ -979,9 +978,8 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
     nP = cpu_panel_count(units, U)
     nmb = _fused_m_blocks(M, D, nP, threads)
     MBe = _even_m_block(M, nmb, BT)
-    (acc_tile, (tile_size, tile_size_b)), (acc_row, (row_size, _)) = (_panel_accumulate_macro(K, U, bt, gates)
-                                                                       for bt in (BT, 1))
-    RA, RB = _tile_halves(BT, gates, U, 1)
+    acc_tile, (tile_size, tile_size_b), (RA, RB) = _panel_accumulate_macro(K, U, BT, gates)
+    acc_row, (row_size, _), _ = _panel_accumulate_macro(K, U, 1, gates)
     wb_tile, wb_tile_b, wb_row = write_back(RA), write_back(max(RB, 1)), write_back(1)
 
     def blocks_macro(loop):
