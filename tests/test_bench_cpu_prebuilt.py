@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,3 +95,28 @@ def test_llvm_target_with_explicit_cpu():
     assert list(target.attrs["mattr"]) == ["+avx2", "+fma"] and llvm_get_vector_width(target) == 128
     with pytest.raises(TvmseqError, match="no such CPU"):
         resolve("llvm -mcpu=nosuchcpu")
+
+
+def test_node_files_drawn_again_when_absent(tmp_path, monkeypatch):
+    """A build directory may travel without its node ONNX files and inputs: the run half draws a node's model and
+    inputs again from their seed, byte for byte what `--build` wrote; a missing corpus file is still an error."""
+    from tvmseq.bench import cpu
+
+    parser = argparse.ArgumentParser()
+    cpu.add_arguments(parser)
+    case = next(cpu._node_cases(parser.parse_args(["--cells", "LSTM", "--hidden", "24", "--batches", "3"])))
+    monkeypatch.setattr(cpu, "build_case", lambda model, target: None)   # the files only, no module
+    entry = cpu._build_case(case, tmp_path, None, lambda *a: None)
+    run = entry["runs"][0]
+    written = (tmp_path / entry["onnx"]).read_bytes()
+    feeds = cpu._feeds(tmp_path, run)
+    (tmp_path / entry["onnx"]).unlink()
+    (tmp_path / run["feeds"]).unlink()
+    assert cpu._onnx_bytes(tmp_path, entry) == written
+    drawn = cpu._feeds(tmp_path, run)
+    assert drawn.keys() == feeds.keys() and all(np.array_equal(drawn[k], feeds[k]) for k in feeds)
+    corpus = {"onnx": "m.onnx", "runs": [{"row": {"case": "corpus", "model": "m"}, "feeds": "m_in0.npz"}]}
+    with pytest.raises(FileNotFoundError):
+        cpu._onnx_bytes(tmp_path, corpus)
+    with pytest.raises(FileNotFoundError):
+        cpu._feeds(tmp_path, corpus["runs"][0])

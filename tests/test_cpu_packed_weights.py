@@ -12,7 +12,7 @@ if getattr(tvm.base, "_RUNTIME_ONLY", False):   # CPU kernels built here: TVM's 
     pytest.skip("TVM runtime only: these tests build CPU kernels", allow_module_level=True)
 
 from test_cpu_step_gemm import (LLVM, _projection_ref, _projection_spec, _recurrence_case,  # noqa: E402
-                                _run_packed_and_not, _run_projection, _tensor)
+                                _run_projection, _tensor)
 from tvmseq.kernels.recurrent import lstm, rnn, step_gemm  # noqa: E402
 from tvmseq.targets import resolve  # noqa: E402
 
@@ -37,7 +37,7 @@ def test_importer_packing_equals_the_kernels_packing(G, K, interleave):
 def test_recurrence_on_importer_packed_r(monkeypatch, cell, kw, H, D, B, seq):
     """A recurrence built with packed_r takes R as `r_panels(spec)` packs it and steps on the panels in every call
     (batch 1 x 5 steps, where the kernel that packs for itself keeps R as stored): equal to that kernel with
-    packing forced on (bit for bit: the same panel GEMM), and to rounding with packing off."""
+    packing forced on, bit for bit (the same panel GEMM)."""
     rng = np.random.default_rng(H + B)
     spec, args, shapes, module = _recurrence_case(cell, kw, D, B, H, seq, rng)
     panels = module.r_panels(spec, LLVM)
@@ -48,10 +48,14 @@ def test_recurrence_on_importer_packed_r(monkeypatch, cell, kw, H, D, B, seq):
     res = [_tensor(np.full(s, np.nan, np.float32)) for s in shapes]
     mod["main"](*[_tensor(a) for a in [args[0], panels.pack(args[1]), *args[2:]]], *res)
     on_packed = [r.numpy() for r in res]
-    packed, plain = _run_packed_and_not(monkeypatch, lambda: module.recurrence_func(spec, LLVM), args, shapes)
-    for a, b, c in zip(on_packed, packed, plain):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
+    # against the kernel that packs for itself (packing forced on); that one against R as stored, to rounding, is
+    # test_cpu_step_gemm's
+    monkeypatch.setattr(step_gemm, "CPU_PACK_MIN_ROW_STEPS", 1)
+    packs = tvm.compile(tvm.IRModule({"main": module.recurrence_func(spec, LLVM)}), target=LLVM)
+    res = [_tensor(np.full(s, np.nan, np.float32)) for s in shapes]
+    packs["main"](*[_tensor(a) for a in args], *res)
+    for a, b in zip(on_packed, res):
+        np.testing.assert_array_equal(a, b.numpy())
     assert not np.isnan(on_packed[0]).any()
 
 
@@ -96,3 +100,42 @@ def test_packed_w_and_wide_tiles_are_refused():
     assert step_gemm._tile_halves(4, 4, 16, 1) == (2, 2) and step_gemm._tile_halves(4, 3, 16, 1) == (4, 0)
     with pytest.raises(TvmseqError, match="does not fit two stack buffers"):
         step_gemm._tile_halves(4, 8, 16, 1)
+
+
+@pytest.mark.parametrize("D,B,H,seq,kw", [
+    (1, 70, 48, 5, dict(has_seq_lens=True)),
+    (2, 67, 32, 6, dict(has_peepholes=True, input_forget=1, has_seq_lens=True)),
+], ids=["b70", "bi-b67"])
+def test_fused_lstm_on_many_cores_by_rows_and_by_panels(monkeypatch, D, B, H, seq, kw):
+    """Built for 16 cores, a fused LSTM step whose batch gives every thread a tile (B x D >= 64) splits its rows over
+    the threads (`step_gemm._fused_rows_loop`, no barrier a step): bit-identical to the split by panels, and both
+    equal to the kernel on R as stored to rounding. At batch 70 (67) the panel split's m blocks of 8 rows end past
+    the batch; the last ones once computed rows of the block before them again, updating their cell state twice."""
+    from tvmseq.kernels.recurrent import gru
+
+    target = tvm.target.Target(dict(LLVM.export(), **{"num-cores": 16}))
+    direction = "bidirectional" if D == 2 else "forward"
+    spec = lstm.LstmSpec(D, B, H, 11, direction=direction, **kw)
+    assert lstm.cpu_fuses_gates(False, gru.StepSchedule.for_batch(B), H, target)
+    rng = np.random.default_rng(B)
+    G = 4 * H
+    lens = np.array([seq] + [(seq - 2 - b) % (seq + 1) for b in range(1, B)], np.int32) if spec.has_seq_lens \
+        else np.full(B, seq, np.int32)
+    args = [rng.standard_normal((D, seq, B, G)).astype(np.float32), rng.uniform(-0.3, 0.3, (D, G, H)).astype(np.float32),
+            rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32), lens,
+            rng.standard_normal((D, B, H)).astype(np.float32), rng.standard_normal((D, B, H)).astype(np.float32)]
+    shapes = [(seq, D, B, H), (D, B, H), (D, B, H)]
+
+    def run(pack_from: int, row_split_bytes: int):
+        monkeypatch.setattr(step_gemm, "CPU_PACK_MIN_ROW_STEPS", pack_from)
+        monkeypatch.setattr(step_gemm, "CPU_ROW_SPLIT_MAX_R_BYTES", row_split_bytes)
+        func = lstm.recurrence_func(spec, target)
+        res = [_tensor(np.full(s, np.nan, np.float32)) for s in shapes]
+        tvm.compile(tvm.IRModule({"main": func}), target=target)["main"](*[_tensor(a) for a in args], *res)
+        return func.script(), [r.numpy() for r in res]
+
+    (by_rows, rows), (by_panels, panels), (_, plain) = run(1, 1 << 30), run(1, 0), run(1 << 30, 0)
+    assert by_rows != by_panels
+    for a, b, c in zip(rows, panels, plain):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)

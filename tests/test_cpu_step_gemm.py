@@ -211,15 +211,19 @@ def _run_packed_and_not(monkeypatch, build, args, out_shapes, target=LLVM):
     return outs
 
 
-@pytest.mark.parametrize("H,B,direction,kw", [
-    (37, 3, "bidirectional", dict(has_peepholes=True)),
+# (seq, cores): an even and an odd number of steps, this machine's threads and 16
+_LSTM_PACKED_CASES = [
+    (37, 3, "bidirectional", dict(has_peepholes=True), 6, None),
     # hidden 48: whole vectors of units, so the packed loop fuses the gate math into the panel GEMM
     # (`cpu_fused_time_loop_macro`): batch 7 (a 4-row tile and 3 single rows), ragged lengths, every option
-    (48, 7, "bidirectional", dict(has_peepholes=True, has_seq_lens=True, clip=2.5)),
-    (48, 5, "reverse", dict(input_forget=1, has_seq_lens=True)),
-    (32, 6, "forward", dict(activations=("HardSigmoid", "Relu", "Tanh"))),
-])
-@pytest.mark.parametrize("seq,cores", [(6, None), (7, 16)])
+    (48, 7, "bidirectional", dict(has_peepholes=True, has_seq_lens=True, clip=2.5), 6, None),
+    (48, 7, "bidirectional", dict(has_peepholes=True, has_seq_lens=True, clip=2.5), 7, 16),
+    (48, 5, "reverse", dict(input_forget=1, has_seq_lens=True), 7, 16),
+    (32, 6, "forward", dict(activations=("HardSigmoid", "Relu", "Tanh")), 6, None),
+]
+
+
+@pytest.mark.parametrize("H,B,direction,kw,seq,cores", _LSTM_PACKED_CASES)
 def test_lstm_recurrence_packed_equals_unpacked(monkeypatch, H, B, direction, kw, seq, cores):
     """LSTM recurrences with R packed (panels; the gate math fused into them where hidden is a multiple of 16)
     against the k-in-lanes GEMM and gate loop (tested against the reference elsewhere), any batch: equal to

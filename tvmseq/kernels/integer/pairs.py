@@ -61,6 +61,24 @@ def pack_weight(weight: np.ndarray, tile: PairTile) -> np.ndarray:
         padded.reshape(OB, V * LANES, pair_count(C), 2, KH, KW).transpose(0, 4, 5, 2, 1, 3))
 
 
+def tail_tiles(tile):
+    """T.macro tail(ctx, end, rest): the last `rest` (< 8) columns or rows before `end` in register tiles of 4, 2
+    and 1 (rest's bits, highest first), `tile(ctx, start, count)` each: the tails of the int16-pair and byte-quad
+    kernels, whose full tiles are wider than 4."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def tail(ctx, end, rest):
+        if rest // 4 % 2 == 1:
+            tile(ctx, end - rest, 4)
+        if rest // 2 % 2 == 1:
+            tile(ctx, end - rest % 4, 2)
+        if rest % 2 == 1:
+            tile(ctx, end - 1, 1)
+
+    return tail
+
+
 def pair_conv2d_func(C: int, O: int, KH: int, KW: int, stride=(1, 1), dilation=(1, 1), tile: PairTile | None = None,
                      vnni: bool = True):
     """prim_func(data, weight, out) of the module doc: out[n, o, y, x] = sum over (kh, kw, c) of
@@ -86,7 +104,8 @@ def pair_conv2d_func(C: int, O: int, KH: int, KW: int, stride=(1, 1), dilation=(
         return acc + T.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.pmaddw.d.512", a, wv)
 
     @T.macro
-    def row_tile(D, Wt, Y, acc, b, ob, y, x0, cols):
+    def row_tile(ctx, x0, cols):
+        D, Wt, Y, acc, b, ob, y = T.meta_var(ctx)
         for i in T.unroll(cols * V):
             acc[T.ramp(i * LANES, 1, LANES)] = T.broadcast(T.int32(0), LANES)
         for kh, kw, cp in T.grid(KH, KW, CP):
@@ -101,6 +120,8 @@ def pair_conv2d_func(C: int, O: int, KH: int, KW: int, stride=(1, 1), dilation=(
             if (ob * V + v) * LANES + lane < O:
                 Y[b, (ob * V + v) * LANES + lane, y, x0 + c] = acc[(c * V + v) * LANES + lane]
 
+    tail = tail_tiles(row_tile)
+
     @T.prim_func(s_tir=True)
     def pair_conv(d: T.handle, w: T.handle, out: T.handle):
         T.func_attr({"global_symbol": "pair_conv", "tirx.noalias": True})
@@ -113,16 +134,10 @@ def pair_conv2d_func(C: int, O: int, KH: int, KW: int, stride=(1, 1), dilation=(
                 b = T.meta_var(item // (OB * oh))
                 ob = T.meta_var(item // oh % OB)
                 y = T.meta_var(item % oh)
+                ctx = T.meta_var((D, Wt, Y, acc, b, ob, y))
                 for t in T.serial(ow // R):
-                    row_tile(D, Wt, Y, acc, b, ob, y, t * R, R)
-                # the last ow % R (< 8) columns: tiles of 4, 2, 1 (the rest's bits, highest first)
-                rest = T.meta_var(ow % R)
-                if rest // 4 % 2 == 1:
-                    row_tile(D, Wt, Y, acc, b, ob, y, ow - rest, 4)
-                if rest // 2 % 2 == 1:
-                    row_tile(D, Wt, Y, acc, b, ob, y, ow - rest % 4, 2)
-                if rest % 2 == 1:
-                    row_tile(D, Wt, Y, acc, b, ob, y, ow - 1, 1)
+                    row_tile(ctx, t * R, R)
+                tail(ctx, ow, ow % R)
 
     # opaque to FuseOps (op_pattern 8), as tvmseq's other kernels
     return pair_conv.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})

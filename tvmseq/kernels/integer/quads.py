@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .pairs import LANES
+from .pairs import LANES, tail_tiles
 
 QUAD = 4                   # bytes of k a lane sums an instruction
 
@@ -47,7 +47,8 @@ def u8s8_matmul_func(K: int, N: int, vectors: int = 2, rows: int = 8):
     m = tirx.Var("m", "int64")
 
     @T.macro
-    def row_tile(A, Wq, Y, acc, nb, r0, count):
+    def row_tile(ctx, r0, count):
+        A, Wq, Y, acc, nb = T.meta_var(ctx)
         for i in T.unroll(count * V):
             acc[T.ramp(i * LANES, 1, LANES)] = T.broadcast(T.int32(0), LANES)
         for kq in T.serial(KQ):
@@ -62,6 +63,8 @@ def u8s8_matmul_func(K: int, N: int, vectors: int = 2, rows: int = 8):
             if (nb * V + v) * LANES + lane < N:
                 Y[r0 + r, (nb * V + v) * LANES + lane] = acc[(r * V + v) * LANES + lane]
 
+    tail = tail_tiles(row_tile)
+
     @T.prim_func(s_tir=True)
     def u8s8_matmul(a: T.handle, w: T.handle, out: T.handle):
         T.func_attr({"global_symbol": "u8s8_matmul", "tirx.noalias": True})
@@ -71,15 +74,10 @@ def u8s8_matmul_func(K: int, N: int, vectors: int = 2, rows: int = 8):
         with T.sblock("root"):
             for nb in T.parallel(NB):
                 acc = T.alloc_buffer((R * V * LANES,), "int32")
+                ctx = T.meta_var((A, Wq, Y, acc, nb))
                 for t in T.serial(m // R):
-                    row_tile(A, Wq, Y, acc, nb, t * R, R)
-                rest = T.meta_var(m % R)
-                if rest // 4 % 2 == 1:
-                    row_tile(A, Wq, Y, acc, nb, m - rest, 4)
-                if rest // 2 % 2 == 1:
-                    row_tile(A, Wq, Y, acc, nb, m - rest % 4, 2)
-                if rest % 2 == 1:
-                    row_tile(A, Wq, Y, acc, nb, m - 1, 1)
+                    row_tile(ctx, t * R, R)
+                tail(ctx, m, m % R)
 
     return u8s8_matmul.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
 

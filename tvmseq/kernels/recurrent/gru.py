@@ -199,14 +199,45 @@ def fast_exp(x):
     return _let(T.max(T.min(x, f(_EXP_MAX)), f(_EXP_MIN)), reduced)
 
 
+# Sigmoid and Tanh as rational functions of x^2 (the minimax fits of Eigen's float tanh and of onnxruntime's MLAS
+# logistic): clamped x, an odd numerator, an even denominator, one division. Against 1 / (1 + e^-x) and
+# 1 - 2 / (1 + e^2x) on `fast_exp` (same ~1e-7 error) they took an LSTM's gate math from 1.5 ms to 0.1 ms of a 100-step
+# batch-64 hidden-128 recurrence (6.02 -> 4.52 ms, the GEMM alone 4.43; 2-core Zen 4, 2026-11-28): the exp's
+# floor, shifts and the dependent division sat on the critical path, the polynomials pipeline.
+_TANH_BOUND = 9.0     # tanh(9) = 1 - 3e-8
+_TANH_NUM = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+             1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
+_TANH_DEN = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
+_SIGMOID_BOUND = 18.0
+_SIGMOID_NUM = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
+                2.48287947061529e-01)
+_SIGMOID_DEN = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
+                1.16817656904453e-01, 9.93151921023180e-01)
+
+
+def _rational(bound: float, num: tuple, den: tuple, offset: float, low: float):
+    """x -> offset + x' num(x'^2) / den(x'^2) with x' = x clamped to +-bound, the result kept within [low, 1]."""
+    f = T.float32
+
+    def horner(coefs, x2):
+        p = f(coefs[0])
+        for c in coefs[1:]:
+            p = p * x2 + f(c)
+        return p
+
+    def on_clamped(xc):
+        return _let(xc * xc, lambda x2: T.max(T.min(f(offset) + xc * horner(num, x2) / horner(den, x2), f(1)), f(low)))
+
+    return lambda x: _let(T.max(T.min(x, f(bound)), f(-bound)), on_clamped)
+
+
 def cpu_activation(act: Activation):
-    """x -> act(x) for the CPU kernels: Sigmoid as 1 / (1 + e^-x) and Tanh as 1 - 2 / (1 + e^2x) on
-    `fast_exp` (absolute error ~1e-7); every other activation as `Activation.expr`."""
-    one, two = T.float32(1), T.float32(2)
+    """x -> act(x) for the CPU kernels: Sigmoid and Tanh as rational functions (`_rational`, absolute error < 4e-7,
+    arithmetic only so a vectorized loop stays in SIMD registers); every other activation as `Activation.expr`."""
     if act.name == "Sigmoid":
-        return lambda x: one / (one + fast_exp(T.float32(0) - x))
+        return _rational(_SIGMOID_BOUND, _SIGMOID_NUM, _SIGMOID_DEN, 0.5, 0.0)
     if act.name == "Tanh":
-        return lambda x: one - two / (one + fast_exp(two * x))
+        return _rational(_TANH_BOUND, _TANH_NUM, _TANH_DEN, 0.0, -1.0)
     return act.expr
 
 

@@ -576,6 +576,9 @@ def _even_m_block(M, nmb, BT: int):
     over 100 rows 0.166 -> 0.099 ms, H256 0.365 -> 0.314, 2-core Zen 4, 2026-11-27). An int for a static M, else
     a TIR expression (the panel GEMM binds it to a variable a work item: inlined there, its divisions were
     recomputed in the tiles' loops, and that projection at H256 took 0.47 ms)."""
+    # Rounded up to whole tiles, the blocks can cover more than M rows and the last ones start past M: their row
+    # count min(MBe, M - m0) is negative there, which every user clamps to 0 (its % BT is not 0: a fused LSTM step
+    # updated rows of another block twice, in place)
     if isinstance(M, int):
         return ((M + nmb - 1) // nmb + BT - 1) // BT * BT
     blocks = T.max(nmb, 1)     # a symbolic M of 0 (the simplifier tries it) has no m block
@@ -672,7 +675,7 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
                 d = T.meta_var(w // nrb % D)
                 rb = T.meta_var(w % nrb)
                 m0 = T.meta_var(mb * MBe)
-                mlen = T.meta_var(T.min(MBe, M - m0))
+                mlen = T.meta_var(T.max(0, T.min(MBe, M - m0)))   # 0 past M (`_even_m_block`)
                 for mt in range(mlen // BT):
                     full_tile(src, R, gh, bias_buf, d, rb, m0 + mt * BT)
                 for mr in range(mlen % BT):
@@ -928,7 +931,7 @@ def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: i
                 d = T.meta_var(w // npn % D)
                 p = T.meta_var(p0 + w % npn)
                 m0 = T.meta_var(mb * mbe)
-                mlen = T.meta_var(T.min(mbe, M - m0))
+                mlen = T.meta_var(T.max(0, T.min(mbe, M - m0)))   # 0 past M (`_even_m_block`)
                 if nv_last < P // VL and p == p_last:
                     last_panel_tiles(src, Rp, gh, bias_buf, d, p, m0, mlen)
                 else:
@@ -991,7 +994,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
                 d = T.meta_var(w // nP % D)
                 p = T.meta_var(w % nP)
                 m0 = T.meta_var(mb * mbe)
-                mlen = T.meta_var(T.min(mbe, M - m0))
+                mlen = T.meta_var(T.max(0, T.min(mbe, M - m0)))   # 0 past M (`_even_m_block`)
                 for mt in range(mlen // BT):
                     acc = T.alloc_buffer((tile_size,), "float32", scope=CPU_TILE_SCOPE)
                     acc_b = T.alloc_buffer((tile_size_b,), "float32", scope=CPU_TILE_SCOPE)
@@ -1025,8 +1028,72 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
         for s in range(seq):
             serial_step(Rp, bufs, s, seq)
 
-    return cpu_one_launch_loop(cpu_barrier(step_of(blocks_macro(T.parallel))), on_this_thread, D, M, gates * units,
-                               K, min_macs)
+    by_panels = cpu_one_launch_loop(cpu_barrier(step_of(blocks_macro(T.parallel))), on_this_thread, D, M,
+                                    gates * units, K, min_macs)
+    if threads < CPU_MANY_CORES or 4 * gates * units * K > CPU_ROW_SPLIT_MAX_R_BYTES:
+        return by_panels
+    by_rows = _fused_rows_loop(D, M, nP, threads, acc_tile, acc_row, (wb_tile, wb_tile_b, wb_row),
+                               (tile_size, tile_size_b, RA, RB, row_size))
+
+    @T.macro
+    def loop(Rp, bufs, seq):
+        if M * D >= BT * threads:
+            by_rows(Rp, bufs, seq)
+        else:
+            by_panels(Rp, bufs, seq)
+
+    return loop
+
+
+# R's bytes up to which a many-core fused step splits its batch rows instead of R's panels (`_fused_rows_loop`):
+# each thread then reads all of R every step, which must stay in its core's L2 (2 MB on the 16-core Xeon)
+CPU_ROW_SPLIT_MAX_R_BYTES = 1 << 20
+
+
+def _fused_rows_loop(D: int, M, nP: int, threads: int, acc_tile, acc_row, write_backs, sizes):
+    """The fused time loop (`cpu_fused_time_loop_macro`) split by batch rows: one launch of the thread pool, each work
+    item (a block of whole batch tiles, a direction) runs every step over all panels for its own rows, so no step
+    waits for another thread (the rows of an LSTM are independent). The same tiles, in the same order of k, as the
+    split by panels: bit-identical outputs. Where every thread gets a tile and R stays in its L2; with 16 threads at
+    batch 64 the split by panels spent ~40 us a step against ~23 of multiply-adds, its barrier and the state's
+    hand-over between cores."""
+    BT = CPU_PANEL_BATCH_TILE
+    wb_tile, wb_tile_b, wb_row = write_backs
+    tile_size, tile_size_b, RA, RB, row_size = sizes
+    per_direction = max(1, threads // D)
+    nmb = per_direction if isinstance(M, int) else T.max(1, T.min(per_direction, M // BT))
+    MBe = _even_m_block(M, nmb, BT)
+
+    @T.macro
+    def rows_step(src, dst, Rp, ops, s, d, m0, mlen):
+        for p in range(nP):
+            for mt in range(mlen // BT):
+                acc = T.alloc_buffer((tile_size,), "float32", scope=CPU_TILE_SCOPE)
+                acc_b = T.alloc_buffer((tile_size_b,), "float32", scope=CPU_TILE_SCOPE)
+                acc_tile(acc, acc_b, src, Rp, d, p, m0 + mt * BT)
+                wb_tile(acc, ops, src, dst, s, d, p, m0 + mt * BT)
+                if RB > 0:
+                    wb_tile_b(acc_b, ops, src, dst, s, d, p, m0 + mt * BT + RA)
+            for mr in range(mlen % BT):
+                acc1 = T.alloc_buffer((row_size,), "float32", scope=CPU_TILE_SCOPE)
+                acc_row(acc1, acc1, src, Rp, d, p, m0 + (mlen // BT) * BT + mr)
+                wb_row(acc1, ops, src, dst, s, d, p, m0 + (mlen // BT) * BT + mr)
+
+    @T.macro
+    def loop(Rp, bufs, seq):
+        h, h_next, ops = T.meta_var(bufs)
+        for w in T.parallel(nmb * D):
+            mbe = T.bind(MBe)
+            m0 = T.meta_var(w // D * mbe)
+            d = T.meta_var(w % D)
+            mlen = T.meta_var(T.max(0, T.min(mbe, M - m0)))   # 0 past M (`_even_m_block`)
+            for s in range(seq):
+                if s % 2 == 0:
+                    rows_step(h, h_next, Rp, ops, s, d, m0, mlen)
+                else:
+                    rows_step(h_next, h, Rp, ops, s, d, m0, mlen)
+
+    return loop
 
 
 def cpu_panel_gemm_func(D: int, M, N: int, K: int, panel: int = CPU_PANEL, parallel: bool | None = None,
