@@ -5,9 +5,10 @@ flattened, each in three vectorized passes with the polynomial exp (TVM's legali
 libm expf an element on rows of 6625 / 8210 classes: PP-OCR's and ddddocr's heads). Any other softmax (another
 axis, float16, a symbolic row length) is left to TVM.
 
-float32 sigmoid, tanh and exp become TE ops on the CPU recurrences' polynomial exp (`gru.fast_exp`, arithmetic
-only: it vectorizes), which fuse with their neighbours as TVM's ops did; TVM's lowering called libm's expf an
-element, scalar (ddddocr's conv epilogues with a SiLU: 0.2 -> 0.04 ms each on 2 cores).
+float32 sigmoid, tanh and exp become TE ops on the CPU recurrences' activations (`gru.cpu_activation`: sigmoid and
+tanh as rational functions; `gru.fast_exp`, a polynomial exp; arithmetic only, so they vectorize), which fuse with
+their neighbours as TVM's ops did; TVM's lowering called libm's expf an element, scalar (ddddocr's conv epilogues with
+a SiLU: 0.2 -> 0.04 ms each on 2 cores).
 
 Integer contractions (ConvInteger / MatMulInteger as `tvmseq.onnx.quantized` imports them: int8/int16 operands,
 int32 sums) with a constant weight become `kernels.integer.pairs` on an x86 target with AVX512BW: a dense NCHW
@@ -210,8 +211,8 @@ _INT_DTYPES = ("int8", "uint8", "int16")
 
 
 def _fast_activation(x, name: str):
-    """sigmoid / tanh / exp of a float32 tensor on the polynomial exp of the CPU recurrences (arithmetic only, so
-    it vectorizes; TVM's calls libm's expf an element)."""
+    """sigmoid / tanh / exp of a float32 tensor as the CPU recurrences compute them (arithmetic only, so it
+    vectorizes; TVM's calls libm's expf an element)."""
     from tvm import te
 
     from .kernels.activations import Activation
