@@ -310,3 +310,44 @@ def test_input_names_that_break_generated_code_are_renamed_and_still_fed_by_onnx
     x, shift = np.ones((5, 7), np.float32), np.arange(7, dtype=np.float32)
     y, _ = compiled({"31": x, "scale": 2.0, "/enc/shift.0": shift})
     np.testing.assert_allclose(y, 2 * x + shift)
+
+
+def _at_offset(values: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of `values` whose data starts `offset` bytes past a 64-byte boundary."""
+    raw = np.empty(values.nbytes + 128, np.uint8)
+    start = -raw.ctypes.data % 64 + offset
+    out = np.ndarray(values.shape, values.dtype, raw, start)
+    out[...] = values
+    return out
+
+
+def test_large_inputs_read_only_by_tvmseq_kernels_are_passed_in_place():
+    """An LSTM node's input X (327 KB) is read only by tvmseq's CPU projection, which takes data at any 16-byte
+    boundary: repeated calls pass it in place (the entry's aligned buffer is never written), at a 16-byte offset
+    too; at a 4-byte offset, or non-contiguous, it is copied. Outputs equal onnxruntime's in every case. A model
+    whose input a stock op reads (the denoiser's MatMul) keeps the copy."""
+    import onnxruntime as ort
+
+    from tvmseq.bench.cpu import denoiser_model, node_case
+    from tvmseq.build import compile_onnx
+
+    model, feeds = node_case("LSTM", 32, 64, 40)
+    compiled = compile_onnx(model, target="llvm")
+    assert compiled.signature["inputs"][0].get("in_place") is True
+    assert compile_onnx(denoiser_model(3)[0], target="llvm").signature["inputs"][0].get("in_place") is None
+    x = feeds["X"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    for _ in range(3):
+        compiled(x)
+    (entry,) = compiled._fast.values()
+    assert entry.in_place == (0,)
+    for offset, in_place in ((0, True), (16, True), (4, False)):
+        entry.views[0][...] = np.nan
+        got = compiled(_at_offset(x, offset))
+        assert np.isnan(entry.views[0]).all() == in_place, offset
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    strided = np.empty((40, 64, 64), np.float32)[:, :, ::2]
+    strided[...] = x
+    entry.views[0][...] = np.nan
+    np.testing.assert_allclose(compiled(strided)[0], want[0], rtol=1e-5, atol=1e-5)

@@ -103,6 +103,9 @@ def signature_of(mod: tvm.IRModule, onnx_model=None, weight_names=(), state_pair
     checks = json.loads(str(main.attrs["tvmseq_input_checks"])) if main.attrs and \
         "tvmseq_input_checks" in main.attrs else {}
     inputs = [{"name": p.name, **_describe(p.ty), "checks": checks.get(p.name, [])} for p in main.params]
+    for spec, name in zip(inputs, in_place_inputs(mod)):
+        if name:
+            spec["in_place"] = True
     sig = {"inputs": inputs, "outputs": _describe(main.ret_ty)}
     if onnx_model is not None:
         graph = onnx_model.graph
@@ -119,6 +122,48 @@ def signature_of(mod: tvm.IRModule, onnx_model=None, weight_names=(), state_pair
         if state_pairs:
             sig["state"] = [{"node": p.node, "input": p.input, "output": p.output} for p in state_pairs]
     return sig
+
+
+def in_place_inputs(mod: tvm.IRModule) -> list[bool]:
+    """Per parameter of main: whether a call may pass it in place at any 16-byte boundary instead of copying it into
+    a 64-byte aligned buffer: everything that reads it, directly or through reshapes (views), is a tvmseq kernel
+    whose PrimFunc lists that argument in `IN_PLACE_ATTR` (the CPU input projection). Any other use (a stock op,
+    an output, a branch, a match_cast) keeps the copy."""
+    from tvm.relax.analysis import free_vars
+
+    from .kernels.projection.gemm import IN_PLACE_ATTR
+
+    main = mod["main"]
+    reshape, call_tir = tvm.ir.Op.get("relax.reshape"), tvm.ir.Op.get("relax.call_tir")
+    origin = {p: i for i, p in enumerate(main.params)}     # a param, or a reshape of one -> the param's index
+    ok = [True] * len(main.params)
+
+    def taken_in_place(call, position: int) -> bool:
+        func = mod[call.args[0]] if isinstance(call.args[0], tvm.ir.GlobalVar) else None
+        return func is not None and func.attrs is not None and IN_PLACE_ATTR in func.attrs and \
+            position in [int(i) for i in func.attrs[IN_PLACE_ATTR]]
+
+    body = main.body
+    for block in body.blocks:
+        for binding in block.bindings:
+            value, used = binding.value, [v for v in free_vars(binding.value) if v in origin]
+            if not used:
+                continue
+            if isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call):
+                if value.op.same_as(reshape) and value.args[0] in origin:
+                    origin[binding.var] = origin[value.args[0]]
+                    continue
+                if value.op.same_as(call_tir) and isinstance(value.args[1], relax.Tuple):
+                    args = list(value.args[1].fields)
+                    if all(taken_in_place(value, i) for i, a in enumerate(args) if a in origin) and \
+                            not any(v in origin for a in value.args[2:] for v in free_vars(a)):
+                        continue
+            for v in used:
+                ok[origin[v]] = False
+    for v in free_vars(body.body):
+        if v in origin:
+            ok[origin[v]] = False
+    return ok
 
 
 def lift_weights(model, min_elements: int = WEIGHT_MIN_ELEMENTS):

@@ -544,6 +544,8 @@ _FAST_SHAPES = 8                 # input shape combinations a model keeps a _Fas
 # block a call cost more than the copy (the 16-core Xeon of the GPU machine, an LSTM node's 6.5 MB input: ~6 ms of
 # page faults and copy into new memory against ~8 ms for its two kernels, 2026-11-27)
 _FAST_MAX_BYTES = 64 << 20
+_IN_PLACE_MIN_BYTES = 64 << 10    # inputs below this are copied (a copy of 64 KB ~3 us, a DLPack wrap ~2)
+_IN_PLACE_ALIGN = 16             # what the kernels reading an in-place input assume (`IN_PLACE_ALIGN`)
 _Array = tvm_ffi.Array
 _array_item = getattr(getattr(tvm_ffi, "_ffi_api", None), "ArrayGetItem", None)
 
@@ -568,7 +570,7 @@ class _FastEntry:
     64-byte aligned compact inputs; a numpy copy into a view of the buffer costs ~0.3 us) and the argument
     list. Taken out of the model's table while a call uses it, so concurrent calls never share buffers.
     Value checks of inputs (`_run_check`) still run at every call."""
-    __slots__ = ("views", "args", "main", "vm_lock", "checks", "symbols", "outs", "fresh", "first")
+    __slots__ = ("views", "args", "main", "vm_lock", "checks", "symbols", "outs", "fresh", "first", "in_place")
 
     def __init__(self, model: Model, shapes: tuple):
         facts = model._fast_facts
@@ -587,6 +589,10 @@ class _FastEntry:
             buffers.append(buffer)
             self.views.append(view)
         self.args = [*buffers, *model._device_weights()]
+        # inputs the model reads in place at a 16-byte boundary (`build.in_place_inputs`), where copying costs more
+        # than wrapping them (~2 us)
+        self.in_place = tuple(i for i, (spec, view) in enumerate(zip(model._feed_specs, self.views))
+                              if spec.get("in_place") and view.nbytes >= _IN_PLACE_MIN_BYTES)
         self.main, self.vm_lock = model._main_function, model._vm_lock
         self.checks = [(i, check, spec.get("onnx_name", spec["name"]))
                        for i, spec in enumerate(model._feed_specs) for check in spec.get("checks", ())]
@@ -595,12 +601,21 @@ class _FastEntry:
         self.first = None    # the first call's output views, kept alive until the second call
 
     def __call__(self, values):
-        for view, value in zip(self.views, values):
-            view[...] = value
+        args, read = self.args, self.views
+        if self.in_place:
+            args, read = list(args), list(read)
+            for i in self.in_place:
+                value = values[i]
+                if value.flags.c_contiguous and value.flags.writeable and \
+                        value.__array_interface__["data"][0] % _IN_PLACE_ALIGN == 0:
+                    args[i], read[i] = tvm_ffi.from_dlpack(value), value
+        for view, value, source in zip(self.views, values, read):
+            if source is view:
+                view[...] = value
         for i, check, name in self.checks:
-            _run_check(check, name, self.views[i], self.symbols)
+            _run_check(check, name, read[i], self.symbols)
         with self.vm_lock:
-            out = self.main(*self.args)
+            out = self.main(*args)
         # each output copied out (a numpy copy through DLPack, ~0.5 us) unless it was found to be memory the VM
         # allocated for this call alone: the VM may hand back a constant of the model, one of these input buffers
         # (reused at the next call) or two views of one tensor

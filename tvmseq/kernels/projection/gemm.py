@@ -536,6 +536,14 @@ def w_panels(spec, target=None):
     return Panels() if cpu_panel_projection(spec, target) else None
 
 
+# X of the CPU projection may sit at any 16-byte boundary (numpy's large arrays do; TVM's code otherwise assumes 64
+# and loads with aligned vector instructions): a model input that only tvmseq kernels marked so read is passed in
+# place, not copied (`build.in_place_inputs`; an LSTM node's 6.5 MB input cost 0.84 ms a call to copy on the 16-core
+# Xeon, 2026-11-28). The attribute lists the PrimFunc's arguments that take such data.
+IN_PLACE_ALIGN = 16
+IN_PLACE_ATTR = "tvmseq.in_place_args"
+
+
 def cpu_projection_func(spec, target=None, panel: bool | None = None,
                         min_rows: int | None = None, packed_w: bool = False) -> tirx.PrimFunc:
     """The projection on the CPU over the flat rows (any number: seq * batch, either symbolic):
@@ -570,7 +578,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
 
         @T.macro
         def project(X, W, Bias, GH):   # noqa: F811 - W packed by the importer: the panel GEMM at any row count
-            Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1))   # X for every direction
+            Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1), align=IN_PLACE_ALIGN)
             panel_gemm(Xd, W, GH, Bias)
 
     if use_panel and not packed_w:
@@ -585,7 +593,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
         def project(X, W, Bias, GH):   # noqa: F811 - the packed path from `threshold` rows, else the above
             if rows >= threshold:
                 Wp = T.alloc_buffer((D, nP, I, P), "float32")
-                Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1))   # X for every direction
+                Xd = T.decl_buffer((D, rows, I), dt, data=X.data, strides=(0, I, 1), align=IN_PLACE_ALIGN)
                 pack(W, Wp)
                 panel_gemm(Xd, Wp, GH, Bias)
             else:
@@ -594,11 +602,11 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     @T.prim_func
     def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
         T.func_attr({"global_symbol": "gru_input_projection", "tirx.noalias": True})
-        X = T.match_buffer(x, (rows, I), dt)
+        X = T.match_buffer(x, (rows, I), dt, align=IN_PLACE_ALIGN)
         W = T.match_buffer(w, w_shape, w_dtype)
         Bias = T.match_buffer(bias, (D, G), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
         GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view
         project(X, W, Bias, GH)
 
-    return gru_input_projection.with_attr("tirx.is_scheduled", True)
+    return gru_input_projection.with_attrs({"tirx.is_scheduled": True, IN_PLACE_ATTR: [0]})
