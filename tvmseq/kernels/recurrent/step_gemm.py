@@ -985,6 +985,21 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
     acc_row, (row_size, _), _ = _panel_accumulate_macro(K, U, 1, gates)
     wb_tile, wb_tile_b, wb_row = write_back(RA), write_back(max(RB, 1)), write_back(1)
 
+    @T.macro
+    def block(src, dst, Rp, ops, s, d, p, m0, mlen):
+        # step s of panel p for batch rows m0 .. m0 + mlen - 1: whole batch tiles, then single rows
+        for mt in range(mlen // BT):
+            acc = T.alloc_buffer((tile_size,), "float32", scope=CPU_TILE_SCOPE)
+            acc_b = T.alloc_buffer((tile_size_b,), "float32", scope=CPU_TILE_SCOPE)
+            acc_tile(acc, acc_b, src, Rp, d, p, m0 + mt * BT)
+            wb_tile(acc, ops, src, dst, s, d, p, m0 + mt * BT)
+            if RB > 0:
+                wb_tile_b(acc_b, ops, src, dst, s, d, p, m0 + mt * BT + RA)
+        for mr in range(mlen % BT):
+            acc1 = T.alloc_buffer((row_size,), "float32", scope=CPU_TILE_SCOPE)
+            acc_row(acc1, acc1, src, Rp, d, p, m0 + (mlen // BT) * BT + mr)
+            wb_row(acc1, ops, src, dst, s, d, p, m0 + (mlen // BT) * BT + mr)
+
     def blocks_macro(loop):
         @T.macro
         def blocks(src, dst, Rp, ops, s):
@@ -995,17 +1010,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
                 p = T.meta_var(w % nP)
                 m0 = T.meta_var(mb * mbe)
                 mlen = T.meta_var(T.max(0, T.min(mbe, M - m0)))   # 0 past M (`_even_m_block`)
-                for mt in range(mlen // BT):
-                    acc = T.alloc_buffer((tile_size,), "float32", scope=CPU_TILE_SCOPE)
-                    acc_b = T.alloc_buffer((tile_size_b,), "float32", scope=CPU_TILE_SCOPE)
-                    acc_tile(acc, acc_b, src, Rp, d, p, m0 + mt * BT)
-                    wb_tile(acc, ops, src, dst, s, d, p, m0 + mt * BT)
-                    if RB > 0:
-                        wb_tile_b(acc_b, ops, src, dst, s, d, p, m0 + mt * BT + RA)
-                for mr in range(mlen % BT):
-                    acc1 = T.alloc_buffer((row_size,), "float32", scope=CPU_TILE_SCOPE)
-                    acc_row(acc1, acc1, src, Rp, d, p, m0 + (mlen // BT) * BT + mr)
-                    wb_row(acc1, ops, src, dst, s, d, p, m0 + (mlen // BT) * BT + mr)
+                block(src, dst, Rp, ops, s, d, p, m0, mlen)
 
         return blocks
 
@@ -1032,8 +1037,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
                                     gates * units, K, min_macs)
     if threads < CPU_MANY_CORES or 4 * gates * units * K > CPU_ROW_SPLIT_MAX_R_BYTES:
         return by_panels
-    by_rows = _fused_rows_loop(D, M, nP, threads, acc_tile, acc_row, (wb_tile, wb_tile_b, wb_row),
-                               (tile_size, tile_size_b, RA, RB, row_size))
+    by_rows = _fused_rows_loop(D, M, nP, threads, block)
 
     @T.macro
     def loop(Rp, bufs, seq):
@@ -1050,16 +1054,14 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
 CPU_ROW_SPLIT_MAX_R_BYTES = 1 << 20
 
 
-def _fused_rows_loop(D: int, M, nP: int, threads: int, acc_tile, acc_row, write_backs, sizes):
+def _fused_rows_loop(D: int, M, nP: int, threads: int, block):
     """The fused time loop (`cpu_fused_time_loop_macro`) split by batch rows: one launch of the thread pool, each work
-    item (a block of whole batch tiles, a direction) runs every step over all panels for its own rows, so no step
-    waits for another thread (the rows of an LSTM are independent). The same tiles, in the same order of k, as the
-    split by panels: bit-identical outputs. Where every thread gets a tile and R stays in its L2; with 16 threads at
-    batch 64 the split by panels spent ~40 us a step against ~23 of multiply-adds, its barrier and the state's
-    hand-over between cores."""
+    item (a block of whole batch tiles, a direction) runs every step over all panels for its own rows (`block`: one
+    panel's tiles of a step), so no step waits for another thread (the rows of an LSTM are independent). The same
+    tiles, in the same order of k, as the split by panels: bit-identical outputs. Where every thread gets a tile and
+    R stays in its L2; with 16 threads at batch 64 the split by panels spent ~40 us a step against ~23 of
+    multiply-adds, its barrier and the state's hand-over between cores."""
     BT = CPU_PANEL_BATCH_TILE
-    wb_tile, wb_tile_b, wb_row = write_backs
-    tile_size, tile_size_b, RA, RB, row_size = sizes
     per_direction = max(1, threads // D)
     nmb = per_direction if isinstance(M, int) else T.max(1, T.min(per_direction, M // BT))
     MBe = _even_m_block(M, nmb, BT)
@@ -1067,17 +1069,7 @@ def _fused_rows_loop(D: int, M, nP: int, threads: int, acc_tile, acc_row, write_
     @T.macro
     def rows_step(src, dst, Rp, ops, s, d, m0, mlen):
         for p in range(nP):
-            for mt in range(mlen // BT):
-                acc = T.alloc_buffer((tile_size,), "float32", scope=CPU_TILE_SCOPE)
-                acc_b = T.alloc_buffer((tile_size_b,), "float32", scope=CPU_TILE_SCOPE)
-                acc_tile(acc, acc_b, src, Rp, d, p, m0 + mt * BT)
-                wb_tile(acc, ops, src, dst, s, d, p, m0 + mt * BT)
-                if RB > 0:
-                    wb_tile_b(acc_b, ops, src, dst, s, d, p, m0 + mt * BT + RA)
-            for mr in range(mlen % BT):
-                acc1 = T.alloc_buffer((row_size,), "float32", scope=CPU_TILE_SCOPE)
-                acc_row(acc1, acc1, src, Rp, d, p, m0 + (mlen // BT) * BT + mr)
-                wb_row(acc1, ops, src, dst, s, d, p, m0 + (mlen // BT) * BT + mr)
+            block(src, dst, Rp, ops, s, d, p, m0, mlen)
 
     @T.macro
     def loop(Rp, bufs, seq):
