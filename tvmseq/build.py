@@ -103,8 +103,8 @@ def signature_of(mod: tvm.IRModule, onnx_model=None, weight_names=(), state_pair
     checks = json.loads(str(main.attrs["tvmseq_input_checks"])) if main.attrs and \
         "tvmseq_input_checks" in main.attrs else {}
     inputs = [{"name": p.name, **_describe(p.ty), "checks": checks.get(p.name, [])} for p in main.params]
-    for spec, name in zip(inputs, in_place_inputs(mod)):
-        if name:
+    for spec, in_place in zip(inputs, in_place_inputs(mod)):
+        if in_place:
             spec["in_place"] = True
     sig = {"inputs": inputs, "outputs": _describe(main.ret_ty)}
     if onnx_model is not None:

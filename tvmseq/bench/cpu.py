@@ -22,6 +22,7 @@ and writes the same JSON + plot, each row tagged with that machine's CPU and cor
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -488,7 +489,7 @@ def _onnx_bytes(root: Path, entry: dict) -> bytes:
     path, row = root / entry["onnx"], entry["runs"][0]["row"]
     if path.exists() or row["case"] != "node":
         return path.read_bytes()
-    return _batch_symbolic(_drawn_node(row)[0]).SerializeToString()
+    return _batch_symbolic(_drawn_node(row["cell"], row["hidden"], row["batch"], row["steps"])[0]).SerializeToString()
 
 
 def _feeds(root: Path, run: dict) -> dict:
@@ -496,11 +497,12 @@ def _feeds(root: Path, run: dict) -> dict:
     if path.exists() or row["case"] != "node":
         with np.load(path) as data:
             return {k: data[k] for k in data.files}
-    return _drawn_node(row)[1]
+    return _drawn_node(row["cell"], row["hidden"], row["batch"], row["steps"])[1]
 
 
-def _drawn_node(row: dict):
-    return node_case(row["cell"], row["hidden"], row["batch"], row["steps"])
+@functools.lru_cache(maxsize=1)      # an entry's ONNX file and then its inputs: the node drawn once
+def _drawn_node(cell: str, hidden: int, batch: int, steps: int):
+    return node_case(cell, hidden, batch, steps)
 
 
 def _selected(row: dict, args) -> bool:

@@ -576,13 +576,17 @@ def _even_m_block(M, nmb, BT: int):
     over 100 rows 0.166 -> 0.099 ms, H256 0.365 -> 0.314, 2-core Zen 4, 2026-11-27). An int for a static M, else
     a TIR expression (the panel GEMM binds it to a variable a work item: inlined there, its divisions were
     recomputed in the tiles' loops, and that projection at H256 took 0.47 ms)."""
-    # Rounded up to whole tiles, the blocks can cover more than M rows and the last ones start past M: their row
-    # count min(MBe, M - m0) is negative there, which every user clamps to 0 (its % BT is not 0: a fused LSTM step
-    # updated rows of another block twice, in place)
     if isinstance(M, int):
         return ((M + nmb - 1) // nmb + BT - 1) // BT * BT
     blocks = T.max(nmb, 1)     # a symbolic M of 0 (the simplifier tries it) has no m block
     return ((M + blocks - 1) // blocks + BT - 1) // BT * BT
+
+
+def _block_rows(MBe, M, m0):
+    """Rows of the m block starting at row m0 (`_even_m_block`): rounded up to whole tiles, the blocks can cover more
+    than M rows and the last ones start past M, where min(MBe, M - m0) is negative and its % BT not 0 (its tail loop
+    then recomputed rows of the block before: a fused LSTM step updated their cell state twice, in place): 0 there."""
+    return T.max(0, T.min(MBe, M - m0))
 
 
 def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
@@ -675,7 +679,7 @@ def cpu_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes
                 d = T.meta_var(w // nrb % D)
                 rb = T.meta_var(w % nrb)
                 m0 = T.meta_var(mb * MBe)
-                mlen = T.meta_var(T.max(0, T.min(MBe, M - m0)))   # 0 past M (`_even_m_block`)
+                mlen = T.meta_var(_block_rows(MBe, M, m0))
                 for mt in range(mlen // BT):
                     full_tile(src, R, gh, bias_buf, d, rb, m0 + mt * BT)
                 for mr in range(mlen % BT):
@@ -931,7 +935,7 @@ def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: i
                 d = T.meta_var(w // npn % D)
                 p = T.meta_var(p0 + w % npn)
                 m0 = T.meta_var(mb * mbe)
-                mlen = T.meta_var(T.max(0, T.min(mbe, M - m0)))   # 0 past M (`_even_m_block`)
+                mlen = T.meta_var(_block_rows(mbe, M, m0))
                 if nv_last < P // VL and p == p_last:
                     last_panel_tiles(src, Rp, gh, bias_buf, d, p, m0, mlen)
                 else:
@@ -1009,7 +1013,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
                 d = T.meta_var(w // nP % D)
                 p = T.meta_var(w % nP)
                 m0 = T.meta_var(mb * mbe)
-                mlen = T.meta_var(T.max(0, T.min(mbe, M - m0)))   # 0 past M (`_even_m_block`)
+                mlen = T.meta_var(_block_rows(mbe, M, m0))
                 block(src, dst, Rp, ops, s, d, p, m0, mlen)
 
         return blocks
@@ -1078,7 +1082,7 @@ def _fused_rows_loop(D: int, M, nP: int, threads: int, block):
             mbe = T.bind(MBe)
             m0 = T.meta_var(w // D * mbe)
             d = T.meta_var(w % D)
-            mlen = T.meta_var(T.max(0, T.min(mbe, M - m0)))   # 0 past M (`_even_m_block`)
+            mlen = T.meta_var(_block_rows(mbe, M, m0))
             for s in range(seq):
                 if s % 2 == 0:
                     rows_step(h, h_next, Rp, ops, s, d, m0, mlen)
