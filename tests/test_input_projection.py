@@ -228,6 +228,9 @@ def test_float16_projection_takes_tensor_cores_on_the_gpu():
         assert needle in src, needle
     f640, _ = ip.projection_for(_spec(1, 64, 640, 640, "float16"), H100)   # N 1920: 256 does not divide it
     assert "m64n128k16" in tvm.compile(tvm.IRModule({"main": f640}), target=H100).mod.imports[0].inspect_source()
+    f128, _ = ip.projection_for(_spec(1, 64, 128, 128, "float16"), H100)   # K 128 (two k steps): 128 x 128 first
+    src128 = tvm.compile(tvm.IRModule({"main": f128}), target=H100).mod.imports[0].inspect_source()
+    assert "m64n128k16" in src128 and "m64n256k16" not in src128
     a100 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
     func80, _ = ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), a100)   # no wgmma there: mma.sync
     src80 = tvm.compile(tvm.IRModule({"main": func80}), target=a100).mod.imports[0].inspect_source()

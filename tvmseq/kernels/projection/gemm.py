@@ -315,6 +315,13 @@ MMA_TILE = MmaGemmTile(bm=128, bn=128, bk=64, warps_m=2, warps_n=4, stages=3)
 # GEMMs of batch 37/64/256, H = I = 1024): 128 x 256, 4 stages, a wgmma group kept in flight 428-495 TFLOP/s,
 # 0.69-0.73x cuBLAS; 128 x 128, 3 stages 409-462 (the mma.sync kernel: 245-262)
 WGMMA_TILES = (WgmmaTile(bm=128, bn=256, stages=4, inflight=True), WgmmaTile(bm=128, bn=128, stages=3))
+# up to this K (4 k steps of 64) 128 x 128 in 3 stages first: two blocks an SM, one's epilogue beside the other's
+# loads. Measured on an H200 (2026-11-28, `schedules/projection_sweep.py`, the float16 LSTM grid's input GEMMs,
+# `artifacts/bench/projection_sweep_2026-11-28.json`): K 128 rows 25,600 x 2 directions 52.5 -> 44.7 us, K 256
+# rows 25,600 (float16 gate_i) 66.0 -> 58.8, rows 6,400 23.3 -> 21.4; from K 1024 128 x 256 stays ahead (4-7%).
+# Whole LSTM steps against the rule before, two rounds (`persistent_lstm_small_k_projection_2026-11-28.json`):
+# 0.7-2.5% faster in all six float16 cells with K <= 256 (H128 B256 1.858 / 1.864 -> 1.810 / 1.832 us)
+WGMMA_SMALL_K = 256
 
 
 class TensorCoreProjection:
@@ -438,7 +445,7 @@ def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> 
         return None
     D, N, K = spec.num_directions, spec.gates * spec.hidden, spec.input_size
     if tile is None and str(target.attrs.get("arch", "")) == "sm_90a":   # wgmma exists on sm_90a only
-        for wg_tile in WGMMA_TILES:
+        for wg_tile in (WGMMA_TILES[::-1] if K <= WGMMA_SMALL_K else WGMMA_TILES):
             if wgmma.supports(N, K, wg_tile) is None:
                 return wgmma.projection_wgmma_func(D, N, K, True, wg_tile)
     if tile is None and sm_version(target) >= 80 and mma.supports(N, K, MMA_TILE) is None:
