@@ -545,7 +545,6 @@ _FAST_SHAPES = 8                 # input shape combinations a model keeps a _Fas
 # page faults and copy into new memory against ~8 ms for its two kernels, 2026-11-27)
 _FAST_MAX_BYTES = 64 << 20
 _IN_PLACE_MIN_BYTES = 64 << 10    # inputs below this are copied (a copy of 64 KB ~3 us, a DLPack wrap ~2)
-_IN_PLACE_ALIGN = 16             # what the kernels reading an in-place input assume (`IN_PLACE_ALIGN`)
 _Array = tvm_ffi.Array
 _array_item = getattr(getattr(tvm_ffi, "_ffi_api", None), "ArrayGetItem", None)
 
@@ -589,10 +588,10 @@ class _FastEntry:
             buffers.append(buffer)
             self.views.append(view)
         self.args = [*buffers, *model._device_weights()]
-        # inputs the model reads in place at a 16-byte boundary (`build.in_place_inputs`), where copying costs more
-        # than wrapping them (~2 us)
-        self.in_place = tuple(i for i, (spec, view) in enumerate(zip(model._feed_specs, self.views))
-                              if spec.get("in_place") and view.nbytes >= _IN_PLACE_MIN_BYTES)
+        # (input, byte boundary) of the inputs the model reads in place at that boundary (the signature's `in_place`,
+        # `build.in_place_inputs`), where copying costs more than wrapping them (~2 us)
+        self.in_place = tuple((i, spec["in_place"]) for i, (spec, view) in enumerate(zip(model._feed_specs, self.views))
+                              if _in_place_alignment(spec) and view.nbytes >= _IN_PLACE_MIN_BYTES)
         self.main, self.vm_lock = model._main_function, model._vm_lock
         self.checks = [(i, check, spec.get("onnx_name", spec["name"]))
                        for i, spec in enumerate(model._feed_specs) for check in spec.get("checks", ())]
@@ -604,10 +603,10 @@ class _FastEntry:
         args, read = self.args, self.views
         if self.in_place:
             args, read = list(args), list(read)
-            for i in self.in_place:
+            for i, alignment in self.in_place:
                 value = values[i]
                 if value.flags.c_contiguous and value.flags.writeable and \
-                        value.__array_interface__["data"][0] % _IN_PLACE_ALIGN == 0:
+                        value.__array_interface__["data"][0] % alignment == 0:
                     args[i], read[i] = tvm_ffi.from_dlpack(value), value
         for view, value, source in zip(self.views, values, read):
             if source is view:
@@ -648,6 +647,13 @@ class _FastEntry:
                          and not any(np.may_share_memory(view, o) for o in others))
         self.fresh, self.first = tuple(fresh), None
         return (False,) * len(views)
+
+
+def _in_place_alignment(spec) -> int | None:
+    """The byte boundary at which a call may pass this input in place (the signature's `in_place`), else None (a
+    signature without one, or any other value, copies it)."""
+    value = spec.get("in_place")
+    return value if type(value) is int and value > 0 else None
 
 
 def _to_numpy(out):

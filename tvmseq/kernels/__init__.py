@@ -10,3 +10,6 @@
 * `topk/`: hierarchical top-k and the fused beam-search step.
 * `activations.py`: ONNX activation functions as TIR expressions, shared by every family.
 """
+from .. import tvm_fixes
+
+tvm_fixes.apply()

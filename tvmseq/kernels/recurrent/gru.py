@@ -580,9 +580,11 @@ def r_buffer(D: int, G: int, H: int, dt: str, panels=None) -> tuple:
     return (panels.shape(D, G, H), "float32") if panels is not None else ((D, G, H), dt)
 
 
-def r_panels(spec: GruSpec, target) -> Panels | None:
-    """How `recurrence_func(spec, target, packed_r=True)` takes R (`cpu_r_panels`), else None (R as stored)."""
-    return cpu_r_panels(target.kind.name == "cuda", StepSchedule.for_batch(spec.batch), 3 * spec.hidden, target)
+def r_panels(spec: GruSpec, target, sched: StepSchedule | None = None) -> Panels | None:
+    """How `recurrence_func(spec, target, sched, packed_r=True)` takes R (`cpu_r_panels`), else None (R as stored);
+    the same `sched` as that call (None: the batch's default there and here)."""
+    return cpu_r_panels(target.kind.name == "cuda", sched or StepSchedule.for_batch(spec.batch), 3 * spec.hidden,
+                        target)
 
 
 def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedule | None = None,

@@ -148,10 +148,11 @@ def _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H: int, dt: 
     return write_back
 
 
-def r_panels(spec: LstmSpec, target) -> Panels | None:
-    """How `recurrence_func(spec, target, packed_r=True)` takes R (`gru.cpu_r_panels`; all 4 gates of
-    CPU_FUSED_UNITS units a panel where the step fuses its gate math), else None (R as stored)."""
-    gpu, sched = target.kind.name == "cuda", StepSchedule.for_batch(spec.batch)
+def r_panels(spec: LstmSpec, target, sched: StepSchedule | None = None) -> Panels | None:
+    """How `recurrence_func(spec, target, sched, packed_r=True)` takes R (`gru.cpu_r_panels`; all 4 gates of
+    CPU_FUSED_UNITS units a panel where the step fuses its gate math), else None (R as stored); the same `sched` as
+    that call (None: the batch's default there and here)."""
+    gpu, sched = target.kind.name == "cuda", sched or StepSchedule.for_batch(spec.batch)
     fused = cpu_fuses_gates(gpu, sched, spec.hidden, target)
     return cpu_r_panels(gpu, sched, 4 * spec.hidden, target, CPU_FUSED_UNITS if fused else None)
 

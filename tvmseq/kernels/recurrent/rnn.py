@@ -40,9 +40,10 @@ class RnnSpec:
         check_spec(self, "RNN", ("Tanh",))
 
 
-def r_panels(spec: RnnSpec, target) -> Panels | None:
-    """How `recurrence_func(spec, target, packed_r=True)` takes R (`gru.cpu_r_panels`), else None."""
-    return cpu_r_panels(target.kind.name == "cuda", StepSchedule.for_batch(spec.batch), spec.hidden, target)
+def r_panels(spec: RnnSpec, target, sched: StepSchedule | None = None) -> Panels | None:
+    """How `recurrence_func(spec, target, sched, packed_r=True)` takes R (`gru.cpu_r_panels`), else None; the same
+    `sched` as that call (None: the batch's default there and here)."""
+    return cpu_r_panels(target.kind.name == "cuda", sched or StepSchedule.for_batch(spec.batch), spec.hidden, target)
 
 
 def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedule | None = None,
