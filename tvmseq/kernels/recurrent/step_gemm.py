@@ -967,7 +967,7 @@ def _fused_m_blocks(M, D: int, nP: int, threads: int):
 
 
 def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None,
-                              threads: int = 1):
+                              threads: int = 1, prefetch_next=None):
     """TVMScript macro `loop(Rp, (h, h_next, ops), seq)`: the time loop of a cell whose `gates` x K recurrent
     weights are packed with `cpu_pack_macro(..., interleave=CPU_FUSED_UNITS)` (a panel: CPU_FUSED_UNITS units of
     every gate). At each step s, each work item (m block, direction, panel) computes the panel GEMM's register tiles
@@ -978,7 +978,8 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
     The gate math runs on the thread that computed its sums (the per-step path launches a GEMM and a gate loop,
     and writes and reads back gh). Where the step is large enough to split (`min_macs`) the whole loop is ONE
     launch of TVM's thread pool with a barrier a step (`cpu_one_launch_loop`). m blocks smaller than CPU_M_BLOCK
-    where `threads` would otherwise idle (`_fused_m_blocks`)."""
+    where `threads` would otherwise idle (`_fused_m_blocks`). prefetch_next: macro `prefetch(ops, s, seq, d, m0, mlen)`
+    that prefetches what step s + 1 of rows m0 .. m0 + mlen - 1 reads (the split by batch rows calls it before step s)."""
     U = CPU_FUSED_UNITS
     BT = CPU_PANEL_BATCH_TILE
     units = K
@@ -1041,7 +1042,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
                                     gates * units, K, min_macs)
     if threads < CPU_MANY_CORES or 4 * gates * units * K > CPU_ROW_SPLIT_MAX_R_BYTES:
         return by_panels
-    by_rows = _fused_rows_loop(D, M, nP, threads, block)
+    by_rows = _fused_rows_loop(D, M, nP, threads, block, prefetch_next)
 
     @T.macro
     def loop(Rp, bufs, seq):
@@ -1058,13 +1059,15 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
 CPU_ROW_SPLIT_MAX_R_BYTES = 1 << 20
 
 
-def _fused_rows_loop(D: int, M, nP: int, threads: int, block):
+def _fused_rows_loop(D: int, M, nP: int, threads: int, block, prefetch_next=None):
     """The fused time loop (`cpu_fused_time_loop_macro`) split by batch rows: one launch of the thread pool, each work
     item (a block of whole batch tiles, a direction) runs every step over all panels for its own rows (`block`: one
     panel's tiles of a step), so no step waits for another thread (the rows of an LSTM are independent). The same
     tiles, in the same order of k, as the split by panels: bit-identical outputs. Where every thread gets a tile and
     R stays in its L2; with 16 threads at batch 64 the split by panels spent ~40 us a step against ~23 of
-    multiply-adds, its barrier and the state's hand-over between cores."""
+    multiply-adds, its barrier and the state's hand-over between cores. Before each step a thread prefetches what
+    its rows read at the next one (`prefetch_next`: the LSTM's gate_i rows, written by the projection on other
+    cores)."""
     BT = CPU_PANEL_BATCH_TILE
     per_direction = max(1, threads // D)
     nmb = per_direction if isinstance(M, int) else T.max(1, T.min(per_direction, M // BT))
@@ -1084,6 +1087,8 @@ def _fused_rows_loop(D: int, M, nP: int, threads: int, block):
             d = T.meta_var(w % D)
             mlen = T.meta_var(_block_rows(mbe, M, m0))
             for s in range(seq):
+                if prefetch_next is not None:
+                    prefetch_next(ops, s, seq, d, m0, mlen)
                 if s % 2 == 0:
                     rows_step(h, h_next, Rp, ops, s, d, m0, mlen)
                 else:
