@@ -103,10 +103,10 @@ def signature_of(mod: tvm.IRModule, onnx_model=None, weight_names=(), state_pair
     checks = json.loads(str(main.attrs["tvmseq_input_checks"])) if main.attrs and \
         "tvmseq_input_checks" in main.attrs else {}
     inputs = [{"name": p.name, **_describe(p.ty), "checks": checks.get(p.name, [])} for p in main.params]
+    from .kernels.projection.gemm import IN_PLACE_ALIGN
+
     for spec, in_place in zip(inputs, in_place_inputs(mod)):
         if in_place:   # the byte boundary a call may pass it at: the runtime checks the array's address against it
-            from .kernels.projection.gemm import IN_PLACE_ALIGN
-
             spec["in_place"] = IN_PLACE_ALIGN
     sig = {"inputs": inputs, "outputs": _describe(main.ret_ty)}
     if onnx_model is not None:

@@ -590,8 +590,9 @@ class _FastEntry:
         self.args = [*buffers, *model._device_weights()]
         # (input, byte boundary) of the inputs the model reads in place at that boundary (the signature's `in_place`,
         # `build.in_place_inputs`), where copying costs more than wrapping them (~2 us)
-        self.in_place = tuple((i, spec["in_place"]) for i, (spec, view) in enumerate(zip(model._feed_specs, self.views))
-                              if _in_place_alignment(spec) and view.nbytes >= _IN_PLACE_MIN_BYTES)
+        alignments = [_in_place_alignment(spec) if view.nbytes >= _IN_PLACE_MIN_BYTES else None
+                      for spec, view in zip(model._feed_specs, self.views)]
+        self.in_place = tuple((i, a) for i, a in enumerate(alignments) if a)
         self.main, self.vm_lock = model._main_function, model._vm_lock
         self.checks = [(i, check, spec.get("onnx_name", spec["name"]))
                        for i, spec in enumerate(model._feed_specs) for check in spec.get("checks", ())]

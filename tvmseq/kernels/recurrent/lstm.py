@@ -158,17 +158,11 @@ def _prefetch_gate_rows(is_reverse, G: int):
     where the hint is wasted, never wrong), one prefetch a cache line. They are the projection's output, written by
     other cores: on the 16-core Xeon the rows' misses at each step's start took ~10% of an LSTM recurrence at batch
     64 (H256 3.5-4.1 -> 3.0-3.5 ms, H128 0.91-1.17 -> 0.86-1.01, same machine, 2026-11-28)."""
-    def next_step(d, s, seq):
-        backwards = is_reverse(d)     # a Python bool for one direction, else a TIR condition
-        if isinstance(backwards, bool):
-            return seq - 2 - s if backwards else s + 1
-        return T.if_then_else(backwards, seq - 2 - s, s + 1)
-
     @T.macro
     def prefetch(ops, s, seq, d, m0, mlen):
         GateI = T.meta_var(ops[0])
         if s + 1 < seq:
-            t = T.meta_var(next_step(d, s, seq))
+            t = T.meta_var(T.if_then_else(is_reverse(d), seq - 2 - s, s + 1))   # as the write-back's time index
             for i in range(mlen * G // _LINE_FLOATS):
                 T.evaluate(T.call_intrin("void", "tirx.prefetch", T.address_of(
                     GateI[d, t, m0 + i * _LINE_FLOATS // G, i * _LINE_FLOATS % G]), 0, 3, 1))
