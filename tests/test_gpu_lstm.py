@@ -39,6 +39,10 @@ CASES = {
     "h257_b19_bi_all": dict(hidden=257, batch=19, direction="bidirectional", with_peepholes=True, with_seq_lens=True,
                             clip=3.0, acts=True, with_initial_h=True, with_initial_c=True),
     "h257_b67_peep_lens": dict(hidden=257, batch=67, with_peepholes=True, with_seq_lens=True),
+    # 603 / 576 float32 rows, N a multiple of 128: the input projection on tf32 tensor cores (tf32x3), K 23 padded
+    "h128_b67_peep_clip_tf32x3": dict(hidden=128, batch=67, with_peepholes=True, clip=2.5, with_initial_c=True),
+    "h256_b64_bi_lens_tf32x3": dict(hidden=256, batch=64, direction="bidirectional", with_seq_lens=True,
+                                    with_initial_h=True),
     "fp16_h100_b19_bi_peep_lens": dict(hidden=100, batch=19, direction="bidirectional", with_peepholes=True,
                                        with_seq_lens=True, with_initial_h=True, dtype="float16"),
     "fp16_h257_b67_lens": dict(hidden=257, batch=67, with_seq_lens=True, with_initial_c=True, dtype="float16"),

@@ -287,6 +287,48 @@ def _torch_weights_from_onnx(W, R, B, H):
     return W[:, perm], R[:, perm], B[:, :3 * H][:, perm], B[:, 3 * H:][:, perm]
 
 
+def projection_funcs(proj, tile, spec, sfx: str, target) -> dict:
+    """A benchmark module's projection functions: proj_<sfx>, and for the tf32x3 projection (tile TF32X3) the
+    split pass the importer runs before it, split_<sfx>."""
+    from ..kernels.projection import gemm as ip
+    from ..kernels.projection import tf32x3
+
+    funcs = {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}")}
+    if tile == ip.TF32X3:
+        split = tf32x3.scheduled_split_func(spec.input_size, ip.tf32x3_k(spec.input_size), target)
+        funcs[f"split_{sfx}"] = split.with_attr("global_symbol", f"split_{sfx}")
+    return funcs
+
+
+def projection_of(mod, sfx: str, tile):
+    """What `_projection` takes as proj: the module's proj_<sfx>, or (split_<sfx>, proj_<sfx>) for tf32x3."""
+    from ..kernels.projection.gemm import TF32X3
+
+    return (mod[f"split_{sfx}"], mod[f"proj_{sfx}"]) if tile == TF32X3 else mod[f"proj_{sfx}"]
+
+
+def _split_projection(split_proj, tv, X, gate_i, seq, B, D):
+    """The tf32x3 projection as the importer runs it: X's rows split by a kernel every call, W split once."""
+    import torch
+    import tvm
+
+    from ..kernels.projection.gemm import tf32x3_k
+
+    split, proj = split_proj
+    I, G, rows = X.shape[-1], gate_i.shape[-1], seq * B
+    Kp = tf32x3_k(I)
+    W = torch.from_dlpack(tv[1]).float()
+    xs, ws = (torch.empty(2, n, Kp, device=X.device) for n in (rows, D * G))
+    split(tvm.runtime.from_dlpack(W.reshape(D * G, I).contiguous()), tvm.runtime.from_dlpack(ws))
+    args = [tvm.runtime.from_dlpack(t) for t in (X.reshape(rows, I), xs, ws.view(2, D, G, Kp),
+                                                 gate_i.view(D, rows, G))]
+
+    def run():
+        split(args[0], args[1])
+        proj(args[1], args[2], tv[2], args[3])
+    return run
+
+
 def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
     """The input projection as the importer runs it: on the batch layout, on the flat seq * B rows (tile
     FLAT), or (`tile` rows per tile) X's seq * B rows copied into whole tiles, projected as a [tiles, tile]
@@ -295,8 +337,10 @@ def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
     import torch
     import tvm
 
-    from ..kernels.projection.gemm import FLAT
+    from ..kernels.projection.gemm import FLAT, TF32X3
 
+    if tile == TF32X3:   # proj: (split, projection), `projection_of`
+        return _split_projection(proj, tv, X, gate_i, seq, B, D)
     if not tile:
         return lambda: proj(tv[0], tv[1], tv[2], tv[3])
     rows, G = seq * B, gate_i.shape[-1]

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
+from . import gru as gru_bench
 from .common import add_build_run_arguments, build_or_run, run_and_report
 
 NAME = "lstm_stack"
@@ -136,7 +137,7 @@ def _layer_funcs(B, H, seq, dtype, target, sfx) -> tuple[dict, str, str, object]
     rec, path, why = paths.lstm_recurrence_auto(spec, target)
     if rec is None:
         rec = lstm.recurrence_func(spec, target)
-    return ({f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
+    return ({**gru_bench.projection_funcs(proj, tile, spec, sfx, target),
              f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why, tile)
 
 
@@ -197,7 +198,7 @@ def run_one(mod, e) -> dict:
     bias_i = (Bias[:, :4 * H] + Bias[:, 4 * H:]).contiguous()     # every LSTM bias folds into the projection
     Wt, Rt, Xt = W.to(tdt).contiguous(), R.to(tdt).contiguous(), X.to(tdt).contiguous()
     tv = lambda t: tvm.runtime.from_dlpack(t)  # noqa: E731
-    proj, rec, stack = mod[f"proj_{sfx}"], mod[f"rec_{sfx}"], mod[f"stack_{sfx}"]
+    proj, rec, stack = gru_bench.projection_of(mod, sfx, e.get("proj_rows")), mod[f"rec_{sfx}"], mod[f"stack_{sfx}"]
     P = torch.zeros(L, 3 * H, device=dev)                         # torch.nn.LSTM has no peepholes
 
     def projection(x, l):

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..measure import PrebuiltModules, compile_for_gpu, cuda_available
+from . import gru as gru_bench
 from .common import config_group, config_suffix, grid_configs, print_table, ratio_bar_plot, save
 
 NAME = "persistent_gru"
@@ -70,7 +71,7 @@ def _bench_funcs(c, target) -> dict:
     proj, tile = ip.projection_for(spec, target, SEQ)   # what the importer emits (static seq)
     rec, path, why = paths.recurrence_func_auto(spec, target)
     sfx = config_suffix(c)
-    return {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
+    return {**gru_bench.projection_funcs(proj, tile, spec, sfx, target),
             f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why, tile
 
 
@@ -199,11 +200,13 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, target: str 
 class _Renamed:
     """Looks like the per-step benchmark's module: ['gru_input_projection'], ['gru_recurrence']."""
 
-    def __init__(self, mod, suffix):
-        self.mod, self.suffix = mod, suffix
+    def __init__(self, mod, suffix, proj_rows=None):
+        self.mod, self.suffix, self.proj_rows = mod, suffix, proj_rows
 
     def __getitem__(self, name):
-        return self.mod[{"gru_input_projection": "proj_", "gru_recurrence": "rec_"}[name] + self.suffix]
+        if name == "gru_input_projection":   # with the split pass of a tf32x3 projection
+            return gru_bench.projection_of(self.mod, self.suffix, self.proj_rows)
+        return self.mod[{"gru_recurrence": "rec_"}[name] + self.suffix]
 
 
 def _recurrence_only_us(mod, c, seq) -> float:
@@ -282,7 +285,7 @@ def _worker(index, root, suffixes, rows_file: Path, progress: Path, out, deadlin
             row.update(status="skipped", reason=res["why"])
         else:
             try:
-                mod = _Renamed(mods.get(e["file"]), e["suffix"])
+                mod = _Renamed(mods.get(e["file"]), e["suffix"], c["proj_rows"])
                 progress.write_text(f"{sfx} {time.time()}\n")  # the clock starts after the load
                 rec_us = _recurrence_only_us(mod, c, SEQ)
                 saved = gru_bench._load

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from ..measure import PrebuiltModules, compile_for_gpu, cuda_available, time_cuda
+from . import gru as gru_bench
 from .common import (config_group, config_suffix, grid_configs, print_table, ratio_bar_plot, save,
                      time_against_peer)
 
@@ -176,7 +177,7 @@ def _bench_funcs(c, target, path: str = "auto"):
         rec = _per_step(spec, target)
         if rec is None:
             return {}, "not_run", f"{why}; no per-step LSTM kernel here", tile
-    return {f"proj_{sfx}": proj.with_attr("global_symbol", f"proj_{sfx}"),
+    return {**gru_bench.projection_funcs(proj, tile, spec, sfx, target),
             f"rec_{sfx}": rec.with_attr("global_symbol", f"rec_{sfx}")}, path, why, tile
 
 
@@ -283,6 +284,7 @@ def build_for_gpu(out_dir, quick: bool = False, tests: bool = True, bench: bool 
             rec = _per_step(_spec(c), tgt)
             if rec is None:
                 del funcs[f"rec_{e['suffix']}"], funcs[f"proj_{e['suffix']}"]
+                funcs.pop(f"split_{e['suffix']}", None)
                 e.update(path="not_run", reason=e["residency"]["why"] + "; no per-step LSTM kernel here")
             else:
                 funcs[f"rec_{e['suffix']}"] = rec.with_attr("global_symbol", f"rec_{e['suffix']}")
@@ -459,7 +461,7 @@ def _worker(index, root, suffixes, rows_file: Path, progress: Path, out):
                 mod = mods.get(e["file"])
                 progress.write_text(f"{sfx} {time.time()}\n")  # the clock starts after the load
                 c["proj_rows"] = e.get("proj_rows")
-                row = run_one(c, mod[f"proj_{sfx}"], mod[f"rec_{sfx}"])
+                row = run_one(c, gru_bench.projection_of(mod, sfx, c["proj_rows"]), mod[f"rec_{sfx}"])
                 row.pop("proj_rows", None)
                 row.update(path=e["path"], reason=e.get("reason"), status="ok" if row["agree"] else "WRONG")
             except Exception as err:  # noqa: BLE001 - a launch error must not stop the other configs

@@ -197,6 +197,14 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
             tvm.target.Target(str(target)).kind.name == "cuda":
         return _gemv_projection(bb, c, bias_i, D, G, seq, B, I)
     proj, tile = projection_kernel(spec, str(target), static_seq)
+    if tile == ip.TF32X3:   # float32 on tf32 tensor cores: few rows of a length known at run time stay stock
+        def split_projection(c_, bias_):
+            return _tf32x3_projection(bb, cell, spec, c_, bias_, proj, target)
+        if static_seq is None:
+            dispatched = _projection_by_rows(bb, cell, c, bias_i, D, G, int(B), I, split_projection)
+            if dispatched is not None:
+                return dispatched
+        return split_projection(c, bias_i)
     if tile == ip.FLAT:   # tensor cores (GPU) or SIMD (CPU), on the seq * B rows as one matrix
         sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
         x_rows = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
@@ -218,6 +226,40 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
         if dispatched is not None:
             return dispatched
     return _tiled_projection(bb, cell, spec, c, bias_i, target, proj, tile)
+
+
+@functools.lru_cache(maxsize=16)
+def _split_kernel(K: int, Kp: int, target_json: str):
+    from ..kernels.projection import tf32x3
+
+    return tf32x3.scheduled_split_func(K, Kp, tvm.target.Target(target_json))
+
+
+def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target):
+    """gate_i [D, seq, B, G] from the tf32x3 projection `proj`: X's rows split into tf32 parts (and zero-padded
+    to whole k steps) by a kernel before it; W split here once where it is a constant, else by the same kernel."""
+    from ..kernels.projection import gemm as ip
+    from ..kernels.projection import tf32x3
+    from .importer import KernelKey, emit_kernel
+
+    D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
+    G, Kp = spec.gates * H, ip.tf32x3_k(I)
+    split = bb.add_func(_split_kernel(I, Kp, str(target)).without_attr("global_symbol"), f"{cell}_tf32x3_split")
+    x_rows = bb.emit(relax.op.reshape(as_float32(bb, c["x"]), [seq * B, I]))
+    xs = bb.emit(relax.call_tir(split, [x_rows], relax.TensorType([2, seq * B, Kp], "float32")))
+    w_value = constant_value(c["w"])
+    if w_value is not None:
+        ws = relax.const(tf32x3.split_array(np.pad(w_value.astype(np.float32), [(0, 0), (0, 0), (0, Kp - I)])))
+    else:
+        w_rows = bb.emit(relax.op.reshape(as_float32(bb, c["w"]), [D * G, I]))
+        ws = bb.emit(relax.call_tir(split, [w_rows], relax.TensorType([2, D * G, Kp], "float32")))
+        ws = bb.emit(relax.op.reshape(ws, [2, D, G, Kp]))
+    sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
+    op = f"{cell}_input_projection_tf32x3"
+    g_rows = emit_kernel(bb, op, KernelKey(sizes, "float32", {}, dynamic=("rows",)), lambda: proj,
+                         [xs, ws, bias_i], relax.TensorType([D, seq * B, G], "float32"),
+                         name_hint=op + c.get("suffix", ""))
+    return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
 
 
 # GPU, float32, a length known at run time: up to this many rows (seq x batch) the input projection is a stock

@@ -458,9 +458,46 @@ def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> 
     return None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
+# float32 on sm_90a: the projection on tf32 tensor cores at float32 accuracy (`tf32x3`), X split into two tf32
+# parts by a pass before it (`tf32x3.split_func`), W split once at import. Used from this many rows (seq x batch,
+# both static; a length known at run time goes through the importer's row dispatch, whose few rows take the stock
+# matmul) and where the tile divides N (K is zero-padded to whole 32-column steps by the split).
+TF32X3 = "tf32x3"
+TF32X3_MIN_ROWS = 512
+# Measured on an H200 (2026-11-28, `schedules/tf32x3_sweep.py`, 17 float32 input GEMMs of 800-32,000 rows, K
+# 100-1024, `artifacts/bench/tf32x3_sweep_2026-11-28.json`): split and projection together 1.2-2.1x faster than
+# the SIMT projection it replaces (H1024 B256 4.77 -> 2.52 ms for 100 steps; 1.2x at K 128) and its largest error
+# against a float64 GEMM 5.3-6.2e-7 at K 1024, where the SIMT kernel's and cuBLAS's float32 GEMMs had 9.9e-7-1.2e-6.
+# 128 x 256 without promoted chunks was ~1.3x faster still, but the tensor cores' truncating sums over 3K gave
+# 2.4e-6 there; chunks of 8 k steps (256 products of each pass) keep the error under float32's.
+TF32X3_TILE = WgmmaTile(bm=128, bn=128, stages=4, inflight=True, promote=8)
+
+
+def tf32x3_k(K: int) -> int:
+    """K padded to whole tf32 k steps (32 columns: one 128-byte row); the split pass writes the zeros."""
+    return -(-K // 32) * 32
+
+
+def tf32x3_projection(spec, target, seq=None):
+    """The tf32x3 warpgroup projection of a float32 spec with a static batch on sm_90a (a prim_func on XS [2, rows,
+    Kp], WS [2, D, N, Kp]), or None where it does not apply: another dtype or target, a symbolic batch, fewer than
+    TF32X3_MIN_ROWS rows when the length is static, or no tile dividing N."""
+    from . import wgmma
+
+    if spec.dtype != "float32" or target is None or target.kind.name != "cuda" or \
+            str(target.attrs.get("arch", "")) != "sm_90a" or not isinstance(spec.batch, int):
+        return None
+    if isinstance(seq, int) and seq * spec.batch < TF32X3_MIN_ROWS:
+        return None
+    D, N, K = spec.num_directions, spec.gates * spec.hidden, tf32x3_k(spec.input_size)
+    if wgmma.supports(N, K, TF32X3_TILE, 4) is not None:
+        return None
+    return wgmma.projection_wgmma_func(D, N, K, True, TF32X3_TILE, operands="tf32x3")
+
+
 def projection_for(spec, target, seq=None):
     """(scheduled projection prim_func, row tile): on the CPU the SIMD GEMM of `cpu_projection_func`, on a
-    GPU the tensor-core projection, both on the flat rows (tile FLAT: X [seq * B, I] -> gate_i [D, seq * B,
+    GPU the tensor-core projection (float32 on sm_90a: `tf32x3_projection`, tile TF32X3, its X split first), both on the flat rows (tile FLAT: X [seq * B, I] -> gate_i [D, seq * B,
     gates * H]); with any batch (spec.batch None) the flat rows scheduled by dlight; else on the batch layout (tile None), or for the
     padded rows of `row_tile` (then the prim_func is the projection of a batch of `tile` rows: X [tiles,
     tile, I] -> gate_i [D, tiles, tile, gates * H], its genes from `padded_rows_genes` at `seq` steps, an int
@@ -469,6 +506,9 @@ def projection_for(spec, target, seq=None):
 
     if (target is None or target.kind.name != "cuda") and not row_tile(spec, target):
         return cpu_projection_func(spec, target), FLAT
+    split = tf32x3_projection(spec, target, seq)
+    if split is not None:
+        return split, TF32X3
     flat = tensor_core_projection(spec, target)
     if flat is not None:
         return flat, FLAT

@@ -32,13 +32,18 @@ SWIZZLE_128B = 3   # T.cuda.wgmma_encode_matrix_descriptor's code for the 128-by
 ATOM = 1024        # bytes of an 8-row swizzle atom: the descriptor's stride between row groups
 
 
-def mma_async(n, acc, da, db, accumulate):
-    """wgmma m64n{n}k16 (f32 += f16 x f16) on the n / 2 float32 accumulators acc, A and B from the shared-memory
-    matrix descriptors da[0], db[0], both K-major; accumulate False overwrites."""
+def mma_async(n, acc, da, db, accumulate, operand: str = "float16"):
+    """wgmma m64n{n}k16 (f32 += f16 x f16; operand "tf32": m64n{n}k8, f32 += tf32 x tf32) on the n / 2 float32
+    accumulators acc, A and B from the shared-memory matrix descriptors da[0], db[0], both K-major; accumulate
+    False overwrites. Either way one instruction covers 32 bytes of k (a descriptor step)."""
     from tvm.script import tirx as T
 
+    accs = [acc[i] for i in range(n // 2)]
+    if operand == "tf32":   # no transpose immediates: tf32 operands are K-major only
+        return T.ptx[f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32"](
+            *accs, da[0], db[0], T.ptx.pred(accumulate), 1, 1)
     return T.ptx[f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16"](
-        *[acc[i] for i in range(n // 2)], da[0], db[0], T.ptx.pred(accumulate), 1, 1, 0, 0)
+        *accs, da[0], db[0], T.ptx.pred(accumulate), 1, 1, 0, 0)
 
 
 def encode_descriptor(desc, address):
@@ -58,10 +63,11 @@ def align_offset(smem):
     return (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM) % ATOM // 2
 
 
-def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32"):
+def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32", operand: str = "float16"):
     """(k_slice, store_rows): the TIR macros a 64 x BN warpgroup tile of the projection is made of.
-      k_slice(smem, acc, da, db, a_off, b_off, kt): the four m64nBNk16 wgmmas of k slice kt, A (64 rows) and B (BN
-        gate rows) from the 128-byte-swizzled tiles at half offsets a_off and b_off; slice 0 overwrites acc.
+      k_slice(smem, acc, da, db, a_off, b_off, kt): the four wgmmas (m64nBNk16; tf32: k8) of k slice kt, A (64 rows)
+        and B (BN gate rows) from the 128-byte-swizzled tiles at half offsets a_off and b_off (the shared buffer
+        is addressed in halfs whatever the operands hold); slice 0 overwrites acc.
       store_rows(GateI, Bias, acc, d, row0, n0, rows, t): the accumulators (the m16n8 C-fragment layout per 8
         columns) plus the bias into gate_i rows [row0, row0 + 64) < rows, columns [n0, n0 + BN), as column pairs; a
         float16 gate_i gets the fp32 sum rounded once (a pair of halves: one 4-byte store)."""
@@ -73,10 +79,10 @@ def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32"):
 
     @T.macro
     def k_slice(smem, acc, da, db, a_off, b_off, kt):
-        for kk in T.unroll(BK // 16):
+        for kk in T.unroll(BK // 16):   # an instruction a 32-byte step: k16 of float16, k8 of tf32
             encode_descriptor(da, T.address_of(smem[a_off + kk * 16]))
             encode_descriptor(db, T.address_of(smem[b_off + kk * 16]))
-            T.evaluate(mma_async(BN, acc, da, db, kt * 4 + kk > 0))
+            T.evaluate(mma_async(BN, acc, da, db, kt * 4 + kk > 0, operand))
 
     @T.macro
     def store_rows(GateI, Bias, acc, d, row0, n0, rows, t):
@@ -97,6 +103,10 @@ class WgmmaTile:
     stages: int = 3
     inflight: bool = False   # keep one k step's wgmma group running across the next barrier (prefetch
                              # distance stages - 2: the stage a copy refills was read two steps before)
+    promote: int = 0   # k steps a chunk: the tensor cores' sum of each chunk added into float32 registers by
+                       # the CUDA cores (0: never). Tensor cores truncate as they accumulate, so over a long K
+                       # (tf32x3 walks it three times) their error grows with K; chunks keep it at a chunk's
+                       # length. Needs BN / 2 more registers a thread.
 
     @property
     def threads(self) -> int:
@@ -106,8 +116,8 @@ class WgmmaTile:
         return self.stages * (self.bm + self.bn) * BK * 2 + ATOM   # + slack to align the first tile
 
 
-def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile()) -> str | None:
-    """Why the kernel cannot run an N x K weight (None: it can)."""
+def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile(), elem_bytes: int = 2) -> str | None:
+    """Why the kernel cannot run an N x K weight of elem_bytes elements (2: float16, 4: tf32x3) (None: it can)."""
     if tile.bm % 64 or tile.bn % 8 or not 8 <= tile.bn <= 256:
         return f"tile {tile}: bm a multiple of 64, bn a multiple of 8 up to 256"
     if tile.bn * CPR % tile.threads:
@@ -116,7 +126,9 @@ def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile()) -> str | None:
         return f"tile {tile}: the {tile.bn * CPR} 16-byte W copies of a stage do not split over {tile.threads} threads"
     if tile.stages < (3 if tile.inflight else 2):
         return f"tile {tile}: {3 if tile.inflight else 2}+ stages"
-    return weight_misfit(N, K, tile.bn, BK)
+    if tile.promote and tile.bn > 128:
+        return f"tile {tile}: promoted chunks need bn <= 128 (2 x bn / 2 float32 accumulators a thread)"
+    return weight_misfit(N, K, tile.bn, 128 // elem_bytes)
 
 
 GATE_DTYPES = ("float32", "float16")   # gate_i storage; float16 halves the epilogue's (and the recurrence's) traffic
@@ -148,54 +160,96 @@ def projection_cpu_func(D: int, N: int, K: int, gate_dtype: str):
                             "tirx.noalias": True})
 
 
+OPERANDS = ("float16", "tf32x3")
+
+
 def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaTile = WgmmaTile(),
-                          gate_dtype: str = "float32"):
-    """prim_func(X [rows, K] fp16, W [D, N, K] fp16, bias [D, N] f32, gate_i [D, rows, N] gate_dtype): float32
-    accumulation either way; gate_dtype "float16" rounds the sum plus bias to half on the store."""
+                          gate_dtype: str = "float32", operands: str = "float16"):
+    """prim_func(X, W, bias [D, N] f32, gate_i [D, rows, N] gate_dtype), float32 accumulation either way;
+    gate_dtype "float16" rounds the sum plus bias to half on the store.
+    operands "float16": X [rows, K], W [D, N, K] float16.
+    operands "tf32x3" (float32 models): X [2, rows, K] and W [2, D, N, K], each float32 split into a high and a low
+    part exact in tf32 (`tf32x3.split_func` / `split_array`); the k loop walks K three times, lo x hi, hi x lo,
+    hi x hi (the small products first), on tf32 wgmmas: a float32 GEMM's accuracy (the dropped lo x lo term and
+    the parts' rounding are ~2^-22 of a product) at tensor-core rate."""
     from tvm.script import tirx as T
 
     if gate_dtype not in GATE_DTYPES:
         raise TvmseqError(f"wgmma projection: gate_dtype {gate_dtype!r} not one of {GATE_DTYPES}")
-    why = supports(N, K, tile)
+    if operands not in OPERANDS:
+        raise TvmseqError(f"wgmma projection: operands {operands!r} not one of {OPERANDS}")
+    split = operands == "tf32x3"
+    why = supports(N, K, tile, 4 if split else 2)
     if why:
         raise TvmseqError(f"wgmma projection: {why}")
     if not gpu:
-        return projection_cpu_func(D, N, K, gate_dtype)
+        from .tf32x3 import tf32x3_cpu_func   # the kernel's numerics, here for the CPU tests
+
+        return tf32x3_cpu_func(D, N, K) if split else projection_cpu_func(D, N, K, gate_dtype)
+    # the shared buffer is float16 and addressed in halfs whatever the operands are (every kernel of a module
+    # declares one `extern __shared__ half smem_ptr[]`: a float one beside it would not compile); X and W are
+    # addressed in their own elements, dt
+    dt, EB = ("float32", 4) if split else ("float16", 2)
+    SRC_BK = 128 // EB                 # X / W elements of k a stage: one 128-byte swizzle row
+    SRC_CHUNK = 16 // EB               # X / W elements a 16-byte copy
     BM, BN, S, NT = tile.bm, tile.bn, tile.stages, tile.threads
     P = S - 2 if tile.inflight else S - 1    # k steps loaded ahead
     LIVE = 1 if tile.inflight else 0          # wgmma groups left running at the end of a k step
     ACC = BN // 2                      # float32 accumulators a thread
-    KT = K // BK
+    PROMOTE = tile.promote
+    PROMOTING = PROMOTE > 0            # (a Python bool: TVMScript's `if` on it is resolved here)
+    TOTAL = ACC if PROMOTING else 1    # the promoted sums' registers
+
+    def chunk_step(kt):
+        """kt's k step inside its promoted chunk (the first of a chunk overwrites the tensor cores' sums)"""
+        return kt % PROMOTE if PROMOTING else kt
+
+    KT = K // SRC_BK                   # k steps over K
+    KSTEPS = 3 * KT if split else KT   # tf32x3: three passes over K (lo x hi, hi x lo, hi x hi)
     ROW = BK                           # halfs a tile row (128 bytes)
     A_ELEMS, B_ELEMS = BM * ROW, BN * ROW
     STAGE = A_ELEMS + B_ELEMS          # halfs a stage (a multiple of 512 halfs = 1 KB)
     unroll = T.unroll
-    k_slice, store_rows = warpgroup_tile_macros(BN, gate_dtype)
+    k_slice, store_rows = warpgroup_tile_macros(BN, gate_dtype, "tf32" if split else "float16")
 
     def swz(r, c):
         """half offset of 16-byte chunk c of row r inside a 1 KB-aligned tile."""
         return r * ROW + T.bitwise_xor(c, r % 8) * 8
 
+    def a_src(m, kt, rows):
+        """X's element offset of row m at k step kt (tf32x3: pass 0 reads the low plane, passes 1-2 the high)"""
+        if not split:
+            return m * K + kt * SRC_BK
+        return (T.Select(kt < KT, rows, 0) + m) * K + kt % KT * SRC_BK
+
+    def b_src(row, kt):
+        """W's element offset of gate row `row` (d * N + n) at k step kt (tf32x3: pass 1 reads the low plane)"""
+        if not split:
+            return row * K + kt * SRC_BK
+        return (T.Select(kt // KT == 1, D * N, 0) + row) * K + kt % KT * SRC_BK
+
     @T.macro
     def load_stage(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
-        if kt < KT:
+        if kt < KSTEPS:
             for i in unroll(BM * CPR // NT):
                 q = T.meta_var(i * NT + t)
                 T.evaluate(T.s_tir.cp_async_raw.legacy(
                     smem.access_ptr("w"), base + st * STAGE + swz(q // CPR, q % CPR),
-                    Xb.data, T.min(m0 + q // CPR, rows - 1) * K + kt * BK + (q % CPR) * 8, 16, dtype="float16"))
+                    Xb.data, a_src(T.min(m0 + q // CPR, rows - 1), kt, rows) + (q % CPR) * SRC_CHUNK, 16, dtype=dt))
             for i in unroll(BN * CPR // NT):
                 q = T.meta_var(i * NT + t)
                 T.evaluate(T.s_tir.cp_async_raw.legacy(
                     smem.access_ptr("w"), base + st * STAGE + A_ELEMS + swz(q // CPR, q % CPR),
-                    Wb.data, (d * N + n0 + q // CPR) * K + kt * BK + (q % CPR) * 8, 16, dtype="float16"))
+                    Wb.data, b_src(d * N + n0 + q // CPR, kt) + (q % CPR) * SRC_CHUNK, 16, dtype=dt))
         T.evaluate(T.ptx["cp.async.commit_group"]())
+
+    x_shape, w_shape = ((2, None, K), (2, D, N, K)) if split else ((None, K), (D, N, K))
 
     @T.prim_func
     def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
         rows = T.int32()
-        Xb = T.match_buffer(x, (rows, K), "float16")
-        Wb = T.match_buffer(w, (D, N, K), "float16")
+        Xb = T.match_buffer(x, [rows if e is None else e for e in x_shape], dt)
+        Wb = T.match_buffer(w, w_shape, dt)
         Bias = T.match_buffer(bias, (D, N), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, N), gate_dtype)
         # blockIdx.x walks the gate-row tiles: the blocks running together share X rows (read from DRAM once)
@@ -206,6 +260,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                     for t in T.thread_binding(NT, thread="threadIdx.x"):
                         smem = T.alloc_buffer((S * STAGE + ATOM // 2,), "float16", scope="shared.dyn")
                         acc = T.alloc_buffer((ACC,), "float32", scope="local")
+                        total = T.alloc_buffer((TOTAL,), "float32", scope="local")
                         da = T.alloc_buffer((1,), "uint64", scope="local")
                         db = T.alloc_buffer((1,), "uint64", scope="local")
                         wg = T.meta_var(t // 128)
@@ -214,20 +269,28 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                         base = T.meta_var(off[0])
                         for v in unroll(ACC):
                             acc[v] = T.float32(0)
+                        if PROMOTING:
+                            for v in unroll(ACC):
+                                total[v] = T.float32(0)
                         for st in unroll(P):
                             load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, st, st, t)
-                        for kt in T.serial(KT):
+                        for kt in T.serial(KSTEPS):
                             T.evaluate(T.ptx["cp.async.wait_group"](P - 1))
                             T.ptx["fence.proxy.async.shared::cta"]()
                             T.tvm_storage_sync("shared")
                             load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, kt + P, (kt + P) % S, t)
                             T.ptx["wgmma.fence.sync.aligned"]()
                             k_slice(smem, acc, da, db, base + kt % S * STAGE + wg * 64 * ROW,
-                                    base + kt % S * STAGE + A_ELEMS, kt)
+                                    base + kt % S * STAGE + A_ELEMS, chunk_step(kt))
                             T.ptx["wgmma.commit_group.sync.aligned"]()
                             T.ptx["wgmma.wait_group.sync.aligned"](LIVE)
+                            if PROMOTING:
+                                if kt % PROMOTE == PROMOTE - 1 or kt == KSTEPS - 1:   # a chunk's sum, rounded
+                                    T.ptx["wgmma.wait_group.sync.aligned"](0)
+                                    for v in unroll(ACC):
+                                        total[v] = total[v] + acc[v]
                         T.ptx["wgmma.wait_group.sync.aligned"](0)
-                        store_rows(GateI, Bias, acc, bz, bx * BM + wg * 64, by * BN, rows, t)
+                        store_rows(GateI, Bias, total if PROMOTING else acc, bz, bx * BM + wg * 64, by * BN, rows, t)
 
     return main.with_attrs({"tirx.is_scheduled": True, "global_symbol": "gru_input_projection",
                             "tirx.noalias": True})

@@ -1,0 +1,142 @@
+"""The float32 projection on tf32 tensor cores at float32 accuracy (`kernels/projection/tf32x3.py`): the split of an
+operand into two tf32 parts, the projection's numerics (its CPU variant: the three passes in the kernel's order),
+the rule that picks it and the importer's wiring. The GPU kernel's fragment layouts are checked on the GPU by the
+float32 cases of tests/test_gpu_lstm.py and tests/test_gpu_models.py that take it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from tvmseq.kernels.projection import gemm as ip
+from tvmseq.kernels.projection import tf32x3, wgmma
+from tvmseq.kernels.recurrent import gru, lstm
+
+LLVM = tvm.target.Target("llvm")
+H100 = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
+
+
+def numpy_tf32(a):
+    """a rounded to tf32's 10 mantissa bits, half away from zero (what the split writes), in float64."""
+    a = np.asarray(a, np.float64)
+    m, e = np.frexp(a)                       # a = m 2^e, 0.5 <= |m| < 1: 11 significant bits kept
+    return np.ldexp(np.sign(m) * np.floor(np.abs(m) * 2.0 ** 11 + 0.5) / 2.0 ** 11, e)
+
+
+def _values(shape, seed):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape))).astype(np.float32)
+    x.flat[:6] = [0.0, -0.0, 1.0, -3.0e38, 1.0e-40, np.float32(1 + 2 ** -11)]   # a subnormal, a tie
+    return x
+
+
+@pytest.mark.parametrize("rows,K,Kp", [(1, 32, 32), (37, 23, 32), (5, 100, 128)])
+def test_split_func_matches_split_array_and_rounds_to_tf32(rows, K, Kp):
+    x = _values((rows, K), rows + K)
+    split = tvm.compile(tf32x3.split_func(K, Kp), target=LLVM)
+    got = tvm.runtime.tensor(np.full((2, rows, Kp), np.nan, np.float32))
+    split(tvm.runtime.tensor(x), got)
+    got = got.numpy()
+    want = tf32x3.split_array(np.pad(x, [(0, 0), (0, Kp - K)]))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not (got.view(np.uint32) & 0x1FFF).any(), "a part with bits below tf32's mantissa"
+    normal = np.abs(x) > 1e-30
+    np.testing.assert_array_equal(got[0, :, :K][normal], numpy_tf32(x)[normal])
+    rest = np.abs(x.astype(np.float64) - got[0, :, :K] - got[1, :, :K])
+    assert (rest <= 2.0 ** -22 * np.abs(x))[normal].all()
+    assert not got[:, :, K:].any()
+
+
+def _cpu_projection(D, rows, N, K):
+    rng = np.random.default_rng(D * rows + N + K)
+    X = rng.standard_normal((rows, K)).astype(np.float32)
+    W = (rng.standard_normal((D, N, K)) * K ** -0.5).astype(np.float32)
+    bias = rng.standard_normal((D, N)).astype(np.float32)
+    proj = tvm.compile(wgmma.projection_wgmma_func(D, N, K, gpu=False, operands="tf32x3"), target=LLVM)
+    out = tvm.runtime.tensor(np.zeros((D, rows, N), np.float32))
+    proj(*[tvm.runtime.tensor(a) for a in (tf32x3.split_array(X), tf32x3.split_array(W), bias)], out)
+    exact = np.einsum("mk,dnk->dmn", X.astype(np.float64), W.astype(np.float64)) + bias[:, None, :]
+    return out.numpy(), exact, X, W, bias
+
+
+@pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 32), (2, 19, 256, 96), (1, 3, 512, 256)])
+def test_tf32x3_projection_is_as_accurate_as_float32(D, rows, N, K):
+    got, exact, X, W, bias = _cpu_projection(D, rows, N, K)
+    f32 = np.zeros_like(got)          # a float32 GEMM summed in the same order (one pass)
+    for k in range(K):
+        f32 += X[None, :, k, None] * W[:, None, :, k]
+    f32 += bias[:, None, :]
+    hi_only = np.einsum("mk,dnk->dmn", numpy_tf32(X), numpy_tf32(W)) + bias[:, None, :]
+    err, err32, err_tf32 = (np.abs(a - exact).max() for a in (got, f32, hi_only))
+    assert err <= 3 * err32 + 1e-6, (err, err32)
+    assert err * 100 < err_tf32, "the low parts did not count"
+
+
+def _spec(D, B, H, I, dtype="float32", cell="lstm"):  # noqa: E741
+    direction = "bidirectional" if D == 2 else "forward"
+    if cell == "lstm":
+        return lstm.LstmSpec(D, B, H, I, dtype, direction=direction)
+    return gru.GruSpec(D, B, H, I, dtype, linear_before_reset=1, direction=direction)
+
+
+def test_rule_takes_tf32x3_for_many_float32_rows_on_sm90a():
+    sm80 = tvm.target.Target("nvidia/nvidia-a100", host="llvm")
+    assert ip.projection_for(_spec(1, 64, 1024, 1024), H100, 100)[1] == ip.TF32X3
+    assert ip.projection_for(_spec(2, 8, 128, 23), H100, 100)[1] == ip.TF32X3       # K 23 padded to 32
+    assert ip.projection_for(_spec(1, 64, 128, 128, cell="gru"), H100, None)[1] == ip.TF32X3   # length at run time
+    assert ip.projection_for(_spec(1, 1, 1024, 1024), H100, 100)[1] != ip.TF32X3    # 100 rows: SIMT
+    assert ip.projection_for(_spec(1, 64, 100, 100), H100, 100)[1] != ip.TF32X3     # N 400: no tile divides it
+    assert ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), H100, 100)[1] == ip.FLAT
+    assert ip.projection_for(_spec(1, None, 1024, 1024), H100, 100)[1] != ip.TF32X3  # any batch: dlight
+    assert ip.projection_for(_spec(1, 64, 1024, 1024), sm80, 100)[1] != ip.TF32X3
+    assert ip.projection_for(_spec(1, 64, 1024, 1024), LLVM, 100)[1] != ip.TF32X3
+    func, _ = ip.projection_for(_spec(1, 64, 1024, 1024), H100, 100)
+    src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
+    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in src
+
+
+def test_importer_splits_x_per_call_and_constant_w_once():
+    from tvmseq import models
+    from tvmseq.onnx import from_onnx
+
+    model, _ = models.rnn_node_model("GRU", seq=100, batch=8, input_size=23, hidden=128, direction="bidirectional",
+                                     linear_before_reset=1)
+    mod = from_onnx(model, target=H100)
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    assert {"gru_tf32x3_split", "gru_input_projection_tf32x3"} <= names
+    text = mod["main"].script(show_meta=False)
+    assert text.count("gru_tf32x3_split") == 1, "W is a constant: split at import, not per call"
+    w = next(i for i in model.graph.initializer if i.name == model.graph.node[0].input[1])
+    from onnx import numpy_helper
+
+    w = numpy_helper.to_array(w)
+    consts = [c.value.numpy() for c in _constants(mod["main"])]
+    want = tf32x3.split_array(np.pad(w, [(0, 0), (0, 0), (0, 9)]))   # K 23 -> 32
+    assert any(c.shape == want.shape and np.array_equal(c, want) for c in consts)
+
+
+def _constants(func):
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, tvm.ir.expr.GenericConst):
+            found.append(expr)
+    tvm.relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def test_importer_dispatches_few_rows_of_a_run_time_length_to_the_stock_matmul():
+    from tvmseq import models
+    from tvmseq.onnx import from_onnx
+
+    model, _ = models.rnn_node_model("GRU", seq="frames", batch=4, input_size=64, hidden=128, direction="forward",
+                                     linear_before_reset=1)
+    mod = from_onnx(model, target=H100)
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    assert {"gru_projection_by_rows", "gru_projection_stock", "gru_tf32x3_split"} <= names
+
+
+def test_promoted_chunks_only_where_the_registers_hold_two_sums():
+    assert "bn <= 128" in wgmma.supports(512, 256, wgmma.WgmmaTile(128, 256, 4, True, promote=8), 4)
+    assert wgmma.supports(512, 256, ip.TF32X3_TILE, 4) is None
+    assert ip.TF32X3_TILE.promote > 0   # the accuracy the rule was chosen for (tensor cores truncate as they sum)

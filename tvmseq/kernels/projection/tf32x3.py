@@ -1,0 +1,108 @@
+"""float32 input projections on tf32 tensor cores at float32 accuracy ("3xTF32", as CUTLASS's fast-accurate
+float32 GEMM): each operand is split into a high part (rounded to tf32's 10 mantissa bits) and a low part (the
+remainder, rounded to tf32 again), both exact in tf32, and X W^T = Xlo Whi + Xhi Wlo + Xhi Whi with the lo x lo
+term dropped. Every product is exact in float32 (11 x 11 significant bits), so what is lost against a float32 GEMM
+is the lo x lo term and the low part's rounding, each under 2^-22 of a product, against float32's own 2^-24 a sum.
+Three tf32 wgmmas cost ~1/3 of tf32's rate, still ~3x the float32 FMA rate a SIMT GEMM is bound by. The tensor
+cores truncate as they accumulate, so the kernel adds their sum into float32 registers every few k steps
+(`WgmmaTile.promote`): without that, the error over 3K grew to ~2.4x a float32 GEMM's at K 1024 (H200,
+`schedules/tf32x3_sweep.py`); with chunks of 8 k steps it is half of it.
+
+* `split_func`: X [rows, K] -> [2, rows, Kp] (high, low, K zero-padded to Kp), the kernel the importer runs before the projection;
+* `split_array`: the same on a numpy array (constant weights, split once at import);
+* `tf32x3_cpu_func`: the projection's numerics as a loop nest (CPU tests); the GPU kernel is
+  `wgmma.projection_wgmma_func(..., operands="tf32x3")`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+ROUND = 0x1000          # half of tf32's last place in float32 bits: round half away from zero
+KEEP = 0xFFFFE000       # sign, exponent and tf32's 10 mantissa bits
+
+
+def split_array(a: np.ndarray) -> np.ndarray:
+    """[2, *a.shape] float32: a's high and low tf32 parts (`split_func`'s arithmetic, bit for bit)."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+
+    def tf32(v):
+        return ((v.view(np.uint32) + np.uint32(ROUND)) & np.uint32(KEEP)).view(np.float32)
+
+    hi = tf32(a)
+    return np.stack([hi, tf32(a - hi)])
+
+
+def split_func(K: int, Kp: int | None = None):
+    """prim_func(x [rows, K] f32, xs [2, rows, Kp] f32): xs[0] = tf32(x), xs[1] = tf32(x - xs[0]), zeros in the
+    columns [K, Kp) (Kp: K padded to the projection's k step; default K); rows symbolic. An elementwise block
+    (a memory-bound pass, ~3 bytes moved a byte of X) that the target's default schedule takes (dlight on a GPU)."""
+    from tvm.script import tirx as T
+
+    Kp = Kp or K
+
+    def tf32(v):
+        return T.reinterpret("float32", T.bitwise_and(T.reinterpret("uint32", v) + T.uint32(ROUND),
+                                                      T.uint32(KEEP)))
+
+    def value(X, m, k):
+        return X[m, k] if Kp == K else T.if_then_else(k < K, X[m, T.min(k, K - 1)], T.float32(0))
+
+    @T.prim_func(s_tir=True)
+    def main(x: T.handle, xs: T.handle):
+        # opaque (op_pattern 8): FuseOps would merge X's reshape into it, which FuseTIR then maps inconsistently
+        T.func_attr({"global_symbol": "tf32x3_split", "tirx.noalias": True, "op_pattern": 8})
+        rows = T.int32()
+        X = T.match_buffer(x, (rows, K), "float32")
+        XS = T.match_buffer(xs, (2, rows, Kp), "float32")
+        for m, k in T.grid(rows, Kp):
+            with T.sblock("split"):
+                vm, vk = T.axis.remap("SS", [m, k])
+                XS[0, vm, vk] = tf32(value(X, vm, vk))
+                XS[1, vm, vk] = tf32(value(X, vm, vk) - tf32(value(X, vm, vk)))
+
+    return main
+
+
+SPLIT_THREADS = 256
+
+
+def scheduled_split_func(K: int, Kp: int, target):
+    """`split_func` scheduled for `target`: on a GPU a thread a 16-byte vector of X (one element where K is padded)
+    and its two parts; else as written (the CPU's default schedule takes it)."""
+    import tvm
+
+    func = split_func(K, Kp)
+    if target.kind.name != "cuda":
+        return func
+    sch = tvm.s_tir.Schedule(func)
+    m, k = sch.get_loops(sch.get_sblock("split"))
+    vec = 4 if K == Kp else 1
+    bx, tx, v = sch.split(sch.fuse(m, k), factors=[None, SPLIT_THREADS, vec])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    if vec > 1:
+        sch.vectorize(v)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def tf32x3_cpu_func(D: int, N: int, K: int):
+    """The tf32x3 projection's numerics as a loop nest: gate_i[d, m, n] = bias[d, n] + the float32 sum over the three
+    passes (lo x hi, hi x lo, hi x hi) of XS [2, rows, K] x WS [2, D, N, K], in the kernel's pass order."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
+        rows = T.int32()
+        XS = T.match_buffer(x, (2, rows, K), "float32")
+        WS = T.match_buffer(w, (2, D, N, K), "float32")
+        Bias = T.match_buffer(bias, (D, N), "float32")
+        GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
+        acc = T.alloc_buffer((1,), "float32")
+        for d, m, n in T.grid(D, rows, N):
+            acc[0] = T.float32(0)
+            for p, k in T.grid(3, K):
+                acc[0] = acc[0] + XS[T.Select(p == 0, 1, 0), m, k] * WS[T.Select(p == 1, 1, 0), d, n, k]
+            GateI[d, m, n] = acc[0] + Bias[d, n]
+
+    return main.with_attrs({"tirx.is_scheduled": True, "global_symbol": "gru_input_projection",
+                            "tirx.noalias": True})
