@@ -140,3 +140,13 @@ def test_promoted_chunks_only_where_the_registers_hold_two_sums():
     assert "bn <= 128" in wgmma.supports(512, 256, wgmma.WgmmaTile(128, 256, 4, True, promote=8), 4)
     assert wgmma.supports(512, 256, ip.TF32X3_TILE, 4) is None
     assert ip.TF32X3_TILE.promote > 0   # the accuracy the rule was chosen for (tensor cores truncate as they sum)
+
+
+def test_importer_splits_a_weight_passed_as_an_input_every_call():
+    from tvmseq import models
+    from tvmseq.onnx import from_onnx
+
+    model, _ = models.rnn_node_model("GRU", seq=100, batch=8, input_size=64, hidden=128, direction="forward",
+                                     linear_before_reset=1, weights_as_inputs=True)
+    text = from_onnx(model, target=H100)["main"].script(show_meta=False)
+    assert text.count("gru_tf32x3_split") == 2, "X and W each split before the projection"
