@@ -150,3 +150,18 @@ def test_importer_splits_a_weight_passed_as_an_input_every_call():
                                      linear_before_reset=1, weights_as_inputs=True)
     text = from_onnx(model, target=H100)["main"].script(show_meta=False)
     assert text.count("gru_tf32x3_split") == 2, "X and W each split before the projection"
+
+
+def test_source_carrying_modules_compile_for_the_architecture_variant_wgmma_needs(monkeypatch):
+    """A module built without device binaries carries CUDA source, compiled where it is loaded: for the GPU present
+    (sm_90a on an H100: TVM's own callback took sm_90 there, where ptxas refuses wgmma) or, in a build, for the
+    current target's architecture."""
+    from tvmseq import cuda_toolchain
+
+    built = []
+    monkeypatch.setattr(cuda_toolchain, "nvcc_fatbin", lambda code, arches: (built.append(arches) or b"", {}))
+    monkeypatch.setattr(cuda_toolchain, "present_arch", lambda device=None: "sm_90a")
+    cuda_toolchain._present_gpu_compile("__global__ void k() {}")
+    with tvm.target.Target("nvidia/nvidia-a100"):
+        cuda_toolchain._present_gpu_compile("__global__ void k() {}")
+    assert built == [("sm_90a",), ("sm_80",)]

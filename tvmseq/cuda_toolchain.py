@@ -247,16 +247,31 @@ def ensure_cuda_runtime() -> bool:
             libdir = Path(tvm.base._LOADED_LIBS["tvm_runtime"]._name).resolve().parent
             tvm.base._LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
                 package="tvm", target_name="tvm_runtime_cuda", mode="RTLD_GLOBAL", extra_lib_paths=[libdir])
-        if tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True) is None and find_nvcc():
+        present = bool(tvm.cuda(0).exist)
+        if find_nvcc() and (present or tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+                            is None):
+            # where a GPU is present ours replaces TVM's (`tvm.support.nvcc` registers it on import, so import
+            # it first): with no target current, as when a module carrying source is loaded, TVM's compiles
+            # for sm_90, and sm_90a code (wgmma) then fails in ptxas
+            with contextlib.suppress(ImportError):
+                import tvm.support.nvcc  # noqa: F401
             tvm_ffi.register_global_func("tvm_callback_cuda_compile", _present_gpu_compile, override=True)
-        return bool(tvm.cuda(0).exist)
+        return present
     except Exception as err:  # noqa: BLE001 - any loader error means: no CUDA here
         warnings.warn(f"TVM's CUDA runtime could not be loaded: {err}", ArtifactWarning, stacklevel=2)
         return False
 
 
 def _present_gpu_compile(code, *_):
-    binary, _report = nvcc_fatbin(code, (present_arch(),))
+    """nvcc for the current target's architecture when one is set (a build), else for the GPU present (a load)."""
+    import tvm
+
+    try:
+        target = tvm.target.Target.current(allow_none=True)
+    except AttributeError:   # TVM's runtime only has no targets: a load
+        target = None
+    arch = arch_of_target(target) if target is not None and target.kind.name == "cuda" else present_arch()
+    binary, _report = nvcc_fatbin(code, (arch,))
     return bytearray(binary)
 
 

@@ -832,6 +832,12 @@ def load_model(path, device=None, weights=None, cuda_graph: bool | None = None) 
     and replay whole calls (`Model`), default as the model was compiled."""
     path = Path(path)
     meta = read_model_meta(path)
+    if meta["target"] == "cuda":
+        from .cuda_toolchain import ensure_cuda_runtime
+
+        # before the load: a module that carries CUDA source is compiled as it loads, by the callback this
+        # registers (sm_90a code such as wgmma needs compute_90a, which other callbacks did not give it)
+        ensure_cuda_runtime()
     try:
         module = tvm.runtime.load_module(str(path))
     except Exception as err:  # noqa: BLE001 - corrupt files surface as many error types
