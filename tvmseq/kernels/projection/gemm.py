@@ -497,8 +497,9 @@ def tf32x3_projection(spec, target, seq=None):
 
 def projection_for(spec, target, seq=None):
     """(scheduled projection prim_func, row tile): on the CPU the SIMD GEMM of `cpu_projection_func`, on a
-    GPU the tensor-core projection (float32 on sm_90a: `tf32x3_projection`, tile TF32X3, its X split first), both on the flat rows (tile FLAT: X [seq * B, I] -> gate_i [D, seq * B,
-    gates * H]); with any batch (spec.batch None) the flat rows scheduled by dlight; else on the batch layout (tile None), or for the
+    GPU the tensor-core projection, both on the flat rows (tile FLAT: X [seq * B, I] -> gate_i [D, seq * B,
+    gates * H]; float32 on sm_90a: `tf32x3_projection`, tile TF32X3, X split into tf32 parts first); with any
+    batch (spec.batch None) the flat rows scheduled by dlight; else on the batch layout (tile None), or for the
     padded rows of `row_tile` (then the prim_func is the projection of a batch of `tile` rows: X [tiles,
     tile, I] -> gate_i [D, tiles, tile, gates * H], its genes from `padded_rows_genes` at `seq` steps, an int
     when the model's length is static)."""

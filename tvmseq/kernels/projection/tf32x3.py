@@ -8,7 +8,8 @@ cores truncate as they accumulate, so the kernel adds their sum into float32 reg
 (`WgmmaTile.promote`): without that, the error over 3K grew to ~2.4x a float32 GEMM's at K 1024 (H200,
 `schedules/tf32x3_sweep.py`); with chunks of 8 k steps it is half of it.
 
-* `split_func`: X [rows, K] -> [2, rows, Kp] (high, low, K zero-padded to Kp), the kernel the importer runs before the projection;
+* `split_func`: X [rows, K] -> [2, rows, Kp] (high, low, K zero-padded to Kp), the kernel the importer runs
+  before the projection;
 * `split_array`: the same on a numpy array (constant weights, split once at import);
 * `tf32x3_cpu_func`: the projection's numerics as a loop nest (CPU tests); the GPU kernel is
   `wgmma.projection_wgmma_func(..., operands="tf32x3")`.
