@@ -52,14 +52,17 @@ def _cpu_projection(D, rows, N, K):
     X = rng.standard_normal((rows, K)).astype(np.float32)
     W = (rng.standard_normal((D, N, K)) * K ** -0.5).astype(np.float32)
     bias = rng.standard_normal((D, N)).astype(np.float32)
-    proj = tvm.compile(wgmma.projection_wgmma_func(D, N, K, gpu=False, operands="tf32x3"), target=LLVM)
+    proj = tvm.compile(wgmma.projection_wgmma_func(D, N, K, gpu=False, tile=ip.TF32X3_TILE, operands="tf32x3"),
+                       target=LLVM)
     out = tvm.runtime.tensor(np.zeros((D, rows, N), np.float32))
-    proj(*[tvm.runtime.tensor(a) for a in (tf32x3.split_array(X), tf32x3.split_array(W), bias)], out)
+    ws = tf32x3.split_weight(W, ip.tf32x3_n(N), K)   # W's rows zero-padded to whole tiles
+    proj(*[tvm.runtime.tensor(a) for a in (tf32x3.split_array(X), ws, bias)], out)
     exact = np.einsum("mk,dnk->dmn", X.astype(np.float64), W.astype(np.float64)) + bias[:, None, :]
     return out.numpy(), exact, X, W, bias
 
 
-@pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 32), (2, 19, 256, 96), (1, 3, 512, 256)])
+@pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 32), (2, 19, 256, 96), (1, 3, 512, 256), (2, 5, 148, 64),
+                                        (1, 11, 400, 32)])
 def test_tf32x3_projection_is_as_accurate_as_float32(D, rows, N, K):
     got, exact, X, W, bias = _cpu_projection(D, rows, N, K)
     f32 = np.zeros_like(got)          # a float32 GEMM summed in the same order (one pass)
@@ -85,7 +88,8 @@ def test_rule_takes_tf32x3_for_many_float32_rows_on_sm90a():
     assert ip.projection_for(_spec(2, 8, 128, 23), H100, 100)[1] == ip.TF32X3       # K 23 padded to 32
     assert ip.projection_for(_spec(1, 64, 128, 128, cell="gru"), H100, None)[1] == ip.TF32X3   # length at run time
     assert ip.projection_for(_spec(1, 1, 1024, 1024), H100, 100)[1] != ip.TF32X3    # 100 rows: SIMT
-    assert ip.projection_for(_spec(1, 64, 100, 100), H100, 100)[1] != ip.TF32X3     # N 400: no tile divides it
+    assert ip.projection_for(_spec(1, 64, 100, 100), H100, 100)[1] == ip.TF32X3     # N 400: W padded to 512 rows
+    assert ip.projection_for(_spec(1, 64, 37, 37, cell="gru"), H100, 100)[1] != ip.TF32X3   # N 111: odd
     assert ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), H100, 100)[1] == ip.FLAT
     assert ip.projection_for(_spec(1, None, 1024, 1024), H100, 100)[1] != ip.TF32X3  # any batch: dlight
     assert ip.projection_for(_spec(1, 64, 1024, 1024), sm80, 100)[1] != ip.TF32X3
@@ -111,7 +115,7 @@ def test_importer_splits_x_per_call_and_constant_w_once():
 
     w = numpy_helper.to_array(w)
     consts = [c.value.numpy() for c in _constants(mod["main"])]
-    want = tf32x3.split_array(np.pad(w, [(0, 0), (0, 0), (0, 9)]))   # K 23 -> 32
+    want = tf32x3.split_weight(w, 384, 32)   # K 23 -> 32
     assert any(c.shape == want.shape and np.array_equal(c, want) for c in consts)
 
 
@@ -142,14 +146,16 @@ def test_promoted_chunks_only_where_the_registers_hold_two_sums():
     assert ip.TF32X3_TILE.promote > 0   # the accuracy the rule was chosen for (tensor cores truncate as they sum)
 
 
-def test_importer_splits_a_weight_passed_as_an_input_every_call():
+@pytest.mark.parametrize("hidden", [128, 100])
+def test_importer_splits_a_weight_passed_as_an_input_every_call(hidden):
     from tvmseq import models
     from tvmseq.onnx import from_onnx
 
-    model, _ = models.rnn_node_model("GRU", seq=100, batch=8, input_size=64, hidden=128, direction="forward",
+    model, _ = models.rnn_node_model("GRU", seq=100, batch=8, input_size=64, hidden=hidden, direction="forward",
                                      linear_before_reset=1, weights_as_inputs=True)
     text = from_onnx(model, target=H100)["main"].script(show_meta=False)
     assert text.count("gru_tf32x3_split") == 2, "X and W each split before the projection"
+    assert ("R.nn.pad" in text) == (hidden == 100), "W's 300 rows padded to 384, 384 left as they are"
 
 
 def test_source_carrying_modules_compile_for_the_architecture_variant_wgmma_needs(monkeypatch):

@@ -312,15 +312,16 @@ def _split_projection(split_proj, tv, X, gate_i, seq, B, D):
     import torch
     import tvm
 
-    from ..kernels.projection.gemm import tf32x3_k
+    from ..kernels.projection.gemm import tf32x3_k, tf32x3_n
 
     split, proj = split_proj
     I, G, rows = X.shape[-1], gate_i.shape[-1], seq * B
-    Kp = tf32x3_k(I)
-    W = torch.from_dlpack(tv[1]).float()
-    xs, ws = (torch.empty(2, n, Kp, device=X.device) for n in (rows, D * G))
-    split(tvm.runtime.from_dlpack(W.reshape(D * G, I).contiguous()), tvm.runtime.from_dlpack(ws))
-    args = [tvm.runtime.from_dlpack(t) for t in (X.reshape(rows, I), xs, ws.view(2, D, G, Kp),
+    Kp, Np = tf32x3_k(I), tf32x3_n(G)
+    W = torch.zeros(D, Np, I, device=X.device)   # W's rows zero-padded to whole tiles
+    W[:, :G] = torch.from_dlpack(tv[1]).float()
+    xs, ws = (torch.empty(2, n, Kp, device=X.device) for n in (rows, D * Np))
+    split(tvm.runtime.from_dlpack(W.view(D * Np, I)), tvm.runtime.from_dlpack(ws))
+    args = [tvm.runtime.from_dlpack(t) for t in (X.reshape(rows, I), xs, ws.view(2, D, Np, Kp),
                                                  gate_i.view(D, rows, G))]
 
     def run():

@@ -85,12 +85,17 @@ def _split_call(mod, sfx: str, X2, W, bias, out):
     import torch
     import tvm
 
+    from ..kernels.projection.gemm import tf32x3_k, tf32x3_n
+
     tv = tvm.runtime.from_dlpack
     split, proj = mod[f"split_{sfx}"], mod[f"tc_{sfx}"]
-    (D, N, I), rows, Kp = W.shape, X2.shape[0], -(-X2.shape[1] // 32) * 32
-    xs, ws = torch.empty(2, rows, Kp, device=X2.device), torch.empty(2, D * N, Kp, device=X2.device)
-    split(tv(W.reshape(D * N, I)), tv(ws))
-    args = [tv(X2), tv(xs), tv(ws.view(2, D, N, Kp)), tv(bias), tv(out)]
+    (D, N, I), rows = W.shape, X2.shape[0]
+    Kp, Np = tf32x3_k(I), tf32x3_n(N)
+    Wp = torch.zeros(D, Np, I, device=X2.device)   # W's rows zero-padded to whole tiles
+    Wp[:, :N] = W
+    xs, ws = torch.empty(2, rows, Kp, device=X2.device), torch.empty(2, D * Np, Kp, device=X2.device)
+    split(tv(Wp.view(D * Np, I)), tv(ws))
+    args = [tv(X2), tv(xs), tv(ws.view(2, D, Np, Kp)), tv(bias), tv(out)]
 
     def run(x2, xs_, ws_, b, o):
         split(x2, xs_)

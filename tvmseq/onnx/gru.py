@@ -244,16 +244,20 @@ def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target):
 
     D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
     G, Kp = spec.gates * H, ip.tf32x3_k(I)
+    Np = ip.tf32x3_n(G)   # W's rows zero-padded to whole tiles
     split = bb.add_func(_split_kernel(I, Kp, str(target)).without_attr("global_symbol"), f"{cell}_tf32x3_split")
     x_rows = bb.emit(relax.op.reshape(as_float32(bb, c["x"]), [seq * B, I]))
     xs = bb.emit(relax.call_tir(split, [x_rows], relax.TensorType([2, seq * B, Kp], "float32")))
     w_value = constant_value(c["w"])
     if w_value is not None:
-        ws = relax.const(tf32x3.split_array(np.pad(w_value.astype(np.float32), [(0, 0), (0, 0), (0, Kp - I)])))
+        ws = relax.const(tf32x3.split_weight(w_value, Np, Kp))
     else:
-        w_rows = bb.emit(relax.op.reshape(as_float32(bb, c["w"]), [D * G, I]))
-        ws = bb.emit(relax.call_tir(split, [w_rows], relax.TensorType([2, D * G, Kp], "float32")))
-        ws = bb.emit(relax.op.reshape(ws, [2, D, G, Kp]))
+        w = as_float32(bb, c["w"])
+        if Np != G:
+            w = bb.emit(relax.op.nn.pad(w, [0, 0, 0, Np - G, 0, 0]))
+        w_rows = bb.emit(relax.op.reshape(w, [D * Np, I]))
+        ws = bb.emit(relax.call_tir(split, [w_rows], relax.TensorType([2, D * Np, Kp], "float32")))
+        ws = bb.emit(relax.op.reshape(ws, [2, D, Np, Kp]))
     sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
     op = f"{cell}_input_projection_tf32x3"
     g_rows = emit_kernel(bb, op, KernelKey(sizes, "float32", {}, dynamic=("rows",)), lambda: proj,

@@ -461,7 +461,7 @@ def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> 
 # float32 on sm_90a: the projection on tf32 tensor cores at float32 accuracy (`tf32x3`), X split into two tf32
 # parts by a pass before it (`tf32x3.split_func`), W split once at import. Used from this many rows (seq x batch,
 # both static; a length known at run time goes through the importer's row dispatch, whose few rows take the stock
-# matmul) and where the tile divides N (K is zero-padded to whole 32-column steps by the split).
+# matmul) and where N is even (W's rows are zero-padded to whole tiles, K to whole 32-column steps).
 TF32X3 = "tf32x3"
 TF32X3_MIN_ROWS = 512
 # Measured on an H200 (2026-11-28, `schedules/tf32x3_sweep.py`, 17 float32 input GEMMs of 800-32,000 rows, K
@@ -478,10 +478,15 @@ def tf32x3_k(K: int) -> int:
     return -(-K // 32) * 32
 
 
+def tf32x3_n(N: int) -> int:
+    """N (gate rows) padded to whole tiles: the rows of W the kernel reads (zeros past N)."""
+    return -(-N // TF32X3_TILE.bn) * TF32X3_TILE.bn
+
+
 def tf32x3_projection(spec, target, seq=None):
     """The tf32x3 warpgroup projection of a float32 spec with a static batch on sm_90a (a prim_func on XS [2, rows,
     Kp], WS [2, D, N, Kp]), or None where it does not apply: another dtype or target, a symbolic batch, fewer than
-    TF32X3_MIN_ROWS rows when the length is static, or no tile dividing N."""
+    TF32X3_MIN_ROWS rows when the length is static, or an odd N (W's rows are padded to whole tiles: `tf32x3_n`)."""
     from . import wgmma
 
     if spec.dtype != "float32" or target is None or target.kind.name != "cuda" or \
@@ -490,7 +495,7 @@ def tf32x3_projection(spec, target, seq=None):
     if isinstance(seq, int) and seq * spec.batch < TF32X3_MIN_ROWS:
         return None
     D, N, K = spec.num_directions, spec.gates * spec.hidden, tf32x3_k(spec.input_size)
-    if wgmma.supports(N, K, TF32X3_TILE, 4) is not None:
+    if N % 2 or wgmma.supports(tf32x3_n(N), K, TF32X3_TILE, 4) is not None:
         return None
     return wgmma.projection_wgmma_func(D, N, K, True, TF32X3_TILE, operands="tf32x3")
 

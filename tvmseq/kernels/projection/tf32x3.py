@@ -22,6 +22,12 @@ ROUND = 0x1000          # half of tf32's last place in float32 bits: round half 
 KEEP = 0xFFFFE000       # sign, exponent and tf32's 10 mantissa bits
 
 
+def split_weight(w: np.ndarray, Np: int, Kp: int) -> np.ndarray:
+    """[2, D, Np, Kp]: a weight W [D, N, K] zero-padded to Np rows and Kp columns, split (what the kernel reads)."""
+    D, N, K = w.shape
+    return split_array(np.pad(np.asarray(w, np.float32), [(0, 0), (0, Np - N), (0, Kp - K)]))
+
+
 def split_array(a: np.ndarray) -> np.ndarray:
     """[2, *a.shape] float32: a's high and low tf32 parts (`split_func`'s arithmetic, bit for bit)."""
     a = np.ascontiguousarray(a, dtype=np.float32)
@@ -86,16 +92,17 @@ def scheduled_split_func(K: int, Kp: int, target):
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
-def tf32x3_cpu_func(D: int, N: int, K: int):
+def tf32x3_cpu_func(D: int, N: int, K: int, Np: int | None = None):
     """The tf32x3 projection's numerics as a loop nest: gate_i[d, m, n] = bias[d, n] + the float32 sum over the three
-    passes (lo x hi, hi x lo, hi x hi) of XS [2, rows, K] x WS [2, D, N, K], in the kernel's pass order."""
+    passes (lo x hi, hi x lo, hi x hi) of XS [2, rows, K] x WS [2, D, Np, K] (W's rows padded to Np >= N), in the
+    kernel's pass order."""
     from tvm.script import tirx as T
 
     @T.prim_func
     def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
         rows = T.int32()
         XS = T.match_buffer(x, (2, rows, K), "float32")
-        WS = T.match_buffer(w, (2, D, N, K), "float32")
+        WS = T.match_buffer(w, (2, D, Np or N, K), "float32")
         Bias = T.match_buffer(bias, (D, N), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
         acc = T.alloc_buffer((1,), "float32")

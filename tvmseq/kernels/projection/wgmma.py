@@ -63,14 +63,15 @@ def align_offset(smem):
     return (ATOM - T.Cast("int32", T.cuda.cvta_generic_to_shared(smem.access_ptr("r"))) % ATOM) % ATOM // 2
 
 
-def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32", operand: str = "float16"):
+def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32", operand: str = "float16", n_valid: int | None = None):
     """(k_slice, store_rows): the TIR macros a 64 x BN warpgroup tile of the projection is made of.
       k_slice(smem, acc, da, db, a_off, b_off, kt): the four wgmmas (m64nBNk16; tf32: k8) of k slice kt, A (64 rows)
         and B (BN gate rows) from the 128-byte-swizzled tiles at half offsets a_off and b_off (the shared buffer
         is addressed in halfs whatever the operands hold); slice 0 overwrites acc.
       store_rows(GateI, Bias, acc, d, row0, n0, rows, t): the accumulators (the m16n8 C-fragment layout per 8
         columns) plus the bias into gate_i rows [row0, row0 + 64) < rows, columns [n0, n0 + BN), as column pairs; a
-        float16 gate_i gets the fp32 sum rounded once (a pair of halves: one 4-byte store)."""
+        float16 gate_i gets the fp32 sum rounded once (a pair of halves: one 4-byte store). With n_valid (an even
+        N that BN does not divide: W's rows zero-padded to whole tiles) only the columns below it."""
     from tvm.script import tirx as T
 
     def stored(pair):
@@ -93,7 +94,18 @@ def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32", operand: str = "
                 if r < rows:
                     GateI[d, r, T.ramp(n, 1, 2)] = stored(acc[T.ramp(j * 4 + 2 * h, 1, 2)] + Bias[d, T.ramp(n, 1, 2)])
 
-    return k_slice, store_rows
+    @T.macro
+    def store_valid_rows(GateI, Bias, acc, d, row0, n0, rows, t):
+        for j in T.unroll(BN // 8):
+            for h in T.unroll(2):
+                r = T.meta_var(row0 + (t % 128) // 32 * 16 + t % 32 // 4 + 8 * h)
+                n = T.meta_var(n0 + j * 8 + (t % 4) * 2)
+                if r < rows:
+                    if n < n_valid:   # an even n_valid: a pair is all in or all out
+                        GateI[d, r, T.ramp(n, 1, 2)] = stored(acc[T.ramp(j * 4 + 2 * h, 1, 2)]
+                                                              + Bias[d, T.ramp(n, 1, 2)])
+
+    return k_slice, (store_rows if n_valid is None else store_valid_rows)
 
 
 @dataclass(frozen=True)
@@ -168,8 +180,8 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     """prim_func(X, W, bias [D, N] f32, gate_i [D, rows, N] gate_dtype), float32 accumulation either way;
     gate_dtype "float16" rounds the sum plus bias to half on the store.
     operands "float16": X [rows, K], W [D, N, K] float16.
-    operands "tf32x3" (float32 models): X [2, rows, K] and W [2, D, N, K], each float32 split into a high and a low
-    part exact in tf32 (`tf32x3.split_func` / `split_array`); the k loop walks K three times, lo x hi, hi x lo,
+    operands "tf32x3" (float32 models): X [2, rows, K] and W [2, D, Np, K] (Np: N rounded up to whole tiles, the
+    rows past N zero; N even), each float32 split into a high and a low part exact in tf32 (`tf32x3.split_func` / `split_array`); the k loop walks K three times, lo x hi, hi x lo,
     hi x hi (the small products first), on tf32 wgmmas: a float32 GEMM's accuracy (the dropped lo x lo term and
     the parts' rounding are ~2^-22 of a product) at tensor-core rate."""
     from tvm.script import tirx as T
@@ -179,13 +191,16 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     if operands not in OPERANDS:
         raise TvmseqError(f"wgmma projection: operands {operands!r} not one of {OPERANDS}")
     split = operands == "tf32x3"
-    why = supports(N, K, tile, 4 if split else 2)
+    # tf32x3: W's rows zero-padded to whole tiles (its planes are split by the caller, padded there), the stores
+    # masked to the N columns (an even N: stores are column pairs)
+    Np = -(-N // tile.bn) * tile.bn if split else N
+    why = supports(Np, K, tile, 4 if split else 2) or (split and N % 2 and f"N={N} (gate rows) must be even")
     if why:
         raise TvmseqError(f"wgmma projection: {why}")
     if not gpu:
         from .tf32x3 import tf32x3_cpu_func   # the kernel's numerics, here for the CPU tests
 
-        return tf32x3_cpu_func(D, N, K) if split else projection_cpu_func(D, N, K, gate_dtype)
+        return tf32x3_cpu_func(D, N, K, Np) if split else projection_cpu_func(D, N, K, gate_dtype)
     # the shared buffer is float16 and addressed in halfs whatever the operands are (every kernel of a module
     # declares one `extern __shared__ half smem_ptr[]`: a float one beside it would not compile); X and W are
     # addressed in their own elements, dt
@@ -210,7 +225,8 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     A_ELEMS, B_ELEMS = BM * ROW, BN * ROW
     STAGE = A_ELEMS + B_ELEMS          # halfs a stage (a multiple of 512 halfs = 1 KB)
     unroll = T.unroll
-    k_slice, store_rows = warpgroup_tile_macros(BN, gate_dtype, "tf32" if split else "float16")
+    k_slice, store_rows = warpgroup_tile_macros(BN, gate_dtype, "tf32" if split else "float16",
+                                                n_valid=N if Np != N else None)
 
     def swz(r, c):
         """half offset of 16-byte chunk c of row r inside a 1 KB-aligned tile."""
@@ -226,7 +242,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         """W's element offset of gate row `row` (d * N + n) at k step kt (tf32x3: pass 1 reads the low plane)"""
         if not split:
             return row * K + kt * SRC_BK
-        return (T.Select(kt // KT == 1, D * N, 0) + row) * K + kt % KT * SRC_BK
+        return (T.Select(kt // KT == 1, D * Np, 0) + row) * K + kt % KT * SRC_BK
 
     @T.macro
     def load_stage(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
@@ -240,10 +256,10 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                 q = T.meta_var(i * NT + t)
                 T.evaluate(T.s_tir.cp_async_raw.legacy(
                     smem.access_ptr("w"), base + st * STAGE + A_ELEMS + swz(q // CPR, q % CPR),
-                    Wb.data, b_src(d * N + n0 + q // CPR, kt) + (q % CPR) * SRC_CHUNK, 16, dtype=dt))
+                    Wb.data, b_src(d * Np + n0 + q // CPR, kt) + (q % CPR) * SRC_CHUNK, 16, dtype=dt))
         T.evaluate(T.ptx["cp.async.commit_group"]())
 
-    x_shape, w_shape = ((2, None, K), (2, D, N, K)) if split else ((None, K), (D, N, K))
+    x_shape, w_shape = ((2, None, K), (2, D, Np, K)) if split else ((None, K), (D, N, K))
 
     @T.prim_func
     def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
@@ -256,7 +272,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         # and re-read W (the smaller operand) from L2; the other order streamed X once per gate-row tile
         for bz in T.thread_binding(D, thread="blockIdx.z"):
             for bx in T.thread_binding((rows + BM - 1) // BM, thread="blockIdx.y"):
-                for by in T.thread_binding(N // BN, thread="blockIdx.x"):
+                for by in T.thread_binding(Np // BN, thread="blockIdx.x"):
                     for t in T.thread_binding(NT, thread="threadIdx.x"):
                         smem = T.alloc_buffer((S * STAGE + ATOM // 2,), "float16", scope="shared.dyn")
                         acc = T.alloc_buffer((ACC,), "float32", scope="local")
