@@ -88,6 +88,7 @@ def run(out: Path, dest: Path) -> None:
     import tvm
 
     from tvmseq.bench.gru import _projection
+    from tvmseq.kernels.projection.gemm import tf32x3_k
     from tvmseq.measure import time_cuda
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -97,7 +98,7 @@ def run(out: Path, dest: Path) -> None:
     results = []
     for e in index:
         D, B, H, I, gates = e["D"], e["B"], e["H"], e["I"], e["gates"]
-        rows, N, Kp = SEQ * B, gates * H, -(-I // 32) * 32
+        rows, N, Kp = SEQ * B, gates * H, tf32x3_k(I)
         g = torch.Generator(device="cuda").manual_seed(0)
         X = torch.randn(SEQ, B, I, device="cuda", generator=g)
         W = (torch.randn(D, N, I, device="cuda", generator=g) * I ** -0.5).contiguous()
@@ -155,13 +156,15 @@ def check(out: Path, shapes) -> None:
     import torch
     import tvm
 
+    from tvmseq.kernels.projection.gemm import tf32x3_k
+
     index = {e["shape"]: e for e in json.loads((out / "index.json").read_text())}
     mod = tvm.runtime.load_module(str(out / "tf32x3_sweep.so"))
     dl = tvm.runtime.from_dlpack
     for shape in shapes:
         e = index[shape]
         D, B, I, N = e["D"], e["B"], e["I"], e["gates"] * e["H"]
-        rows, Kp = SEQ * B, -(-I // 32) * 32
+        rows, Kp = SEQ * B, tf32x3_k(I)
         X, W = torch.randn(rows, I, device="cuda"), torch.randn(D * N, I, device="cuda") * I ** -0.5
         bias, gate = torch.zeros(D, N, device="cuda"), torch.empty(D, rows, N, device="cuda")
         xs, ws = torch.empty(2, rows, Kp, device="cuda"), torch.empty(2, D * N, Kp, device="cuda")

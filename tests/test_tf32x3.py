@@ -171,3 +171,12 @@ def test_source_carrying_modules_compile_for_the_architecture_variant_wgmma_need
     with tvm.target.Target("nvidia/nvidia-a100"):
         cuda_toolchain._present_gpu_compile("__global__ void k() {}")
     assert built == [("sm_90a",), ("sm_80",)]
+
+
+def test_tf32x3_kernel_refuses_what_it_cannot_run():
+    from tvmseq.errors import TvmseqError
+
+    with pytest.raises(TvmseqError, match="operands 'tf32' not one of"):
+        wgmma.projection_wgmma_func(1, 512, 64, tile=ip.TF32X3_TILE, operands="tf32")
+    with pytest.raises(TvmseqError, match="N=111 .* must be even"):   # stores are column pairs
+        wgmma.projection_wgmma_func(1, 111, 64, tile=ip.TF32X3_TILE, operands="tf32x3")

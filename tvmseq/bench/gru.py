@@ -307,26 +307,28 @@ def projection_of(mod, sfx: str, tile):
     return (mod[f"split_{sfx}"], mod[f"proj_{sfx}"]) if tile == TF32X3 else mod[f"proj_{sfx}"]
 
 
-def _split_projection(split_proj, tv, X, gate_i, seq, B, D):
-    """The tf32x3 projection as the importer runs it: X's rows split by a kernel every call, W split once."""
+def split_projection(split_proj, X_rows, W, bias, out):
+    """The tf32x3 projection as the importer runs it, as a call: X_rows [rows, I] split by the kernel every call,
+    W [D, G, I] (torch) zero-padded to whole tiles and split once here; bias [D, G] and out [D, rows, G] torch or
+    tvm tensors. split_proj: (split, projection), `projection_of`."""
     import torch
     import tvm
 
     from ..kernels.projection.gemm import tf32x3_k, tf32x3_n
 
     split, proj = split_proj
-    I, G, rows = X.shape[-1], gate_i.shape[-1], seq * B
+    (D, G, I), rows = W.shape, X_rows.shape[0]
     Kp, Np = tf32x3_k(I), tf32x3_n(G)
-    W = torch.zeros(D, Np, I, device=X.device)   # W's rows zero-padded to whole tiles
-    W[:, :G] = torch.from_dlpack(tv[1]).float()
-    xs, ws = (torch.empty(2, n, Kp, device=X.device) for n in (rows, D * Np))
-    split(tvm.runtime.from_dlpack(W.view(D * Np, I)), tvm.runtime.from_dlpack(ws))
-    args = [tvm.runtime.from_dlpack(t) for t in (X.reshape(rows, I), xs, ws.view(2, D, Np, Kp),
-                                                 gate_i.view(D, rows, G))]
+    padded = torch.zeros(D, Np, I, device=X_rows.device)
+    padded[:, :G] = W
+    xs, ws = (torch.empty(2, n, Kp, device=X_rows.device) for n in (rows, D * Np))
+    split(tvm.runtime.from_dlpack(padded.view(D * Np, I)), tvm.runtime.from_dlpack(ws))
+    args = [t if isinstance(t, tvm.runtime.Tensor) else tvm.runtime.from_dlpack(t)
+            for t in (X_rows, xs, ws.view(2, D, Np, Kp), bias, out)]
 
     def run():
         split(args[0], args[1])
-        proj(args[1], args[2], tv[2], args[3])
+        proj(*args[1:])
     return run
 
 
@@ -341,7 +343,9 @@ def _projection(proj, tile, tv, X, gate_i, bias_i, seq, B, D, H):
     from ..kernels.projection.gemm import FLAT, TF32X3
 
     if tile == TF32X3:   # proj: (split, projection), `projection_of`
-        return _split_projection(proj, tv, X, gate_i, seq, B, D)
+        rows, G = seq * B, gate_i.shape[-1]
+        return split_projection(proj, X.reshape(rows, -1), torch.from_dlpack(tv[1]).float(), tv[2],
+                                gate_i.view(D, rows, G))
     if not tile:
         return lambda: proj(tv[0], tv[1], tv[2], tv[3])
     rows, G = seq * B, gate_i.shape[-1]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..measure import PrebuiltModules, compile_for_gpu, time_cuda
 from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
+from .gru import split_projection
 
 NAME = "input_projection"
 # (directions, batch, input size, gates * hidden, seq, dtype): the GRU of the persistent_gru grid at H1024
@@ -80,29 +81,6 @@ def build(out_dir, target: str = "cuda") -> Path:
     return out_dir
 
 
-def _split_call(mod, sfx: str, X2, W, bias, out):
-    """(f, args) running the tf32x3 projection as the importer does: split X, then project."""
-    import torch
-    import tvm
-
-    from ..kernels.projection.gemm import tf32x3_k, tf32x3_n
-
-    tv = tvm.runtime.from_dlpack
-    split, proj = mod[f"split_{sfx}"], mod[f"tc_{sfx}"]
-    (D, N, I), rows = W.shape, X2.shape[0]
-    Kp, Np = tf32x3_k(I), tf32x3_n(N)
-    Wp = torch.zeros(D, Np, I, device=X2.device)   # W's rows zero-padded to whole tiles
-    Wp[:, :N] = W
-    xs, ws = torch.empty(2, rows, Kp, device=X2.device), torch.empty(2, D * Np, Kp, device=X2.device)
-    split(tv(Wp.view(D * Np, I)), tv(ws))
-    args = [tv(X2), tv(xs), tv(ws.view(2, D, Np, Kp)), tv(bias), tv(out)]
-
-    def run(x2, xs_, ws_, b, o):
-        split(x2, xs_)
-        proj(xs_, ws_, b, o)
-    return run, args
-
-
 def run_one(mod, e) -> dict:
     import torch
     import tvm
@@ -119,7 +97,8 @@ def run_one(mod, e) -> dict:
     X2 = X.reshape(seq * B, I)
     calls = {k: (mod[f"{k}_{e['suffix']}"], [tv(X), tv(W), tv(bias), tv(outs[k])]) for k in kinds if k != "tc"}
     if e.get("tc") == "tf32x3":   # X split in every call (timed), W once (the importer's constant)
-        calls["tc"] = _split_call(mod, e["suffix"], X2, W, bias, outs["tc"].view(D, seq * B, N))
+        calls["tc"] = (split_projection((mod[f"split_{e['suffix']}"], mod[f"tc_{e['suffix']}"]), X2, W, bias,
+                                        outs["tc"].view(D, seq * B, N)), [])
     elif e.get("tc"):   # flat interface: X [seq * B, I] -> gate_i [D, seq * B, N], views of the same tensors
         calls["tc"] = (mod[f"tc_{e['suffix']}"], [tv(X2), tv(W), tv(bias), tv(outs["tc"].view(D, seq * B, N))])
 

@@ -85,27 +85,21 @@ def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32", operand: str = "
             encode_descriptor(db, T.address_of(smem[b_off + kk * 16]))
             T.evaluate(mma_async(BN, acc, da, db, kt * 4 + kk > 0, operand))
 
+    def in_bounds(r, n, rows):
+        # the column test only where BN does not divide N (an even n_valid: a pair is all in or all out); without
+        # it the condition is the row test alone, as it always was
+        return r < rows if n_valid is None else T.And(r < rows, n < n_valid)
+
     @T.macro
     def store_rows(GateI, Bias, acc, d, row0, n0, rows, t):
         for j in T.unroll(BN // 8):
             for h in T.unroll(2):
                 r = T.meta_var(row0 + (t % 128) // 32 * 16 + t % 32 // 4 + 8 * h)
                 n = T.meta_var(n0 + j * 8 + (t % 4) * 2)
-                if r < rows:
+                if in_bounds(r, n, rows):
                     GateI[d, r, T.ramp(n, 1, 2)] = stored(acc[T.ramp(j * 4 + 2 * h, 1, 2)] + Bias[d, T.ramp(n, 1, 2)])
 
-    @T.macro
-    def store_valid_rows(GateI, Bias, acc, d, row0, n0, rows, t):
-        for j in T.unroll(BN // 8):
-            for h in T.unroll(2):
-                r = T.meta_var(row0 + (t % 128) // 32 * 16 + t % 32 // 4 + 8 * h)
-                n = T.meta_var(n0 + j * 8 + (t % 4) * 2)
-                if r < rows:
-                    if n < n_valid:   # an even n_valid: a pair is all in or all out
-                        GateI[d, r, T.ramp(n, 1, 2)] = stored(acc[T.ramp(j * 4 + 2 * h, 1, 2)]
-                                                              + Bias[d, T.ramp(n, 1, 2)])
-
-    return k_slice, (store_rows if n_valid is None else store_valid_rows)
+    return k_slice, store_rows
 
 
 @dataclass(frozen=True)
