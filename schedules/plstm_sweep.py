@@ -16,6 +16,7 @@ times it with CUDA events (median of TIMED launches), recurrence only; a cell's 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -52,12 +53,15 @@ def mma_variants(D: int, B: int, H: int, dtype: str) -> list:
         if not 2 <= groups <= pm.CLUSTER_SYNC_MAX:
             continue
         for warps in (4, 8, 16):
-            for rows in (16, 32):
+            # float16 at batch <= 8: also 8-row chunks with the gate rows as the mma's M (gate_m)
+            for rows in ((8, 16, 32) if dtype == "float16" and B <= 8 else (16, 32)):
                 # float16: the warps may also split the gate rows (n_split; the check refuses what does not divide)
                 for n_split in ((1, 2, 4, 8) if dtype == "float16" else (1,)):
                     split = math.ceil(B / rows)
                     picks.append(pm.MmaConfig(units, warps, rows, batch_split=split, cluster=groups,
-                                              cluster_sync=True, dsmem=True, n_split=n_split))
+                                              cluster_sync=True, dsmem=True, n_split=n_split, gate_m=rows == 8))
+    if dtype == "float16" and B <= 8:   # the grid-barrier picks with 8-row gate_m chunks
+        picks += [dataclasses.replace(c, chunk_rows=8, gate_m=True) for c in picks[:1] if not c.dsmem]
     return [c for c in dict.fromkeys(picks) if fits(c) and D * math.ceil(H / c.units_per_block) * c.batch_split
             <= facts.num_sms * 2]
 

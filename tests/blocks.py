@@ -143,6 +143,18 @@ def matmul_gemm():
     return _model(nodes, [_f32("X", [3, 7, 11])], [_f32("Y", None)], inits), {"X": _x(rng, 3, 7, 11)}
 
 
+def fc_rows():
+    """MatMul [T, 4, 96] x [96, 200] + bias, ReLU, then Gemm (transB, bias) on the flattened rows: 600 rows, on
+    sm_90a the tf32x3 projection (`tvmseq.onnx.matmul`; the run-time row count past the stock matmul's 256)."""
+    rng = np.random.default_rng(19)
+    nodes = [helper.make_node("MatMul", ["X", "W1"], ["H"]), helper.make_node("Add", ["H", "B1"], ["Hb"]),
+             helper.make_node("Relu", ["Hb"], ["Hr"]), helper.make_node("Reshape", ["Hr", "rows"], ["R"]),
+             helper.make_node("Gemm", ["R", "W2", "B2"], ["Y"], transB=1)]
+    inits = [_w(rng, "W1", 96, 200, scale=0.1), _w(rng, "B1", 200), _w(rng, "W2", 64, 200, scale=0.07),
+             _w(rng, "B2", 64), numpy_helper.from_array(np.array([-1, 200], np.int64), "rows")]
+    return _model(nodes, [_f32("X", ["T", 4, 96])], [_f32("Y", None)], inits), {"X": _x(rng, 150, 4, 96)}
+
+
 def matmul_integer():
     """The int8 Linear of onnxruntime's quantize_dynamic: DynamicQuantizeLinear(X) -> MatMulInteger with an int8
     weight -> Cast -> Mul by both scales, over a symbolic time axis (dlight's Matmul rule gives the int32 product a
@@ -251,7 +263,7 @@ def lstm_stack():
 BLOCKS = {f.__name__: f for f in (
     depthwise_1x1, depthwise_1x1_symbolic, depthwise_conv1d, depthwise_conv2d_time, grouped_conv1d, dilated_conv1d,
     strided_conv2d, conv_transpose1d, conv_transpose2d, depthwise_conv_transpose1d, einsum_linear, linear_one_feature,
-    matmul_gemm, matmul_integer, layernorm_batchnorm, computed_pad, if_block, gru_stack, rnn_stack, lstm_stack)}
+    matmul_gemm, fc_rows, matmul_integer, layernorm_batchnorm, computed_pad, if_block, gru_stack, rnn_stack, lstm_stack)}
 # name -> (block, options): TVM's own conversion (importer option stock_conv) and TVM's own dlight step
 # (STOCK_SCHEDULE: tvmseq.schedule_gpu.stock_pipeline), to show its CUDA bugs (expected to fail on the GPU)
 STOCK_SCHEDULE = "stock_schedule"
@@ -346,7 +358,8 @@ def build(out_dir, names=None, sass: bool = True) -> dict:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    index = {}
+    # some cases rebuilt (`names`): the others' entries stay
+    index = json.loads((out / "index.json").read_text()) if names and (out / "index.json").exists() else {}
     for name, (block, options) in all_cases().items():
         if names and name not in names:
             continue

@@ -72,7 +72,8 @@ def test_kernel_defaults_come_from_the_committed_databases():
         ("recurrent_gemm", lambda k: rg.default_config(k["H"], k["B"], k["dtype"], cuda)),
         ("step_gemm", lambda k: step_gemm.choose_tile(k["M"], k["N"], k["K"], k["D"], k["dtype"], cuda)),
         ("spmm", lambda k: spmm.default_schedule(spmm.SpmmShape(**k), cuda)),
-        ("persistent_mma", lambda k: pm.default_config(k["D"], k["B"], k["H"], cuda, k["cell"], dtype=k["dtype"]))]
+        # the database's layer (`default_config` then swaps float16 batch <= 8 picks to gate_m: test_gate_m_rule)
+        ("persistent_mma", lambda k: pm._default_config(k["D"], k["B"], k["H"], cuda, k["cell"], True, k["dtype"]))]
     if (ROOT / "schedules" / "measured" / "topk.json").exists():
         checks.append(("topk", lambda k: topk.choose_config(k["rows"], k["n"], k["k"], True, dtype=k["dtype"])))
     for op, check in checks:
@@ -124,7 +125,8 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
            ("spmm", "tune_spmm", "artifacts/bench/spmm_tune.json.gz"),
            ("topk", "tune_topk", "artifacts/bench/topk_tune.json.gz"),
            ("persistent_mma", "tune_persistent_mma", "artifacts/bench/pmma_sweep.json.gz",
-            ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz"))]
+            ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz"),
+            ("plstm_sweep", "artifacts/bench/plstm_gate_m_2026-11-28.json.gz"))]
 
 
 @pytest.mark.parametrize("op,script,source,more",

@@ -75,6 +75,12 @@ CPU_CASES = [
      (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1, 2)),                         # n split 2, padded units and k
     (1, 21, 45, "float16", "reverse", None, None, True, 0, True,
      (8, 4, 16, 0, 2, 0, 0, 0, 0, 0, 6, 1, 1, 4)),                          # n split 4: one k-group of 4 warps
+    # gate_m (gate rows as the mma's M): 8-row chunks, ragged batch, n split, no split, the grid-barrier hand-off
+    (1, 7, 70, "float16", "forward", None, None, True, 0, True,
+     (32, 8, 8, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1, 4, 1)),
+    (2, 13, 45, "float16", "bidirectional", None, 0.8, True, 1, False,
+     (16, 4, 8, 0, 2, 0, 0, 0, 0, 0, 3, 1, 1, 2, 1)),
+    (1, 17, 40, "float16", "reverse", None, None, True, 0, True, (8, 2, 16, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 1)),
 ]
 
 
@@ -174,6 +180,18 @@ def test_lstm_cluster_config(D, B, H, dtype, knobs):
 
 
 @needs_compiler
+@pytest.mark.parametrize("D,B,H,dtype,cell,swapped", [
+    (1, 8, 512, "float16", "lstm", True), (2, 8, 512, "float16", "lstm", True), (1, 8, 1024, "float16", "lstm", True),
+    (1, 8, 256, "float16", "lstm", False),    # hidden 256: level in the sweep, the unswapped pick stays
+    (1, 16, 512, "float16", "lstm", False),   # past batch 8 a 16-row chunk is no padding
+    (1, 64, 512, "float32", "lstm", False), (1, 8, 512, "float16", "gru", False)])
+def test_gate_m_rule(D, B, H, dtype, cell, swapped):
+    """float16 LSTMs at batch <= 8 from hidden 512 run with the gate rows as the mma's M in 8-row chunks."""
+    cfg = pm.default_config(D, B, H, resolve("cuda"), cell, dtype=dtype)
+    assert cfg is not None and cfg.gate_m == swapped and (cfg.chunk_rows == 8) == swapped, cfg
+
+
+@needs_compiler
 def test_rejects_bad_arguments():
     with pytest.raises(TvmseqError, match="LSTM update math given for cell 'gru'"):
         pm.persistent_mma_func(1, 16, 64, "float16", "forward", None, None, False, "llvm", None, "gru", LstmCell())
@@ -188,7 +206,11 @@ def test_rejects_bad_arguments():
     split = lambda **kw: pm.MmaConfig(32, 8, 16, cluster=4, cluster_sync=True, dsmem=True, **kw)  # noqa: E731
     for cfg, dtype, why in [(split(n_split=3), "float16", "n_split must divide the warps"),
                             (pm.MmaConfig(32, 8, 16, n_split=2), "float16", "n_split is for the float16 product"),
-                            (split(n_split=2), "float32", "n_split is for the float16 product")]:
+                            (split(n_split=2), "float32", "n_split is for the float16 product"),
+                            (pm.MmaConfig(8, 4, 8, gate_m=True), "float32", "gate_m is for the float16 product"),
+                            (pm.MmaConfig(8, 4, 8, cluster=13, cluster_sync=True, dsmem=True, n_split=4, gate_m=True),
+                             "float16", "even number of n8 tiles"),
+                            (pm.MmaConfig(8, 4, 12), "float16", "chunk_rows of 16")]:
         with pytest.raises(TvmseqError, match=why):
             pm.persistent_mma_func(1, 8, 100, dtype, "forward", None, None, False, "llvm", cfg, "lstm")
 
@@ -197,7 +219,8 @@ def test_rejects_bad_arguments():
 
 
 @needs_compiler
-@pytest.mark.parametrize("D,B,H,dtype", [(1, 64, 1024, "float16"), (2, 64, 256, "float16"), (1, 64, 512, "float32")])
+@pytest.mark.parametrize("D,B,H,dtype", [(1, 64, 1024, "float16"), (2, 64, 256, "float16"), (1, 64, 512, "float32"),
+                                         (1, 8, 1024, "float16")])   # gate_m
 def test_cuda_codegen(D, B, H, dtype):
     """The default config of a benchmark cell builds for the H100: tensor-core (fp16) instructions, the cell
     state never written to global memory except Y_c, and (with nvcc) no spills."""

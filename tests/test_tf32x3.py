@@ -138,6 +138,9 @@ def test_importer_dispatches_few_rows_of_a_run_time_length_to_the_stock_matmul()
     mod = from_onnx(model, target=H100)
     names = {gv.name_hint for gv in mod.get_global_vars()}
     assert {"gru_projection_by_rows", "gru_projection_stock", "gru_tf32x3_split"} <= names
+    tiled = mod["gru_projection_tiled"].script(show_meta=False)
+    assert tiled.count("gru_tf32x3_split, (") == 2, "X and the constant W (a parameter here) split per call"
+    assert "R.reshape" not in tiled.split("R.output")[-1], "the branch returns the kernel's rows, no copy"
 
 
 def test_promoted_chunks_only_where_the_registers_hold_two_sums():
@@ -180,3 +183,97 @@ def test_tf32x3_kernel_refuses_what_it_cannot_run():
         wgmma.projection_wgmma_func(1, 512, 64, tile=ip.TF32X3_TILE, operands="tf32")
     with pytest.raises(TvmseqError, match="N=111 .* must be even"):   # stores are column pairs
         wgmma.projection_wgmma_func(1, 111, 64, tile=ip.TF32X3_TILE, operands="tf32x3")
+
+
+
+# ---- MatMul / Gemm on the projection (tvmseq.onnx.matmul) -------------------------------------------------------
+
+
+def _fc_model(x_dims, k, n, *, op="MatMul", w_input=False, dtype=np.float32, **attrs):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(k + n)
+    w = rng.standard_normal((n, k) if op == "Gemm" else (k, n)).astype(dtype)
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.FLOAT16
+    inputs = [helper.make_tensor_value_info("X", elem, x_dims)]
+    inits = [numpy_helper.from_array(rng.standard_normal(n).astype(dtype), "B")]
+    if w_input:
+        inputs.append(helper.make_tensor_value_info("W", elem, list(w.shape)))
+    else:
+        inits.append(numpy_helper.from_array(w, "W"))
+    node = helper.make_node(op, ["X", "W", "B"] if op == "Gemm" else ["X", "W"], ["Y"], **attrs)
+    graph = helper.make_graph([node], "fc", inputs, [helper.make_tensor_value_info("Y", elem, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w
+
+
+def _fc_names(model, target=H100):
+    from tvmseq.onnx import from_onnx
+
+    mod = from_onnx(model, target=target)
+    return {gv.name_hint for gv in mod.get_global_vars()}, mod["main"].script(show_meta=False), mod
+
+
+def test_matmul_with_a_constant_weight_runs_on_the_projection():
+    model, w = _fc_model(["T", 4, 96], 96, 200)
+    names, text, mod = _fc_names(model)
+    assert {"fc_projection_by_rows", "fc_projection_stock", "fc_tf32x3_split", "fc_input_projection_tf32x3"} <= names
+    assert "R.matmul" not in text
+    consts = [c.value.numpy() for f in mod.functions.values() if isinstance(f, tvm.relax.Function)
+              for c in _constants(f)]
+    assert any(c.shape == (1, 200, 96) and np.array_equal(c[0], w.T) for c in consts), "W^T, transposed once"
+    static, _, mod = _fc_names(_fc_model([1000, 4, 96], 96, 200)[0])   # a static length: W split at import
+    want = tf32x3.split_weight(w.T.reshape(1, 200, 96), 256, 96)   # N 200 -> 256 rows, K 96
+    consts = [c.value.numpy() for c in _constants(mod["main"])]
+    assert any(c.shape == want.shape and np.array_equal(c, want) for c in consts)
+
+
+def test_gemm_takes_its_bias_and_a_weight_input_is_transposed_in_the_graph():
+    names, _, mod = _fc_names(_fc_model([1000, 64], 64, 48, op="Gemm", transB=1)[0])
+    assert "fc_input_projection_tf32x3" in names and "fc_projection_by_rows" not in names   # 1000 rows, static
+    names, text, _ = _fc_names(_fc_model(["T", 8, 64], 64, 48, w_input=True)[0])
+    assert "fc_input_projection_tf32x3" in names and "R.permute_dims" in text
+
+
+@pytest.mark.parametrize("case", ["odd_n", "float16", "sm80", "llvm", "trans_a", "alpha", "few_static_rows",
+                                  "batched_weight"])
+def test_other_products_stay_tvms(case):
+    from onnx import TensorProto, helper
+
+    target = {"sm80": tvm.target.Target("nvidia/nvidia-a100", host="llvm"), "llvm": LLVM}.get(case, H100)
+    if case == "odd_n":
+        model = _fc_model(["T", 4, 96], 96, 161)[0]
+    elif case == "float16":
+        model = _fc_model(["T", 4, 96], 96, 200, dtype=np.float16)[0]
+    elif case in ("trans_a", "alpha"):
+        attrs = dict(transA=1, transB=1) if case == "trans_a" else dict(transB=1, alpha=0.5)
+        model = _fc_model([600, 64] if case == "alpha" else [64, 600], 64, 48, op="Gemm", **attrs)[0]
+    elif case == "few_static_rows":
+        model = _fc_model([100, 96], 96, 200)[0]
+    elif case == "batched_weight":
+        node = helper.make_node("MatMul", ["X", "W"], ["Y"])
+        graph = helper.make_graph([node], "bmm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 600, 96]),
+                                                 helper.make_tensor_value_info("W", TensorProto.FLOAT, [2, 96, 64])],
+                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    else:
+        model = _fc_model(["T", 4, 96], 96, 200)[0]
+    names, _, _ = _fc_names(model, target)
+    assert not any(n.startswith("fc_") for n in names), sorted(names)
+
+
+def test_weight_work_of_weights_kept_out_is_lifted_into_the_transform_function():
+    """weights="inputs": the split (and padding) of W depend on the weights alone: `main_transform_params` does
+    them once, `main` splits only X (a run-time length: the row dispatch gets W split)."""
+    from tvmseq import build, models
+    from tvmseq.onnx import from_onnx
+
+    model, _ = models.rnn_node_model("GRU", seq="frames", batch=8, input_size=64, hidden=100, direction="forward",
+                                     linear_before_reset=1)
+    proto, pairs, values = build.prepare_proto(model, H100, False, "inputs", 16, {})
+    mod = from_onnx(proto, target=H100)
+    signature = build.signature_of(mod, proto, values, pairs)
+    lifted = build.lift_weight_transforms(mod, signature)
+    assert signature["transform_params"]
+    main, transform = (lifted[n].script(show_meta=False) for n in ("main", "main_transform_params"))
+    assert main.count("gru_tf32x3_split, (") == 0 and "R.nn.pad" not in main
+    assert transform.count("gru_tf32x3_split, (") == 1 and "R.nn.pad" in transform   # 300 rows -> 384

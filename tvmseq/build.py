@@ -291,8 +291,27 @@ def compile_onnx(model, target=None, shape_dict=None, dtype_dict=None, *, cuda_g
         signature["cuda_graph"] = {"bounds": check_cuda_graph_bounds(mod, cuda_graph_bounds)}
     elif cuda_graph_bounds:
         raise TvmseqError("cuda_graph_bounds is given without cuda_graph=True")
+    mod = lift_weight_transforms(mod, signature)
     executable = build_relax(mod, target, tuned=tuned)
     return Model(executable, target, signature, weights=weight_values or None, max_graph_shapes=max_graph_shapes)
+
+
+def lift_weight_transforms(mod: tvm.IRModule, signature: dict) -> tvm.IRModule:
+    """Weights kept out of the executable (graph inputs after the feeds): what `main` computes from them alone (a
+    transpose, padding, the tf32x3 split of a projection's W) moves into `main_transform_params` (TVM's
+    LiftTransformParams), which `Model` runs once when the weights are set; `main` then takes its results in
+    their place (signature["transform_params"]). Without it each call redid that work."""
+    specs = signature["inputs"]
+    feeds = sum(1 for s in specs if not s.get("weight"))
+    if feeds == len(specs) or any(s.get("weight") for s in specs[:feeds]):
+        return mod   # no weights kept out, or not all after the feeds (then nothing is lifted)
+    mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
+    mod["main"] = mod["main"].with_attr("num_input", feeds)
+    lifted = relax.transform.LiftTransformParams()(mod)
+    if "main_transform_params" not in [gv.name_hint for gv in lifted.get_global_vars()]:
+        return mod
+    signature["transform_params"] = True
+    return lifted
 
 
 def kernel_calls(executable, function: str = "main") -> list[str]:

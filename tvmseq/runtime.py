@@ -196,7 +196,7 @@ class Model:
                          and all(self._by_name.get(n) is s for n, s in zip(self._fast_names, self._feed_specs)))
         # TVM's Relax VM keeps one call's registers in the VM itself: two threads in it at once corrupt each
         # other's frames (seen: "reg < frame->register_file.size()"), so calls of one model take turns in it
-        self._vm_lock = threading.Lock()
+        self._vm_lock = threading.RLock()   # re-entered: a first call uploads and transforms the weights inside it
         if weights is not None:
             self.set_weights(weights)
 
@@ -270,9 +270,15 @@ class Model:
         self._reset_graphs()   # captured graphs read the old weights' addresses
 
     def _device_weights(self) -> list:
+        """The weights `main` takes: uploaded once, then (a build that lifted the work on the weights alone,
+        `build.lift_weight_transforms`) through `main_transform_params`, once."""
         if self._weights is None and self._weight_values is not None:
-            self._weights = [self._prepare(spec, value, {}) for spec, value in
-                             zip(self._weight_specs, self._weight_values)]
+            uploaded = [self._prepare(spec, value, {}) for spec, value in
+                        zip(self._weight_specs, self._weight_values)]
+            if self.signature.get("transform_params"):
+                with self._vm_lock:
+                    uploaded = list(self._vm["main_transform_params"](uploaded))
+            self._weights = uploaded
         return self._weights or []
 
     # ---- binding and checking inputs ------------------------------------------------------------

@@ -93,6 +93,15 @@ MMA_TEST_CASES = [
     (1, 67, 37, "float16", "forward", None, None, True, 0, True, None),       # 8 units: 4 warps split 4 (n)
     (1, 9, 200, "float16", "reverse", None, 0.8, True, 1, True, None),        # 16 units: 2 k-groups x 4 warps
     (2, 19, 100, "float16", "bidirectional", None, None, True, 0, True, None),  # 13-block clusters, n split
+    # gate_m (gate rows as the mma's M, 8-row chunks): dsmem with the n split, a batch split, the grid barrier
+    (1, 7, 300, "float16", "forward", None, None, True, 0, True, (32, 8, 8, 0, 1, 0, 0, 0, 0, 0, 10, 1, 1, 4, 1)),
+    (2, 5, 200, "float16", "bidirectional", None, 0.9, True, 1, False,
+     (16, 8, 8, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1, 4, 1)),
+    (1, 13, 37, "float16", "reverse", None, None, True, 0, True, (8, 4, 8, 0, 2, 0, 0, 0, 0, 0, 5, 1, 1, 1, 1)),
+    (1, 6, 260, "float16", "forward", None, None, True, 0, True, (8, 4, 8, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 1)),
+    (1, 11, 1000, "float16", "forward", None, None, True, 1, True, (8, 8, 8, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 1)),
+    (1, 5, 1008, "float16", "reverse", None, 0.9, True, 0, True,              # image + multicast, two mma chains
+     (8, 4, 8, 0, 1, 0, 0, 1, 1, 1, 2, 0, 0, 1, 1, 2)),
 ]
 
 

@@ -119,13 +119,19 @@ def _slice(bb, value, axis: int, batch):
     return bb.emit_te(take, value, primfunc_name_hint="take_batch")
 
 
-def _function(bb, name: str, params: list, make_body: Callable[[], relax.Expr]) -> relax.GlobalVar:
+def _function(bb, name: str, params: list, make_body: Callable[[], relax.Expr], dataflow: bool = False) -> \
+        relax.GlobalVar:
     """A private pure function of `params` whose body `make_body()` emits with `bb` (inside the function main is
     being built in: a binding block of its own, lifted out, as the importer's If branches are). The body's sizes
-    are the parameters' dims (`emit` checks it first)."""
-    bb._begin_binding_block()
+    are the parameters' dims (`emit` checks it first). `dataflow`: the body a dataflow block (straight-line and
+    pure: no If), where TVM turns reshapes into views (RewriteDataflowReshape rewrites only dataflow bindings;
+    elsewhere each reshape stays a copy kernel)."""
+    if dataflow:
+        bb._begin_dataflow_block()
+    else:
+        bb._begin_binding_block()
     try:
-        body = bb.emit(make_body())
+        body = bb.emit_output(make_body()) if dataflow else bb.emit(make_body())
     finally:
         block = bb._end_block()
     seq = relax.SeqExpr([block], body)

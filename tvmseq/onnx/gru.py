@@ -167,8 +167,9 @@ def with_packed_r(spec, r, rec, attrs: dict, target) -> tuple:
 GEMV_MAX_ROWS = 4
 
 
-def _gemv_projection(bb, c, bias_i, D: int, G: int, seq, B, I: int):
-    """gate_i [D, seq, B, G] (float32) = X W^T + bias_i as Relax ops, for a frame or a few rows."""
+def _gemv_projection(bb, c, bias_i, D: int, G: int, seq, B, I: int, rows_out: bool = False):
+    """gate_i [D, seq, B, G] (float32) = X W^T + bias_i as Relax ops, for a frame or a few rows (`rows_out`: as
+    [D, seq * B, G] rows, see `_projection_by_rows`)."""
     x = bb.emit(relax.op.reshape(c["x"], [seq * B, I]))
     w = c["w"]
     if c["dtype"] != "float32":
@@ -178,7 +179,7 @@ def _gemv_projection(bb, c, bias_i, D: int, G: int, seq, B, I: int):
     rows = bb.emit(relax.op.einsum([x, w], "rk,dgk->drg"))                           # [D, rows, G]
     bias = bias_i if bias_i.ty.dtype == "float32" else bb.emit(relax.op.astype(bias_i, "float32"))
     rows = bb.emit(relax.op.add(rows, relax.op.reshape(bias, [D, 1, G])))
-    return bb.emit(relax.op.reshape(rows, [D, seq, B, G]))
+    return rows if rows_out else bb.emit(relax.op.reshape(rows, [D, seq, B, G]))
 
 
 def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
@@ -198,10 +199,13 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
         return _gemv_projection(bb, c, bias_i, D, G, seq, B, I)
     proj, tile = projection_kernel(spec, str(target), static_seq)
     if tile == ip.TF32X3:   # float32 on tf32 tensor cores: few rows of a length known at run time stay stock
-        def split_projection(c_, bias_):
-            return _tf32x3_projection(bb, cell, spec, c_, bias_, proj, target)
+        def split_projection(c_, bias_, rows_out=False):
+            return _tf32x3_projection(bb, cell, spec, c_, bias_, proj, target, rows_out)
+        if constant_value(c["w"]) is None:   # a graph-input W split here, in `main`: lifted to load time
+            c = dict(c, ws=_tf32x3_weight(bb, cell, spec, c, target))
         if static_seq is None:
-            dispatched = _projection_by_rows(bb, cell, c, bias_i, D, G, int(B), I, split_projection)
+            dispatched = _projection_by_rows(bb, cell, c, bias_i, D, G, int(B), I,
+                                             lambda c_, b_: split_projection(c_, b_, True), rows_out=True)
             if dispatched is not None:
                 return dispatched
         return split_projection(c, bias_i)
@@ -235,35 +239,47 @@ def _split_kernel(K: int, Kp: int, target_json: str):
     return tf32x3.scheduled_split_func(K, Kp, tvm.target.Target(target_json))
 
 
-def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target):
-    """gate_i [D, seq, B, G] from the tf32x3 projection `proj`: X's rows split into tf32 parts (and zero-padded
-    to whole k steps) by a kernel before it; W split here once where it is a constant, else by the same kernel."""
+def _tf32x3_weight(bb, cell: str, spec, c, target):
+    """W [D, G, I] split into its tf32 parts, rows zero-padded to whole tiles and k to whole k steps: [2, D, Np, Kp].
+    A constant W: split here, once. A graph-input W: by the split kernel, emitted where the caller is (in `main`,
+    a computation of the weights alone: the build lifts it out of the call, `build.lift_weight_transforms`)."""
     from ..kernels.projection import gemm as ip
     from ..kernels.projection import tf32x3
+
+    D, H, I = spec.num_directions, c["hidden"], c["input_size"]
+    G, Kp = spec.gates * H, ip.tf32x3_k(I)
+    Np = ip.tf32x3_n(G)   # W's rows zero-padded to whole tiles
+    w_value = constant_value(c["w"])
+    if w_value is not None:
+        return relax.const(tf32x3.split_weight(w_value, Np, Kp))
+    split = bb.add_func(_split_kernel(I, Kp, str(target)).without_attr("global_symbol"), f"{cell}_tf32x3_split")
+    w = as_float32(bb, c["w"])
+    if Np != G:
+        w = bb.emit(relax.op.nn.pad(w, [0, 0, 0, Np - G, 0, 0]))
+    w_rows = bb.emit(relax.op.reshape(w, [D * Np, I]))
+    ws = bb.emit(relax.call_tir(split, [w_rows], relax.TensorType([2, D * Np, Kp], "float32")))
+    return bb.emit(relax.op.reshape(ws, [2, D, Np, Kp]))
+
+
+def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target, rows_out: bool = False):
+    """gate_i [D, seq, B, G] from the tf32x3 projection `proj`: X's rows split into tf32 parts (and zero-padded
+    to whole k steps) by a kernel before it; W split by `_tf32x3_weight` (c["ws"] where the caller did).
+    `rows_out`: as the kernel's [D, seq * B, G] rows (see `_projection_by_rows`)."""
+    from ..kernels.projection import gemm as ip
     from .importer import KernelKey, emit_kernel
 
     D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
     G, Kp = spec.gates * H, ip.tf32x3_k(I)
-    Np = ip.tf32x3_n(G)   # W's rows zero-padded to whole tiles
     split = bb.add_func(_split_kernel(I, Kp, str(target)).without_attr("global_symbol"), f"{cell}_tf32x3_split")
     x_rows = bb.emit(relax.op.reshape(as_float32(bb, c["x"]), [seq * B, I]))
     xs = bb.emit(relax.call_tir(split, [x_rows], relax.TensorType([2, seq * B, Kp], "float32")))
-    w_value = constant_value(c["w"])
-    if w_value is not None:
-        ws = relax.const(tf32x3.split_weight(w_value, Np, Kp))
-    else:
-        w = as_float32(bb, c["w"])
-        if Np != G:
-            w = bb.emit(relax.op.nn.pad(w, [0, 0, 0, Np - G, 0, 0]))
-        w_rows = bb.emit(relax.op.reshape(w, [D * Np, I]))
-        ws = bb.emit(relax.call_tir(split, [w_rows], relax.TensorType([2, D * Np, Kp], "float32")))
-        ws = bb.emit(relax.op.reshape(ws, [2, D, Np, Kp]))
+    ws = c["ws"] if c.get("ws") is not None else _tf32x3_weight(bb, cell, spec, c, target)
     sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
     op = f"{cell}_input_projection_tf32x3"
     g_rows = emit_kernel(bb, op, KernelKey(sizes, "float32", {}, dynamic=("rows",)), lambda: proj,
                          [xs, ws, bias_i], relax.TensorType([D, seq * B, G], "float32"),
                          name_hint=op + c.get("suffix", ""))
-    return bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
+    return g_rows if rows_out else bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
 
 
 # GPU, float32, a length known at run time: up to this many rows (seq x batch) the input projection is a stock
@@ -276,15 +292,20 @@ def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target):
 STOCK_PROJECTION_MAX_ROWS = 256
 
 
-def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int, tiled):
+def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int, tiled, rows_out: bool = False):
     """gate_i through a run-time choice on the row count seq x B (X [seq, B, I] with seq symbolic): a function
     `<cell>_projection_by_rows` whose body is If(seq * B <= STOCK_PROJECTION_MAX_ROWS) calling a function of the
     stock matmul, else one of `tiled(c, bias_i)` (each branch a single call, as `batch_dispatch` builds them: TVM's
     memory planner mishandles storage made in an If's branch and used after it). None where X's length is not
-    its own dim (nothing emitted)."""
+    its own dim (nothing emitted). The branches' bodies are dataflow blocks, where reshapes are views; a reshape
+    whose result a function returns is still a copy, so with `rows_out` both branches (`tiled` too) return
+    [D, seq * B, G] rows and the view to [D, seq, B, G] is taken here, in the caller's dataflow block (the ASR
+    encoder at batch 8, 1000 frames: five copies of 98 MB, 0.74 ms of a 14.5 ms call, before)."""
     from . import batch_dispatch as bd
 
     tensors = {"x": bb.normalize(c["x"]), "w": bb.normalize(c["w"]), "bias_i": bb.normalize(bias_i)}
+    if c.get("ws") is not None:   # W split for the tf32x3 branch (`_tf32x3_weight`)
+        tensors["ws"] = bb.normalize(c["ws"])
     x_ty = tensors["x"].ty
     if not isinstance(x_ty, relax.TensorType) or x_ty.shape is None or len(x_ty.shape.values) != 3:
         return None
@@ -294,16 +315,18 @@ def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int
                                                                      *x_ty.shape.values[1:]], x_ty.dtype))
     if bd.own_dims(tensors) is None:
         return None
+    # a constant W is a parameter of the branches, so the tiled one splits it in every call: as constants of both,
+    # W and its split parts tripled the weights a model embeds (ddddocr-common's .so 55 -> 140 MB)
     tensors = bd.bound(bb, tensors)
     suffix = c.get("suffix", "")
 
     def branch(name, make):
         ps = bd.params(tensors)
         mine = dict(c, **dict(zip(tensors, ps)), seq=ps[0].ty.shape.values[0])
-        return bd._function(bb, name, ps, lambda: make(mine, ps[2]))
+        return bd._function(bb, name, ps, lambda: make(mine, ps[2]), dataflow=True)
 
     stock = branch(f"{cell}_projection_stock{suffix}",
-                   lambda c_, b_: _gemv_projection(bb, c_, b_, D, G, c_["seq"], B, I))
+                   lambda c_, b_: _gemv_projection(bb, c_, b_, D, G, c_["seq"], B, I, rows_out))
     tiled_fn = branch(f"{cell}_projection_tiled{suffix}", tiled)
     ps = bd.params(tensors)
     rows = ps[0].ty.shape.values[0] * B
@@ -311,6 +334,8 @@ def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int
                           lambda: relax.If(relax.prim_value(rows <= STOCK_PROJECTION_MAX_ROWS),
                                            relax.Call(stock, ps), relax.Call(tiled_fn, ps)))
     gate_i = bb.emit(relax.Call(choose, list(tensors.values())))
+    if rows_out:
+        gate_i = bb.emit(relax.op.reshape(gate_i, [D, tensors["x"].ty.shape.values[0], B, G]))
     # typed with the node's own length again (the match_cast above gave X a var of its own)
     return gate_i if seq.same_as(tensors["x"].ty.shape.values[0]) else \
         bb.match_cast(gate_i, relax.TensorType([D, seq, B, G], "float32"))

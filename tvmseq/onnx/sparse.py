@@ -37,6 +37,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
 from ..errors import TvmseqError, UnsupportedOnnxError
 from ..sparse import CSR
+from . import matmul as dense
 from .importer import KernelKey, OnnxOpConverter, emit_kernel, register_converter
 
 OPERANDS_OPTION = "sparse_operands"  # node name -> {input index: CSR}
@@ -331,18 +332,29 @@ class _SparseConverter(OnnxOpConverter):
             y = cls._sparse(bb, inputs, attr, found)
             if y is not None:
                 return y
+        else:
+            y = cls._dense(bb, inputs, attr)
+            if y is not None:
+                return y
         return _stock(cls.op, opset, bb, _as_dense_inputs(inputs, found), attr, params)
 
     @classmethod
     def _sparse(cls, bb, inputs, attr, found):
         raise NotImplementedError
 
+    @classmethod
+    def _dense(cls, bb, inputs, attr):
+        """A dense product on a tvmseq kernel (`onnx.matmul`: float32 on tf32 tensor cores), or None."""
+        return None
+
 
 @register_converter("MatMul")
 class SparseMatMul(_SparseConverter):
-    """MatMul with a sparse 2-D operand -> spmm / spmm_t; any other MatMul -> TVM's converter."""
+    """MatMul with a sparse 2-D operand -> spmm / spmm_t; a float32 one with a 2-D weight on sm_90a -> the tf32x3
+    projection (`onnx.matmul`); any other MatMul -> TVM's converter."""
 
     op = "MatMul"
+    _dense = classmethod(lambda cls, bb, inputs, attr: dense.matmul(bb, inputs, attr))
 
     @classmethod
     def _sparse(cls, bb, inputs, attr, found):
@@ -369,9 +381,11 @@ class SparseMatMul(_SparseConverter):
 
 @register_converter("Gemm")
 class SparseGemm(_SparseConverter):
-    """Gemm with a sparse A or B -> spmm / spmm_t (+ alpha, beta * C); any other Gemm -> TVM's."""
+    """Gemm with a sparse A or B -> spmm / spmm_t (+ alpha, beta * C); float32 A B^T + C on sm_90a -> the tf32x3
+    projection (`onnx.matmul`); any other Gemm -> TVM's."""
 
     op = "Gemm"
+    _dense = classmethod(lambda cls, bb, inputs, attr: dense.gemm(bb, inputs, attr))
 
     @classmethod
     def _sparse(cls, bb, inputs, attr, found):

@@ -211,6 +211,13 @@ class MmaConfig:
                      H256 B64 2.12 -> 1.48 us a step, B8 3.04 (SIMT engine) -> 1.15, RNN fp32 H256 B64 1.92 -> 1.74.
                      No overwrite hazard without a barrier: a peer sends h_{s+2} into a slot only after it received
                      this block's h_{s+1}, which this block sends after it has read the slot for step s
+    gate_m:          float16: the block's gate rows as the mma's M (R held as A fragments, m16 tiles of gate rows) and
+                     the chunk's batch rows as its N (the staged state as B fragments, n8 tiles of rows), chunks of
+                     8 rows: at batch <= 8 an m16n8k16 is then all real work, where with the batch as M a 16-row chunk
+                     is half padding (half the mmas, state loads and accumulators); needs an even number of n8
+                     tiles a warp (m16 pairs)
+    k_chains:        (gate_m) accumulators a C tile: 2 alternates the k16 tiles between two, so two dependent mma
+                     chains of half the length run interleaved, summed before the partials are stored
     early_gate won only at some shapes (H1024 B256 14.6 -> 13.9, RNN H256 B64 2.21 -> 2.10) and lost at others
     (H1024 B64 4.88 -> 5.04), so only the database turns it on; so do image and cluster (sweeps 10-12).
     """
@@ -229,13 +236,15 @@ class MmaConfig:
     cluster_sync: bool = False
     dsmem: bool = False
     n_split: int = 1
+    gate_m: bool = False
+    k_chains: int = 1
 
     # the compact form the sweeps, the tuning script and the GPU test cases write a config in: (units, warps,
     # rows[, pipeline[, batch_split[, flags[, half_stage[, early_gate[, bulk[, image[, cluster[, cluster_sync[,
-    # dsmem[, n_split]]]]]]]]]]]), 0/1 switches
+    # dsmem[, n_split[, gate_m[, k_chains]]]]]]]]]]]]]), 0/1 switches
     _OPTIONAL = (("pipeline", False), ("batch_split", 1), ("flags", False), ("half_stage", False),
                  ("early_gate", False), ("bulk", False), ("image", False), ("cluster", 1), ("cluster_sync", False),
-                 ("dsmem", False), ("n_split", 1))
+                 ("dsmem", False), ("n_split", 1), ("gate_m", False), ("k_chains", 1))
 
     @classmethod
     def of(cls, knobs) -> "MmaConfig":
@@ -272,8 +281,15 @@ class MmaGeometry:
     NGU = property(lambda self: self.NG * self.UB)                     # gate rows (n) per block
     NN = property(lambda self: self.NGU // 8)                          # n8 tiles per block
     NNW = property(lambda self: self.NN // self.NS)                    # n8 tiles per warp
-    MC = property(lambda self: min(self.cfg.chunk_rows, math.ceil(self.B / 16) * 16))
-    MT = property(lambda self: self.MC // 16)                          # m16 tiles per chunk
+    GM = property(lambda self: self.cfg.gate_m)                        # gate rows as M, batch rows as N
+    RQ = property(lambda self: 8 if self.cfg.gate_m else 16)           # chunk row quantum (the batch's mma dim)
+    MC = property(lambda self: min(self.cfg.chunk_rows, math.ceil(self.B / self.RQ) * self.RQ))
+    MT = property(lambda self: self.MC // 16)                          # m16 tiles per chunk (batch as M)
+    NB8 = property(lambda self: self.MC // 8)                          # n8 tiles per chunk (gate_m)
+    NMW = property(lambda self: self.NNW // 2)                         # m16 gate tiles per warp (gate_m)
+    # accumulators a lane: C fragments (4 floats) of MT x NNW tiles, or (gate_m) of NMW x NB8: the same count
+    # for the same chunk rows; gate_m's gain is the 8-row chunk
+    ACC = property(lambda self: self.MC * self.NNW // 4 * self.cfg.k_chains)
     BS = property(lambda self: self.cfg.batch_split)
     # chunks per step (a multiple of BS: a block's last chunk may be all padding rows) and per block
     NCH = property(lambda self: math.ceil(math.ceil(self.B / self.MC) / self.BS) * self.BS)
@@ -304,7 +320,7 @@ class MmaGeometry:
         if self.SIMT:   # accumulators, the state operands (4 a row) and the W operands (4 a gate row)
             product = self.CPL + 4 * self.MC // 16 + 2 * self.NGU
         else:           # B fragments (R), accumulators, the A fragment
-            product = self.KTW * self.NNW * 2 + self.MT * self.NNW * 4 + 4
+            product = self.KTW * self.NNW * 2 + self.ACC + (8 if self.GM else 4)
         # LSTM: the cell state of each item beside h, the i, o, f peepholes of its unit and the gate math's
         # temporaries (ptxas, sm_90a: 16-unit blocks at hidden 1024 estimated 215 took 254 registers without
         # spills, estimated 219 and 227 spilled; _LSTM_TEMPS puts those two over the cap)
@@ -318,9 +334,15 @@ class MmaGeometry:
     def check(self, facts) -> str | None:
         """Why this geometry cannot run (one resident block per SM), or None."""
         c = self.cfg
-        if c.units_per_block < 8 or c.units_per_block % 8 or c.num_warps < 1 or c.chunk_rows < 16 \
-                or c.chunk_rows % 16 or c.batch_split < 1:
-            return f"config {c}: units_per_block must be a multiple of 8, chunk_rows of 16, batch_split >= 1"
+        if c.units_per_block < 8 or c.units_per_block % 8 or c.num_warps < 1 or c.chunk_rows < self.RQ \
+                or c.chunk_rows % self.RQ or c.batch_split < 1:
+            return (f"config {c}: units_per_block must be a multiple of 8, chunk_rows of {self.RQ}, "
+                    f"batch_split >= 1")
+        if c.gate_m and (self.SIMT or self.NNW % 2):
+            return (f"config {c}: gate_m is for the float16 product with an even number of n8 tiles a warp "
+                    f"({self.NNW} here)")
+        if c.k_chains not in (1, 2) or (c.k_chains > 1 and not c.gate_m):
+            return f"config {c}: k_chains is 1 or 2, and 2 only with gate_m"
         if c.n_split < 1 or self.NW % c.n_split or self.NN % c.n_split:
             return f"config {c}: n_split must divide the warps ({self.NW}) and the block's n8 tiles ({self.NN})"
         if c.n_split > 1 and (self.SIMT or not c.dsmem):
@@ -359,7 +381,7 @@ class MmaGeometry:
         cap = min(_MAX_REGS, facts.regs_per_sm // (self.NT * per_sm))
         if self.regs_estimate() > cap:
             what = (f"{self.CPL} accumulators, {2 * self.NGU} W operands" if self.SIMT else
-                    f"B fragments {self.KTW}x{self.NNW}, accumulators {self.MT}x{self.NNW}")
+                    f"R fragments {self.KTW}x{self.NNW}, {self.ACC} accumulators")
             return f"~{self.regs_estimate()} registers per thread ({what}) > {cap} ({per_sm} block(s) per SM)"
         smem_cap = facts.smem_per_block if per_sm == 1 else (facts.smem_per_block + 1024) // per_sm - 1024
         if self.smem_bytes() > smem_cap:
@@ -376,15 +398,39 @@ def candidate_configs(dtype: str = "float16"):
                 yield MmaConfig(ub, nw, mc)
 
 
+# gate_m (gate rows as the mma's M, 8-row chunks) at batch <= 8, from this hidden size: float16 LSTM recurrence us a
+# step on an H200 (2026-11-28, schedules/plstm_sweep.py, artifacts/bench/plstm_gate_m_2026-11-28.json), the pick
+# with 16-row chunks -> the same config with gate_m: H512 B8 1.801 -> 1.645, bi 1.790 -> 1.626, H1024 B8 (the grid
+# barrier) 3.500 -> 3.223; at hidden 128 / 256 level (the hand-off is the step there: best of each within 2%)
+GATE_M_MIN_HIDDEN, GATE_M_MAX_BATCH, GATE_M_CELLS = 512, 8, ("lstm",)
+
+
+def with_gate_m(cfg: MmaConfig | None, D: int, B: int, H: int, cell: str, dtype: str, facts) -> MmaConfig | None:
+    """cfg with the gate rows as M and 8-row chunks where the rule above applies and that fits, else cfg."""
+    if cfg is None or cfg.gate_m or dtype != "float16" or cell not in GATE_M_CELLS or B > GATE_M_MAX_BATCH \
+            or H < GATE_M_MIN_HIDDEN:
+        return cfg
+    swapped = replace(cfg, chunk_rows=8, gate_m=True)
+    return swapped if MmaGeometry(D, B, H, GATES[cell], swapped, dtype).check(facts) is None else cfg
+
+
 def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: bool = True,
                    dtype: str = "float16") -> MmaConfig | None:
     """The measured winner (`schedules/measured/persistent_mma.json`, `schedules/tune_persistent_mma.py`) where
     there is one, else the rules below in order (`wide_block_config`, `batch_split_config`), else the first
-    candidate that fits the target's GPU, or None."""
-    from ...tune import measured as db
+    candidate that fits the target's GPU, or None; float16 at batch <= 8 from hidden 512 with the gate rows as
+    the mma's M (`with_gate_m`)."""
     from .. import recurrent_gemm as rg
 
     target = resolve(target)
+    cfg = _default_config(D, B, H, target, cell, measured, dtype)
+    return with_gate_m(cfg, D, B, H, cell, dtype, rg.gpu_facts(target)) if is_gpu(target) else cfg
+
+
+def _default_config(D: int, B: int, H: int, target, cell: str, measured: bool, dtype: str) -> MmaConfig | None:
+    from ...tune import measured as db
+    from .. import recurrent_gemm as rg
+
     if measured and is_gpu(target):
         config = db.lookup("persistent_mma", D=D, B=B, H=H, cell=cell, dtype=dtype)
         if config:
@@ -671,6 +717,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                            rg.gpu_facts(target) if gpu else None)
     UB, NW, NT, G, Hp, KW, KTW = geo.UB, geo.NW, geo.NT, geo.G, geo.Hp, geo.KW, geo.KTW
     KG, NS, NNW = geo.KG, geo.NS, geo.NNW   # k-groups, warps of a k-group (n split), n8 tiles a warp
+    GM, NB8, NMW = geo.GM, geo.NB8, geo.NMW   # gate_m: gate rows as M (m16 tiles a warp), n8 tiles of rows
     NGU, NN, MC, MT, NCH, Bp, SROW, ITEMS, FI = (geo.NGU, geo.NN, geo.MC, geo.MT, geo.NCH, geo.Bp, geo.SROW,
                                                  geo.ITEMS, geo.FI)
     BS, NCB = geo.BS, geo.NCB
@@ -730,6 +777,20 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     k = T.meta_var(k_group(w) * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 2))
                     unit = T.meta_var(g * UB + col % UB)
                     bfrag[(kt * NNW + nt) * 4 + i] = T.if_then_else(
+                        unit < H and k < H, Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
+
+    @T.macro
+    def load_a_fragments(Rw, bfrag, d, g, w, lane):
+        """gate_m: bfrag[(kt * NMW + mt) * 8 + i]: the m16n8k16 A fragment (m x k = R) of k tile kt, m16 tile mt
+        (n8 tiles 2 mt, 2 mt + 1) of warp w's share: lane holds m = lane / 4 + 8 ((i / 2) % 2), k = 2 (lane % 4)
+        + i % 2 + 8 (i / 4)."""
+        for kt in unroll(KTW):
+            for mt in unroll(NMW):
+                for i in unroll(8):
+                    col = T.meta_var((first_n8(w) + 2 * mt) * 8 + lane // 4 + 8 * (i // 2 % 2))
+                    k = T.meta_var(k_group(w) * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 4))
+                    unit = T.meta_var(g * UB + col % UB)
+                    bfrag[(kt * NMW + mt) * 8 + i] = T.if_then_else(
                         unit < H and k < H, Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
 
     PADC = Hp - G * UB     # padding columns past the last block's units
@@ -881,6 +942,16 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                             T.address_of(hbuf[hidx(buf, d, c * MC + i * 32 + lane, w * KW + part * KP)]),
                             T.uint32(KP * ESZ), T.address_of(mbar[(slot * NW + w) * PARTS + part]))
 
+    COPIES = MC * KP // EPC   # 16-byte copies of a warp's k half of a chunk
+
+    @T.macro
+    def copy_piece(hbuf, stage, buf, d, c, slot, w, part, q):
+        row = T.meta_var(q // (KP // EPC))
+        col = T.meta_var((q % (KP // EPC)) * EPC)
+        T.evaluate(T.s_tir.cp_async_raw.legacy(
+            stage.access_ptr("w"), soff(slot, w, row, part) + col,
+            hbuf.data, hidx(buf, d, c * MC + row, w * KW + part * KP + col), 16, dtype=dtype))
+
     @T.macro
     def stage_gpu(hbuf, stage, mbar, buf, d, c, slot, w, lane, rank, first=0):
         """Warp w's k-slice of chunk c's state rows -> its region of staging slot `slot` (16 B copies), one
@@ -891,14 +962,13 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             if BULK:
                 stage_bulk(hbuf, stage, mbar, buf, d, c, slot, w, lane, part, rank)
             elif c < NCH:
-                # MC a multiple of 16, KP of 8: whole rounds of 32 lanes
-                for i in unroll(MC * KP // EPC // 32):
-                    q = T.meta_var(i * 32 + lane)
-                    row = T.meta_var(q // (KP // EPC))
-                    col = T.meta_var((q % (KP // EPC)) * EPC)
-                    T.evaluate(T.s_tir.cp_async_raw.legacy(
-                        stage.access_ptr("w"), soff(slot, w, row, part) + col,
-                        hbuf.data, hidx(buf, d, c * MC + row, w * KW + part * KP + col), 16, dtype=dtype))
+                # MC a multiple of 16 and KP of 16: whole rounds of 32 lanes; gate_m's 8-row chunks may end in a
+                # part round
+                for i in unroll(math.ceil(COPIES / 32)):
+                    if COPIES % 32 == 0:
+                        copy_piece(hbuf, stage, buf, d, c, slot, w, part, i * 32 + lane)
+                    elif i * 32 + lane < COPIES:
+                        copy_piece(hbuf, stage, buf, d, c, slot, w, part, i * 32 + lane)
             if not BULK:
                 T.evaluate(T.ptx["cp.async.commit_group"]())
 
@@ -957,6 +1027,52 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     T.ptx["st.shared.v2.f32"](
                         red.access_ptr("w", offset=(k_group(w) * MC + row) * NGU + red_col(row, col), extent=2),
                         *[acc[(mt * NNW + nt) * 4 + 2 * h + e] for e in range(2)])
+
+    KT = KTW // PARTS   # k16 tiles a commit group
+    KCH, CHAIN = cfg.k_chains, NMW * NB8 * 4   # gate_m: accumulator chains, the accumulators of one
+
+    def chain_sum(acc, v):
+        return acc[v] + acc[CHAIN + v] if KCH == 2 else acc[v]
+
+    @T.macro
+    def state_tiles_gate_m(stage, bfrag, afrag, acc, slot, w, lane, part, kt, tiles, nb):
+        """`tiles` (1, 2) k16 tiles from kt of n8 tile nb of the chunk's rows (ldmatrix x2 / x4: lane supplies row
+        lane % 8 of 8 x 8 matrix lane / 8) into the accumulators of every m16 gate tile of the warp."""
+        T.evaluate(T.ptx_legacy.ldmatrix(
+            False, 2 * tiles, ".b16", afrag.data, 0, stage.access_ptr("r"),
+            soff(slot, k_group(w), nb * 8 + lane % 8, part) + kt * 16 + 8 * (lane // 8 % (2 * tiles)),
+            dtype="float16"))
+        for e in unroll(tiles):
+            for mt in unroll(NMW):
+                T.evaluate(T.ptx_legacy.mma(
+                    "m16n8k16", "row", "col", "fp16", "fp16", "fp32", bfrag.data,
+                    ((part * KT + kt + e) * NMW + mt) * 8, afrag.data, e * 4, acc.data,
+                    ((e % KCH * NMW + mt) * NB8 + nb) * 4, False, dtype="float32"))
+
+    @T.macro
+    def product_gate_m(stage, mbar, bfrag, afrag, acc, red, slot, w, lane, phase):
+        """gate_m: the partial sums of `product_gpu` with the gate rows as M: R's A fragments (registers) x the
+        chunk's state as B fragments, ldmatrix x4 of 8 rows x 32 k (two k16 tiles; x2 for a last odd one), C
+        fragment (gate row lane / 4 (+ 8), batch rows 2 (lane % 4) + 0, 1) -> red (scalar stores: the two values a
+        lane holds for one gate row are two rows of red)."""
+        for v in unroll(NMW * NB8 * 4 * KCH):
+            acc[v] = T.float32(0)
+        for part in unroll(PARTS):
+            if not DSMEM:
+                wait_part(mbar, slot, w, part, phase, PARTS - 1 - part + PENDING)
+            for kp in unroll(KT // 2):
+                for nb in unroll(NB8):
+                    state_tiles_gate_m(stage, bfrag, afrag, acc, slot, w, lane, part, 2 * kp, 2, nb)
+            if KT % 2 == 1:
+                for nb in unroll(NB8):
+                    state_tiles_gate_m(stage, bfrag, afrag, acc, slot, w, lane, part, KT - 1, 1, nb)
+        T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
+        for mt in unroll(NMW):
+            for nb in unroll(NB8):
+                for e in unroll(4):   # C: gate row lane / 4 + 8 (e / 2), batch row 2 (lane % 4) + e % 2
+                    row = T.meta_var(nb * 8 + (lane % 4) * 2 + e % 2)
+                    col = T.meta_var((first_n8(w) + 2 * mt) * 8 + lane // 4 + 8 * (e // 2))
+                    red[(k_group(w) * MC + row) * NGU + red_col(row, col)] = chain_sum(acc, (mt * NB8 + nb) * 4 + e)
 
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
 
@@ -1094,6 +1210,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         if gpu:
             if FLAGS:
                 flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
+
             # clusters (launch attribute) of CS consecutive blocks; extent 1 launches none
             for rank in T.thread_binding(CS, thread="clusterCtaIdx.x"):
               for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
@@ -1103,7 +1220,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       stage = T.alloc_buffer((SLOTS * KG * REGION,), dtype, scope="shared.dyn")
                       red = T.alloc_buffer((KG * MC * NGU,), "float32", scope="shared.dyn")
                       hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
-                      acc = T.alloc_buffer((CPL if SIMT else MT * NNW * 4,), "float32", scope="local")
+                      acc = T.alloc_buffer((CPL if SIMT else geo.ACC,), "float32", scope="local")
                       gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
                       if LSTM:
                           cst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
@@ -1127,6 +1244,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       q = T.meta_var(gb % BS if CS == 1 else gb % (G * BS) // G)
                       if SIMT:
                           load_w_slice(Rw, wsm, d, g, t)
+                      elif GM:
+                          load_a_fragments(Rw, bfrag, d, g, t // 32, t % 32)
                       else:
                           load_b_fragments(Rw, bfrag, d, g, t // 32, t % 32)
                       # dsmem: bytes a block receives a step (its chunk's rows x all units, from the whole cluster)
@@ -1194,6 +1313,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                               if SIMT:
                                   product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, s % 2, d, q + ci * BS,
                                                slot, t // 32, t % 32, rank, phase)
+                              elif GM:
+                                  product_gate_m(stage, mbar, bfrag, afrag, acc, red, slot, t // 32, t % 32, phase)
                               else:
                                   product_gpu(stage, mbar, bfrag, afrag, acc, red, slot, t // 32, t % 32, phase)
                               if MCS > 1:

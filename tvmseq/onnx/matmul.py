@@ -1,0 +1,78 @@
+"""ONNX MatMul / Gemm in float32 with a 2-D weight on sm_90a: the tf32x3 input projection (`kernels.projection.tf32x3`).
+
+A fully connected layer x W (+ b) over every row is what a recurrent layer's input projection is: x W_ih^T + b over
+all steps. Where the importer's projection rule puts that GEMM on tf32 tensor cores at float32 accuracy (float32,
+sm_90a, from 512 rows, any even N; a row count known only at run time dispatched there, few rows to the stock
+matmul: `gru.emit_input_projection`), a MatMul [..., K] x [K, N] or a Gemm(A, B, C) with transB=1 takes the same
+kernels as a one-gate, one-direction projection: W^T [N, K] (a constant transposed here once and split into its
+tf32 parts at import; a graph-input weight transposed and split in every call), the bias of a Gemm as the
+projection's. Measured on an H200 (2026-11-28, `notes/tf32x3.md`): the denoiser's FC layers at 1000 rows.
+Anything else (float16, other targets, odd N, a batched or 1-D weight, alpha / beta != 1, transA) is TVM's.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax, tirx
+
+from .gru import constant_value, emit_input_projection, is_static, projection_kernel
+
+
+def _static_dims(x) -> list | None:
+    shape = getattr(x.ty, "shape", None)
+    return None if shape is None or getattr(shape, "values", None) is None else list(shape.values)
+
+
+def tf32x3_fc(bb, x, w_rows, bias, target):
+    """x [..., K] times w_rows [N, K] (+ bias [N]) on the tf32x3 projection, or None where its rule does not
+    apply (nothing emitted then)."""
+    from ..kernels.projection import gemm as ip
+    from ..kernels.recurrent.rnn import RnnSpec
+
+    dims, w_dims = _static_dims(x), _static_dims(w_rows)
+    if target is None or target.kind.name != "cuda" or dims is None or w_dims is None or len(dims) not in (2, 3) \
+            or str(x.ty.dtype) != "float32" or str(w_rows.ty.dtype) != "float32" \
+            or not all(is_static(d) for d in [*w_dims, dims[-1]]) or int(dims[-1]) != int(w_dims[1]) \
+            or not is_static(dims[-2] if len(dims) == 3 else 1):
+        return None
+    N, K = int(w_dims[0]), int(w_dims[1])
+    seq, batch = (dims[0], int(dims[1])) if len(dims) == 3 else (dims[0], 1)
+    spec = RnnSpec(1, batch, N, K, "float32")
+    static_seq = int(seq) if isinstance(seq, (int, tirx.IntImm)) else None
+    if projection_kernel(spec, str(target), static_seq)[1] is not ip.TF32X3:
+        return None
+    x3 = x if len(dims) == 3 else bb.emit(relax.op.reshape(x, [seq, 1, K]))
+    c = dict(x=x3, w=bb.emit(relax.op.reshape(w_rows, [1, N, K])) if constant_value(w_rows) is None
+             else relax.const(constant_value(w_rows).reshape(1, N, K)),
+             dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K)
+    bias_i = relax.const(np.zeros((1, N), np.float32)) if bias is None else bb.emit(relax.op.reshape(bias, [1, N]))
+    gate = emit_input_projection(bb, "fc", spec, c, bias_i, target)            # [1, seq, batch, N]
+    return relax.op.reshape(gate, [*dims[:-1], N])
+
+
+def matmul(bb, inputs, attr):
+    """MatMul(A [..., K], B [K, N]) on the tf32x3 projection, or None (TVM's converter then)."""
+    a, w = inputs[0], inputs[1]
+    w_dims = _static_dims(w)
+    if w_dims is None or len(w_dims) != 2 or str(getattr(w.ty, "dtype", "")) != "float32":
+        return None
+    value = constant_value(w)
+    w_rows = relax.const(np.ascontiguousarray(value.T)) if value is not None else \
+        relax.op.permute_dims(w, [1, 0])
+    if value is None:
+        w_rows = bb.normalize(w_rows)
+    return tf32x3_fc(bb, a, w_rows, None, attr["tvm_custom"]["importer_options"].get("target"))
+
+
+def gemm(bb, inputs, attr):
+    """Gemm(A [M, K], B [N, K], C [N]) with transA = 0, transB = 1, alpha = beta = 1 (nn.Linear as torch exports
+    it) on the tf32x3 projection, or None."""
+    if int(attr.get("transA", 0)) or not int(attr.get("transB", 0)) or float(attr.get("alpha", 1.0)) != 1.0 \
+            or float(attr.get("beta", 1.0)) != 1.0:
+        return None
+    c = inputs[2] if len(inputs) > 2 else None
+    c_dims = _static_dims(c) if c is not None else None
+    w_dims = _static_dims(inputs[1])
+    if c is not None and (c_dims is None or w_dims is None or len(c_dims) != 1 or not is_static(c_dims[0])
+                          or int(c_dims[0]) != int(w_dims[0]) or str(c.ty.dtype) != "float32"):
+        return None   # a broadcast C of another shape: TVM's converter
+    return tf32x3_fc(bb, inputs[0], inputs[1], c, attr["tvm_custom"]["importer_options"].get("target"))
