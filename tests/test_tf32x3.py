@@ -4,6 +4,8 @@ the rule that picks it and the importer's wiring. The GPU kernel's fragment layo
 float32 cases of tests/test_gpu_lstm.py and tests/test_gpu_models.py that take it."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -139,7 +141,7 @@ def test_importer_dispatches_few_rows_of_a_run_time_length_to_the_stock_matmul()
     names = {gv.name_hint for gv in mod.get_global_vars()}
     assert {"gru_projection_by_rows", "gru_projection_stock", "gru_tf32x3_split"} <= names
     tiled = mod["gru_projection_tiled"].script(show_meta=False)
-    assert tiled.count("gru_tf32x3_split, (") == 2, "X and the constant W (a parameter here) split per call"
+    assert len(re.findall(r"gru_tf32x3_split\d*, \(", tiled)) == 2, "X and the constant W (a parameter here) split"
     assert "R.reshape" not in tiled.split("R.output")[-1], "the branch returns the kernel's rows, no copy"
 
 
@@ -275,5 +277,31 @@ def test_weight_work_of_weights_kept_out_is_lifted_into_the_transform_function()
     lifted = build.lift_weight_transforms(mod, signature)
     assert signature["transform_params"]
     main, transform = (lifted[n].script(show_meta=False) for n in ("main", "main_transform_params"))
-    assert main.count("gru_tf32x3_split, (") == 0 and "R.nn.pad" not in main
-    assert transform.count("gru_tf32x3_split, (") == 1 and "R.nn.pad" in transform   # 300 rows -> 384
+    split = re.compile(r"gru_tf32x3_split\d*, \(")
+    assert not split.findall(main) and "R.nn.pad" not in main
+    assert len(split.findall(transform)) == 1 and "R.nn.pad" in transform   # 300 rows -> 384
+
+
+def test_split_refuses_more_rows_than_32_bit_offsets_reach():
+    """X's split checks rows x (the widest row after it) against 2^31 on the host, before its kernel runs, naming
+    the node: past it the kernels' 32-bit offsets would wrap."""
+    from tvmseq import runtime  # noqa: F401  (maps the error kind to TvmseqError)
+    from tvmseq.errors import TvmseqError
+
+    func = tf32x3.split_func(8, 8, row_values=1 << 28, what="ONNX node 'gru_0' (GRU)")
+    split = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=LLVM)
+    ok = np.ones((7, 8), np.float32)
+    out = tvm.runtime.tensor(np.zeros((2, 7, 8), np.float32))
+    split(tvm.runtime.tensor(ok), out)                      # 7 x 2^28 < 2^31
+    with pytest.raises(TvmseqError, match=r"ONNX node 'gru_0' \(GRU\): more rows .* at most 7 rows"):
+        split(tvm.runtime.tensor(np.ones((8, 8), np.float32)), tvm.runtime.tensor(np.zeros((2, 8, 8), np.float32)))
+
+
+def test_importer_checks_the_row_count_of_each_projection():
+    from tvmseq import models
+    from tvmseq.onnx import from_onnx
+
+    model, _ = models.rnn_node_model("GRU", seq="frames", batch=4, input_size=64, hidden=128, direction="forward",
+                                     linear_before_reset=1)
+    text = from_onnx(model, target=H100).script(show_meta=False)
+    assert "(GRU): more rows (sequence x batch) than its kernels index in 32 bits: 384 values a row" in text

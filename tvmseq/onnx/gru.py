@@ -233,10 +233,10 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
 
 
 @functools.lru_cache(maxsize=16)
-def _split_kernel(K: int, Kp: int, target_json: str):
+def _split_kernel(K: int, Kp: int, target_json: str, row_values: int | None = None, what: str = ""):
     from ..kernels.projection import tf32x3
 
-    return tf32x3.scheduled_split_func(K, Kp, tvm.target.Target(target_json))
+    return tf32x3.scheduled_split_func(K, Kp, tvm.target.Target(target_json), row_values, what)
 
 
 def _tf32x3_weight(bb, cell: str, spec, c, target):
@@ -270,7 +270,11 @@ def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target, rows_out: b
 
     D, B, H, seq, I = spec.num_directions, c["batch"], c["hidden"], c["seq"], c["input_size"]
     G, Kp = spec.gates * H, ip.tf32x3_k(I)
-    split = bb.add_func(_split_kernel(I, Kp, str(target)).without_attr("global_symbol"), f"{cell}_tf32x3_split")
+    # X's split checks the row count: the split parts hold 2 Kp values a row, gate_i (and the recurrence's view of
+    # it) D x G
+    what = f"ONNX node '{c['node']}' ({c['op']})" if c.get("node") else f"the {cell} input projection"
+    split = bb.add_func(_split_kernel(I, Kp, str(target), max(2 * Kp, D * G), what).without_attr("global_symbol"),
+                        f"{cell}_tf32x3_split")
     x_rows = bb.emit(relax.op.reshape(as_float32(bb, c["x"]), [seq * B, I]))
     xs = bb.emit(relax.call_tir(split, [x_rows], relax.TensorType([2, seq * B, Kp], "float32")))
     ws = c["ws"] if c.get("ws") is not None else _tf32x3_weight(bb, cell, spec, c, target)
@@ -540,7 +544,7 @@ def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS
         h0 = as_float32(bb, h0)
     else:
         h0 = zeros((D, batch, hidden), "float32")
-    return dict(x=x, w=w, r=r, bias=bias, bias_value=bias_value, gates=gates, lens=lens, h0=h0, seq=seq,
+    return dict(node=node, op=op, x=x, w=w, r=r, bias=bias, bias_value=bias_value, gates=gates, lens=lens, h0=h0, seq=seq,
                 batch=batch, input_size=input_size, hidden=hidden, D=D, direction=direction, dtype=dtype,
                 layout=layout)
 

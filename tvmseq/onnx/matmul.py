@@ -22,7 +22,7 @@ def _static_dims(x) -> list | None:
     return None if shape is None or getattr(shape, "values", None) is None else list(shape.values)
 
 
-def tf32x3_fc(bb, x, w_rows, bias, target):
+def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul"):
     """x [..., K] times w_rows [N, K] (+ bias [N]) on the tf32x3 projection, or None where its rule does not
     apply (nothing emitted then)."""
     from ..kernels.projection import gemm as ip
@@ -43,7 +43,7 @@ def tf32x3_fc(bb, x, w_rows, bias, target):
     x3 = x if len(dims) == 3 else bb.emit(relax.op.reshape(x, [seq, 1, K]))
     c = dict(x=x3, w=bb.emit(relax.op.reshape(w_rows, [1, N, K])) if constant_value(w_rows) is None
              else relax.const(constant_value(w_rows).reshape(1, N, K)),
-             dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K)
+             dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op)
     bias_i = relax.const(np.zeros((1, N), np.float32)) if bias is None else bb.emit(relax.op.reshape(bias, [1, N]))
     gate = emit_input_projection(bb, "fc", spec, c, bias_i, target)            # [1, seq, batch, N]
     return relax.op.reshape(gate, [*dims[:-1], N])
@@ -60,7 +60,8 @@ def matmul(bb, inputs, attr):
         relax.op.permute_dims(w, [1, 0])
     if value is None:
         w_rows = bb.normalize(w_rows)
-    return tf32x3_fc(bb, a, w_rows, None, attr["tvm_custom"]["importer_options"].get("target"))
+    return tf32x3_fc(bb, a, w_rows, None, attr["tvm_custom"]["importer_options"].get("target"),
+                     attr["tvm_custom"]["name"], "MatMul")
 
 
 def gemm(bb, inputs, attr):
@@ -75,4 +76,5 @@ def gemm(bb, inputs, attr):
     if c is not None and (c_dims is None or w_dims is None or len(c_dims) != 1 or not is_static(c_dims[0])
                           or int(c_dims[0]) != int(w_dims[0]) or str(c.ty.dtype) != "float32"):
         return None   # a broadcast C of another shape: TVM's converter
-    return tf32x3_fc(bb, inputs[0], inputs[1], c, attr["tvm_custom"]["importer_options"].get("target"))
+    return tf32x3_fc(bb, inputs[0], inputs[1], c, attr["tvm_custom"]["importer_options"].get("target"),
+                     attr["tvm_custom"]["name"], "Gemm")

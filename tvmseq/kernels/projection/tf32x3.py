@@ -39,13 +39,24 @@ def split_array(a: np.ndarray) -> np.ndarray:
     return np.stack([hi, tf32(a - hi)])
 
 
-def split_func(K: int, Kp: int | None = None):
+# the kernels of a projection and of the recurrences after it index in 32 bits
+INDEX_LIMIT = 1 << 31
+
+
+def split_func(K: int, Kp: int | None = None, row_values: int | None = None, what: str = ""):
     """prim_func(x [rows, K] f32, xs [2, rows, Kp] f32): xs[0] = tf32(x), xs[1] = tf32(x - xs[0]), zeros in the
     columns [K, Kp) (Kp: K padded to the projection's k step; default K); rows symbolic. An elementwise block
-    (a memory-bound pass, ~3 bytes moved a byte of X) that the target's default schedule takes (dlight on a GPU)."""
+    (a memory-bound pass, ~3 bytes moved a byte of X) that the target's default schedule takes (dlight on a GPU).
+    `row_values` (X's split: the most values a row of X becomes in any tensor after it, 2 Kp or D x G): rows x
+    row_values must stay under 2^31, checked on the host before the kernel runs (one line naming `what`)."""
     from tvm.script import tirx as T
 
+    from ...onnx.checks import ERROR_KIND
+
     Kp = Kp or K
+    limit = row_values or 1
+    message = (f"{what}: more rows (sequence x batch) than its kernels index in 32 bits: {limit} values a row, "
+               f"at most {(INDEX_LIMIT - 1) // limit} rows; run the sequence in shorter pieces")
 
     def tf32(v):
         return T.reinterpret("float32", T.bitwise_and(T.reinterpret("uint32", v) + T.uint32(ROUND),
@@ -61,6 +72,7 @@ def split_func(K: int, Kp: int | None = None):
         rows = T.int32()
         X = T.match_buffer(x, (rows, K), "float32")
         XS = T.match_buffer(xs, (2, rows, Kp), "float32")
+        assert T.Cast("int64", rows) * T.int64(limit) < T.int64(INDEX_LIMIT), (ERROR_KIND, [message])
         for m, k in T.grid(rows, Kp):
             with T.sblock("split"):
                 vm, vk = T.axis.remap("SS", [m, k])
@@ -73,12 +85,12 @@ def split_func(K: int, Kp: int | None = None):
 SPLIT_THREADS = 256
 
 
-def scheduled_split_func(K: int, Kp: int, target):
+def scheduled_split_func(K: int, Kp: int, target, row_values: int | None = None, what: str = ""):
     """`split_func` scheduled for `target`: on a GPU a thread a 16-byte vector of X (one element where K is padded)
     and its two parts; else as written (the CPU's default schedule takes it)."""
     import tvm
 
-    func = split_func(K, Kp)
+    func = split_func(K, Kp, row_values, what)
     if target.kind.name != "cuda":
         return func
     sch = tvm.s_tir.Schedule(func)
