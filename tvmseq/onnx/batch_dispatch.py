@@ -211,7 +211,8 @@ def emit(bb, cell: str, c: dict, spec, plan_ranges: Callable[[], list[tuple[int,
             items = [bb.emit(relax.TupleGetItem(outs, i)) for i in range(n)]
             return relax.Tuple([_slice(bb, v, 2 if i == 0 else 1, batch) for i, v in enumerate(items)])
 
-        return _function(bb, f"{cell}{tag}_any_batch" if b is None else f"{cell}{tag}_b{b}", ps, body)
+        # a dataflow block: its reshapes (X to rows, gate_i back) are views, not copy kernels
+        return _function(bb, f"{cell}{tag}_any_batch" if b is None else f"{cell}{tag}_b{b}", ps, body, dataflow=True)
 
     any_batch = branch(None, "per_step")     # first: its kernels keep their plain names
     bucket_fns = [(b, branch(b, path) if path != "per_step" else any_batch) for b, path in ranges]
