@@ -61,7 +61,7 @@ def mma_variants(D: int, B: int, H: int, dtype: str) -> list:
                     picks.append(pm.MmaConfig(units, warps, rows, batch_split=split, cluster=groups,
                                               cluster_sync=True, dsmem=True, n_split=n_split, gate_m=rows == 8))
     if dtype == "float16" and B <= 8:   # the grid-barrier picks with 8-row gate_m chunks
-        picks += [dataclasses.replace(c, chunk_rows=8, gate_m=True) for c in picks[:1] if not c.dsmem]
+        picks += [dataclasses.replace(c, chunk_rows=8, gate_m=True) for c in picks[:1] if c and not c.dsmem]
     return [c for c in dict.fromkeys(picks) if fits(c) and D * math.ceil(H / c.units_per_block) * c.batch_split
             <= facts.num_sms * 2]
 

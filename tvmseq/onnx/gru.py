@@ -544,8 +544,8 @@ def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS
         h0 = as_float32(bb, h0)
     else:
         h0 = zeros((D, batch, hidden), "float32")
-    return dict(node=node, op=op, x=x, w=w, r=r, bias=bias, bias_value=bias_value, gates=gates, lens=lens, h0=h0, seq=seq,
-                batch=batch, input_size=input_size, hidden=hidden, D=D, direction=direction, dtype=dtype,
+    return dict(node=node, op=op, x=x, w=w, r=r, bias=bias, bias_value=bias_value, gates=gates, lens=lens, h0=h0,
+                seq=seq, batch=batch, input_size=input_size, hidden=hidden, D=D, direction=direction, dtype=dtype,
                 layout=layout)
 
 

@@ -4,9 +4,9 @@ A fully connected layer x W (+ b) over every row is what a recurrent layer's inp
 all steps. Where the importer's projection rule puts that GEMM on tf32 tensor cores at float32 accuracy (float32,
 sm_90a, from 512 rows, any even N; a row count known only at run time dispatched there, few rows to the stock
 matmul: `gru.emit_input_projection`), a MatMul [..., K] x [K, N] or a Gemm(A, B, C) with transB=1 takes the same
-kernels as a one-gate, one-direction projection: W^T [N, K] (a constant transposed here once and split into its
-tf32 parts at import; a graph-input weight transposed and split in every call), the bias of a Gemm as the
-projection's. Measured on an H200 (2026-11-28, `notes/tf32x3.md`): the denoiser's FC layers at 1000 rows.
+kernels as a one-gate, one-direction projection: W^T [N, K] (a constant transposed here once; a graph-input weight
+transposed in `main`, which the build lifts to load time with the split, `build.lift_weight_transforms`), the
+bias of a Gemm as the projection's. W's tf32 split is the projection's (`gru._tf32x3_weight`). Measured on an H200 (2026-11-28, `notes/tf32x3.md`): the denoiser's FC layers at 1000 rows.
 Anything else (float16, other targets, odd N, a batched or 1-D weight, alpha / beta != 1, transA) is TVM's.
 """
 from __future__ import annotations
@@ -41,9 +41,10 @@ def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul"):
     if projection_kernel(spec, str(target), static_seq)[1] is not ip.TF32X3:
         return None
     x3 = x if len(dims) == 3 else bb.emit(relax.op.reshape(x, [seq, 1, K]))
-    c = dict(x=x3, w=bb.emit(relax.op.reshape(w_rows, [1, N, K])) if constant_value(w_rows) is None
-             else relax.const(constant_value(w_rows).reshape(1, N, K)),
-             dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op)
+    w_value = constant_value(w_rows)
+    w = relax.const(w_value.reshape(1, N, K)) if w_value is not None else \
+        bb.emit(relax.op.reshape(w_rows, [1, N, K]))
+    c = dict(x=x3, w=w, dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op)
     bias_i = relax.const(np.zeros((1, N), np.float32)) if bias is None else bb.emit(relax.op.reshape(bias, [1, N]))
     gate = emit_input_projection(bb, "fc", spec, c, bias_i, target)            # [1, seq, batch, N]
     return relax.op.reshape(gate, [*dims[:-1], N])
@@ -57,9 +58,7 @@ def matmul(bb, inputs, attr):
         return None
     value = constant_value(w)
     w_rows = relax.const(np.ascontiguousarray(value.T)) if value is not None else \
-        relax.op.permute_dims(w, [1, 0])
-    if value is None:
-        w_rows = bb.normalize(w_rows)
+        bb.normalize(relax.op.permute_dims(w, [1, 0]))
     return tf32x3_fc(bb, a, w_rows, None, attr["tvm_custom"]["importer_options"].get("target"),
                      attr["tvm_custom"]["name"], "MatMul")
 

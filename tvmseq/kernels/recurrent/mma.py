@@ -399,7 +399,7 @@ def candidate_configs(dtype: str = "float16"):
 
 
 # gate_m (gate rows as the mma's M, 8-row chunks) at batch <= 8, from this hidden size: float16 LSTM recurrence us a
-# step on an H200 (2026-11-28, schedules/plstm_sweep.py, artifacts/bench/plstm_gate_m_2026-11-28.json), the pick
+# step on an H200 (2026-11-28, schedules/plstm_sweep.py, artifacts/bench/plstm_gate_m_2026-11-28.json.gz), the pick
 # with 16-row chunks -> the same config with gate_m: H512 B8 1.801 -> 1.645, bi 1.790 -> 1.626, H1024 B8 (the grid
 # barrier) 3.500 -> 3.223; at hidden 128 / 256 level (the hand-off is the step there: best of each within 2%)
 GATE_M_MIN_HIDDEN, GATE_M_MAX_BATCH, GATE_M_CELLS = 512, 8, ("lstm",)
@@ -764,6 +764,11 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         """Warp w's first n8 tile of the block's gate rows; its NNW tiles follow (all of them without an n split)."""
         return w % NS * NNW
 
+    def r_value(Rw, d, g, col, k):
+        """R at block-local gate row col, column k, zero past H (padding units and k)."""
+        return T.if_then_else(T.And(g * UB + col % UB < H, k < H),
+                              Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
+
     # ---- set-up ---------------------------------------------------------------------------------
     @T.macro
     def load_b_fragments(Rw, bfrag, d, g, w, lane):
@@ -775,9 +780,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 for i in unroll(4):
                     col = T.meta_var((first_n8(w) + nt) * 8 + lane // 4)
                     k = T.meta_var(k_group(w) * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 2))
-                    unit = T.meta_var(g * UB + col % UB)
-                    bfrag[(kt * NNW + nt) * 4 + i] = T.if_then_else(
-                        unit < H and k < H, Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
+                    bfrag[(kt * NNW + nt) * 4 + i] = r_value(Rw, d, g, col, k)
 
     @T.macro
     def load_a_fragments(Rw, bfrag, d, g, w, lane):
@@ -789,9 +792,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 for i in unroll(8):
                     col = T.meta_var((first_n8(w) + 2 * mt) * 8 + lane // 4 + 8 * (i // 2 % 2))
                     k = T.meta_var(k_group(w) * KW + kt * 16 + (lane % 4) * 2 + i % 2 + 8 * (i // 4))
-                    unit = T.meta_var(g * UB + col % UB)
-                    bfrag[(kt * NMW + mt) * 8 + i] = T.if_then_else(
-                        unit < H and k < H, Rw[d, T.min(r_row(g, col), G3 - 1), T.min(k, H - 1)], T.float16(0))
+                    bfrag[(kt * NMW + mt) * 8 + i] = r_value(Rw, d, g, col, k)
 
     PADC = Hp - G * UB     # padding columns past the last block's units
 
@@ -1072,7 +1073,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                 for e in unroll(4):   # C: gate row lane / 4 + 8 (e / 2), batch row 2 (lane % 4) + e % 2
                     row = T.meta_var(nb * 8 + (lane % 4) * 2 + e % 2)
                     col = T.meta_var((first_n8(w) + 2 * mt) * 8 + lane // 4 + 8 * (e // 2))
-                    red[(k_group(w) * MC + row) * NGU + red_col(row, col)] = chain_sum(acc, (mt * NB8 + nb) * 4 + e)
+                    red[(k_group(w) * MC + row) * NGU + red_col(row, col)] = chain_sum(
+                        acc, (mt * NB8 + nb) * 4 + e)
 
     RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
 
@@ -1210,7 +1212,6 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         if gpu:
             if FLAGS:
                 flags = T.alloc_buffer((D * BS * G,), "int32", scope="global")
-
             # clusters (launch attribute) of CS consecutive blocks; extent 1 launches none
             for rank in T.thread_binding(CS, thread="clusterCtaIdx.x"):
               for gb in T.thread_binding(D * G * BS, thread="blockIdx.x"):
