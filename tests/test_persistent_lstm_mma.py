@@ -210,7 +210,9 @@ def test_rejects_bad_arguments():
                             (pm.MmaConfig(8, 4, 8, gate_m=True), "float32", "gate_m is for the float16 product"),
                             (pm.MmaConfig(8, 4, 8, cluster=13, cluster_sync=True, dsmem=True, n_split=4, gate_m=True),
                              "float16", "even number of n8 tiles"),
-                            (pm.MmaConfig(8, 4, 12), "float16", "chunk_rows of 16")]:
+                            (pm.MmaConfig(8, 4, 12), "float16", "chunk_rows of 16"),
+                            (pm.MmaConfig(8, 4, 16, k_chains=2), "float16", "k_chains is 1 or 2, and 2 only with gate_m"),
+                            (pm.MmaConfig(8, 4, 8, gate_m=True, k_chains=3), "float16", "k_chains is 1 or 2")]:
         with pytest.raises(TvmseqError, match=why):
             pm.persistent_mma_func(1, 8, 100, dtype, "forward", None, None, False, "llvm", cfg, "lstm")
 
