@@ -60,8 +60,13 @@ ROUTED = {"dilated_conv1d": (blocks.dilated_conv1d, {}, "Matmul"),
 
 
 @pytest.mark.parametrize("case", list(ROUTED))
-def test_cuda_schedule_routed_around_a_failing_dlight_rule_is_exact(case, caplog):
+def test_cuda_schedule_routed_around_a_failing_dlight_rule_is_exact(case, caplog, monkeypatch):
     """tvmseq.schedule_gpu takes the next rule where TVM's fails; what that schedule computes, run on the CPU."""
+    from tvmseq import schedule_gpu
+
+    # these blocks are small reductions, which tvmseq's SmallReduction takes before any dlight rule (the test
+    # below): off here, so that dlight's rule runs, fails and is routed around
+    monkeypatch.setattr(schedule_gpu.SmallReduction, "MAX_PRODUCTS", 0)
     make, options, rule = ROUTED[case]
     model, feeds = make()
     runs = [feeds]
@@ -72,6 +77,18 @@ def test_cuda_schedule_routed_around_a_failing_dlight_rule_is_exact(case, caplog
             want = blocks.onnxruntime_outputs(model, run)["Y"]
             np.testing.assert_allclose(blocks.emulate_cuda_schedule(model, run, **options), want, **blocks.TOL)
     assert f"dlight {rule}" in caplog.text        # the route was taken
+
+
+@pytest.mark.parametrize("case", [c for c in ROUTED if c != "dilated_conv1d"])   # its time axis is the run-time one
+def test_small_reduction_rule_takes_the_blocks_dlight_failed_on(case, caplog):
+    """The same blocks scheduled as they are by default: one thread an output (SmallReduction), exact."""
+    make, options, _ = ROUTED[case]
+    model, feeds = make()
+    with caplog.at_level("DEBUG", logger="tvmseq.schedule_gpu"):
+        want = blocks.onnxruntime_outputs(model, feeds)["Y"]
+        np.testing.assert_allclose(blocks.emulate_cuda_schedule(model, feeds, **options), want, **blocks.TOL)
+    assert "SmallReduction scheduled" in caplog.text
+    assert "dlight" not in caplog.text
 
 
 @pytest.mark.parametrize("name", ["depthwise_1x1", "depthwise_conv1d", "grouped_conv1d", "depthwise_conv2d_time",

@@ -29,7 +29,7 @@ try:  # the kernel factories need TVM's compiler; the gpu test only its runtime
     from tvmseq.kernels.activations import Activation
     from tvmseq.kernels.recurrent import paths
     from tvmseq.kernels.recurrent import mma as pm
-    from tvmseq.kernels.recurrent.cells import LstmCell
+    from tvmseq.kernels.recurrent.cells import FAST_MATH_DTYPES, LstmCell
     from tvmseq.targets import resolve
 except ImportError:
     pm = None
@@ -38,10 +38,10 @@ needs_compiler = pytest.mark.skipif(pm is None, reason="TVM compiler not availab
 PREBUILT = Path(os.environ.get("TVMSEQ_PLSTM_DIR", "out/plstm"))
 
 
-def kernel(D, B, H, dtype, direction, acts, clip, lens, input_forget, peepholes, target, config):
+def kernel(D, B, H, dtype, direction, acts, clip, lens, input_forget, peepholes, target, config, fast_math=None):
     names = [Activation.make(a) for a in acts] * (D if len(acts) == 3 else 1) if acts else None
     return pm.persistent_mma_func(D, B, H, dtype, direction, names, clip, lens, target, config, "lstm",
-                                  LstmCell(bool(input_forget), bool(peepholes)))
+                                  LstmCell(bool(input_forget), bool(peepholes)), fast_math)
 
 
 def run_cpu(inputs, seq, D, B, H, dtype, direction, acts, clip, lens, input_forget, peepholes, config):
@@ -231,6 +231,14 @@ def test_cuda_codegen(D, B, H, dtype):
     src = tvm.compile(tvm.IRModule({"k": func}), target=tgt).mod.imports[0].inspect_source()
     if dtype == "float16":
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    # the gates on CUDA's fast intrinsics (cells.FAST_MATH_DTYPES); a CPU variant keeps the accurate functions
+    fast = dtype in FAST_MATH_DTYPES
+    assert ("__expf(" in src and "__fdividef(" in src) == fast
+    assert ("tanhf(" in src.replace("htanh, tanhf", "")) == (not fast)
+    accurate = kernel(D, B, H, dtype, "bidirectional" if D == 2 else "forward", None, 0.9, True, 0, True, tgt, None,
+                      fast_math=False)
+    src = tvm.compile(tvm.IRModule({"k": accurate}), target=tgt).mod.imports[0].inspect_source()
+    assert "__expf(" not in src and "tanhf(" in src.replace("htanh, tanhf", "")
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
     from tvmseq.cuda_toolchain import ptxas_report

@@ -122,3 +122,69 @@ def test_matmul_keeps_dlight_tile_for_many_rows(lead, many):
     with cuda:
         text = schedule_gpu.Matmul().apply(func, cuda, False).mod["main"].script()
     assert ("in range(T.int64(6))" in text) == many, text      # dlight: 96 k in 16-k steps; the small tile: 32
+
+
+# ---------------------------------------------------------------------------------------------------
+# SmallReduction: one thread an output where each output sums a few products
+# ---------------------------------------------------------------------------------------------------
+def _conv_feeds(x_shape, w_shape, feeds_shape, seed, **attrs):
+    return blocks._conv("Conv", x_shape, w_shape, feeds_shape, seed=seed, **attrs)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,feeds_shape,attrs", [
+    (["N", 1, 64], [8, 1, 5], [37, 1, 64], dict(strides=[2], kernel_shape=[5])),        # a VAD's first conv1d
+    (["N", 8, 30], [16, 8, 5], [19, 8, 30], dict(strides=[2], kernel_shape=[5])),       # its second: 40 products
+    (["N", 1, 9, 23], [5, 1, 3, 3], [2, 1, 9, 23], dict(pads=[1, 1, 1, 1], kernel_shape=[3, 3])),  # a CRNN's first
+    ([1, 3, 11, 13], [7, 3, 3, 3], [1, 3, 11, 13], dict(strides=[1, 2], kernel_shape=[3, 3], dilations=[2, 1])),
+])
+def test_small_reduction_computes_the_conv(x_shape, w_shape, feeds_shape, attrs, caplog):
+    model, feeds = _conv_feeds(x_shape, w_shape, feeds_shape, 11, **attrs)
+    with caplog.at_level("DEBUG", logger="tvmseq.schedule_gpu"):
+        got = blocks.emulate_cuda_schedule(model, feeds)
+    np.testing.assert_allclose(got, blocks.onnxruntime_outputs(model, feeds)["Y"], **blocks.TOL)
+    assert re.search(r"SmallReduction scheduled \S*conv", caplog.text)
+
+
+def _conv2d_module(x_shape):
+    """Relax: relu(conv2d(x, W 5 x 1 x 3 x 3, padding 1) + b) with a str in `x_shape` a symbolic dim."""
+    rng = np.random.default_rng(3)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([tvm.tirx.Var(d, "int64") if isinstance(d, str) else d for d in x_shape],
+                                        "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(rng.standard_normal((5, 1, 3, 3)).astype("float32")),
+                                           padding=1))
+            y = bb.emit(relax.op.add(y, relax.const(rng.standard_normal((1, 5, 1, 1)).astype("float32"))))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(y)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_small_reduction_leaves_a_run_time_inner_axis_to_dlight():
+    """A conv over a line of run-time width (a CRNN built for any number of frames) stays with dlight's Matmul,
+    whose tiles divide no thread index by the run-time width; a run-time batch (the outermost axis) does not."""
+    cuda = targets.resolve("cuda")
+    (width,) = _fused_prim_funcs(_conv2d_module([2, 1, 9, "W"]))
+    (batch,) = _fused_prim_funcs(_conv2d_module(["N", 1, 9, 23]))
+    with cuda:
+        assert schedule_gpu.SmallReduction().apply(width, cuda, False) is None
+        assert schedule_gpu.SmallReduction().apply(batch, cuda, False) is not None
+
+
+def test_small_reduction_leaves_larger_sums_and_two_reductions():
+    cuda = targets.resolve("cuda")
+    (matmul,) = _fused_prim_funcs(_fc_module((1000,), schedule_gpu.SmallReduction.MAX_PRODUCTS + 1, 64, "relu")[0])
+    (small,) = _fused_prim_funcs(_fc_module((1000,), schedule_gpu.SmallReduction.MAX_PRODUCTS, 64, "relu")[0])
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1000, 16], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.softmax(x)))
+        bb.emit_func_output(out)
+    softmax = _fused_prim_funcs(bb.get())
+    rule = schedule_gpu.SmallReduction()
+    with cuda:
+        assert rule.apply(matmul, cuda, False) is None        # 65 products an output: dlight's Matmul
+        assert rule.apply(small, cuda, False) is not None     # 64
+        assert all(rule.apply(f, cuda, False) is None for f in softmax)   # max, then sum: two reductions

@@ -46,8 +46,8 @@ import math
 
 from ...errors import TvmseqError
 from ...targets import is_gpu, resolve
-from .cells import (CELL_GATES, GATES, LstmCell, cell_math, check_acts, direction_activations, lstm_activations,
-                    recurrence_prim_func, row_length)
+from .cells import (CELL_GATES, GATES, LstmCell, cell_math, check_acts, direction_activations, fast_math_for,
+                    lstm_activations, recurrence_prim_func, row_length)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 _DTYPES = ("float32", "float16")
@@ -226,7 +226,7 @@ def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str
 
 def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, clip, has_seq_lens: bool,
                 target, config=None, slots: int = 2, poll=None, paired_buffers: bool = True,
-                syncwarp_before_barrier: bool = False, cell: str = "gru", lstm=None):
+                syncwarp_before_barrier: bool = False, cell: str = "gru", lstm=None, fast_math: bool | None = None):
     """The engine's kernel for a cell of CELL_GATES: `persistent_gru_func`'s for a GRU or an RNN; for an LSTM
     (cell 'lstm', `lstm` the cell's update math: `cells.LstmCell`) prim_func(gate_i [D, T, B, 4H],
     R [D, 4H, H], P [D, 3H], seq_lens, h0, c0, Y, Y_h, Y_c): one pass of the 4U rows (i, o, f, c) of a block's
@@ -439,7 +439,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
                                                                    T.float32(0)))
 
     # ---- the LSTM cell: c beside h (same items, same thread), peepholes in registers -------------------
-    lstm_fns = direction_activations(acts, D) if NG == 4 else None
+    lstm_fns = direction_activations(acts, D, fast_math_for(dtype, gpu, fast_math)) if NG == 4 else None
     has_peepholes = bool(lstm and lstm.has_peepholes)
 
     def peephole(ps, i):
@@ -678,11 +678,13 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
 
 def persistent_lstm_func(D: int, B: int, H: int, dtype: str, directions: str, acts=None, clip=None,
                          has_seq_lens: bool = False, input_forget: bool = False, has_peepholes: bool = False,
-                         target=None, config=None, slots: int = 2, poll=None):
+                         target=None, config=None, slots: int = 2, poll=None, fast_math: bool | None = None):
     """prim_func(gate_i, R, P, seq_lens, h0, c0, Y, Y_h, Y_c) for all steps of an LSTM node (see module doc):
-    the CUDA kernel on a GPU target, its serial variant (same per-thread code) on a CPU one."""
+    the CUDA kernel on a GPU target, its serial variant (same per-thread code) on a CPU one; `fast_math`:
+    `cells.fast_math_for`."""
     return engine_func(D, B, H, dtype, 1, directions, lstm_activations(acts, D), clip, has_seq_lens, target,
-                       config, slots, poll, cell="lstm", lstm=LstmCell(bool(input_forget), bool(has_peepholes)))
+                       config, slots, poll, cell="lstm", lstm=LstmCell(bool(input_forget), bool(has_peepholes)),
+                       fast_math=fast_math)
 
 
 def lstm_spec_func(spec, target, config=None):

@@ -625,10 +625,10 @@ def check_args(D, B, H, dtype, directions, cell, kind="mma", dtypes=("float16", 
         raise TvmseqError(f"persistent {kind}: cell must be one of {tuple(cells)}, got {cell!r}")
 
 
-def staged_cell(kind, cell, acts, D, lstm):
+def staged_cell(kind, cell, acts, D, lstm, fast: bool = False):
     """(NG, acts, lstm, lstm_fns) of a staged-state kernel's cell (`mma`, `wgmma`: kind names it): its gate rows a
     unit, its checked activations and, for an LSTM, its update math (default `cells.LstmCell()`) and the f, g, h
-    activations of each direction (None for a GRU / RNN)."""
+    activations of each direction (None for a GRU / RNN; `fast`: `fast_math_for`)."""
     from . import cells
 
     if (lstm is not None) and cell != "lstm":
@@ -636,7 +636,7 @@ def staged_cell(kind, cell, acts, D, lstm):
     acts = cells.check_acts(acts, D, cell)
     if cell != "lstm":
         return GATES[cell], acts, None, None
-    return GATES[cell], acts, lstm or cells.LstmCell(), cells.direction_activations(acts, D)
+    return GATES[cell], acts, lstm or cells.LstmCell(), cells.direction_activations(acts, D, fast)
 
 
 def checked_geometry(kind, cell, D, B, H, cfg, make_geometry, facts):
@@ -692,7 +692,8 @@ def serial_variant(D, G, BS, NT, NCB, FI, red_words, LSTM, PEEP, seed_state, loa
 
 
 def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
-                        target, config: MmaConfig | None = None, cell: str = "gru", lstm=None):
+                        target, config: MmaConfig | None = None, cell: str = "gru", lstm=None,
+                        fast_math: bool | None = None):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
     tensor cores (see the module doc).
 
@@ -707,9 +708,9 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     from .. import recurrent_gemm as rg
 
     check_args(D, B, H, dtype, directions, cell)
-    NG, acts, lstm, lstm_fns = staged_cell("mma", cell, acts, D, lstm)
     target = resolve(target)
     gpu = is_gpu(target)
+    NG, acts, lstm, lstm_fns = staged_cell("mma", cell, acts, D, lstm, cells.fast_math_for(dtype, gpu, fast_math))
     LSTM = cell == "lstm"
     PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell, dtype=dtype) if gpu else MmaConfig(chunk_rows=32))

@@ -196,7 +196,7 @@ def supported(D: int, B: int, H: int, dtype: str, lbr, target, cell: str = "gru"
 
 def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, acts, clip, has_seq_lens: bool,
                           target, config: WgmmaRecConfig | None = None, cell: str = "gru",
-                          gate_dtype: str = "float32", lstm=None):
+                          gate_dtype: str = "float32", lstm=None, fast_math: bool | None = None):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h): all steps of a float16 GRU (lbr=1) / RNN node on
     warpgroup tensor cores (see the module doc); gate_i of gate_dtype (float32 or float16).
 
@@ -211,9 +211,9 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     check_args(D, B, H, dtype, directions, cell, kind="wgmma", dtypes=("float16",), cells=("gru", "rnn", "lstm"))
     if gate_dtype not in GATE_DTYPES:
         raise TvmseqError(f"persistent wgmma: gate_dtype {gate_dtype!r} not one of {GATE_DTYPES}")
-    NG, acts, lstm, lstm_fns = staged_cell("wgmma", cell, acts, D, lstm)
     target = resolve(target)
     gpu = is_gpu(target)
+    NG, acts, lstm, lstm_fns = staged_cell("wgmma", cell, acts, D, lstm, cells.fast_math_for(dtype, gpu, fast_math))
     LSTM = cell == "lstm"
     PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell) if gpu else WgmmaRecConfig(8, 1))
