@@ -62,6 +62,21 @@ def test_build_then_prebuilt_without_compiler(tmp_path, monkeypatch):
     assert (row["cell"], row["batch"], row["cores"]) == ("GRU", 3, os.cpu_count()) and row["cpu"], row
     assert row["max_err"] < 1e-4 and row["tvmseq_ms"] > 0 and row["ort_ms"] > 0, row
     assert saved["target"] == index["target"] and (out / "cpu_recurrent.png").exists()
+    # the FMA floor: the peak kernel exported by the build half, timed by the run half
+    assert (build_dir / cpu.FMA_PEAK_SO).exists() and saved["fma_peak_gmacs"] > 1, saved.get("fma_peak_gmacs")
+    macs = 5 * 3 * 3 * 16 * (16 + 16)     # steps x batch x GRU gates x hidden x (input + hidden)
+    assert row["floor_ms"] == pytest.approx(macs / saved["fma_peak_gmacs"] / 1e6)
+    assert 0 < row["tvmseq_of_peak"] < 1.5 and 0 < row["ort_of_peak"] < 1.5, row
+
+
+def test_fma_floor_counts_and_peak():
+    from tvmseq.bench import fma_floor
+
+    assert fma_floor.node_macs("LSTM", 256, 8, 100) == 100 * 8 * 4 * 256 * 512
+    assert fma_floor.node_macs("GRU", 400, 1, 37, input_size=161, directions=2) == 2 * 37 * 3 * 400 * 561
+    peak = fma_floor.measure(fma_floor.build(1), 1, seconds=0.01, reps=2)
+    # one core of anything this runs on: above 1 GMAC/s, below 64 lanes of FMA a cycle at 10 GHz
+    assert 1 < peak < 640, peak
 
 
 def test_selection_of_built_cases():

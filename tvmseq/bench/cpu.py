@@ -19,6 +19,11 @@ machine; "llvm -mcpu=x86-64-v3" or "llvm -mcpu=sapphirerapids" for another), exp
 for onnxruntime), the inputs (.npz) and index.json; `--prebuilt DIR` there loads each .so with
 `tvmseq.runtime.load_model` and its onnxruntime session from the ONNX file, compares and times them as above,
 and writes the same JSON + plot, each row tagged with that machine's CPU and cores.
+
+Node rows also carry their floor (`fma_floor`): floor_ms, the node's multiply-adds at this machine's float32 FMA
+peak (measured in the run by a kernel of nothing but register FMAs on TVM's pool), and each side's share of that
+peak (tvmseq_of_peak, ort_of_peak = floor_ms / its time): where both are near 1 neither runtime can be much
+faster than the other.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import fma_floor
 from .common import add_build_run_arguments, build_or_run, print_table, ratio_bar_plot, save
 
 GRID = dict(cell=("GRU", "RNN", "LSTM"), hidden=(128, 256, 512, 1024), batch=(1, 8, 64))
@@ -42,7 +48,7 @@ CORPUS_RUNS = 2          # input sets of each corpus model timed (its test's siz
 STEPS = 100
 DENOISER_FRAMES = 37
 COLUMNS = ["case", "cell", "hidden", "batch", "steps", "tvmseq_ms", "ort_ms", "speedup", "tvmseq_cpu_ms", "ort_cpu_ms",
-           "speedup_cpu", "max_err"]
+           "speedup_cpu", "max_err", "floor_ms", "tvmseq_of_peak", "ort_of_peak"]
 CORPUS_COLUMNS = ["case", "model", "shapes", "tvmseq_ms", "ort_ms", "speedup", "tvmseq_cpu_ms", "ort_cpu_ms",
                   "speedup_cpu", "max_err"]
 MAX_MODEL_MB = 16        # --build: larger corpus models left out unless named (nsnet2-48k, ddddocr-common)
@@ -325,10 +331,39 @@ def run(args) -> list[dict]:
 
     target = resolve(getattr(args, "cpu_target", None) or "llvm")
     meta = _meta(str(target))
-    rows = _report("recurrent", [r for c in _recurrent_cases(args) for r in _run_case(c, args, target)], args, meta)
+    rows = [r for c in _recurrent_cases(args) for r in _run_case(c, args, target)]
+    peak = _fma_peak(lambda threads: fma_floor.build(threads, target))
+    rows = _report("recurrent", _with_floor(rows, peak), args, meta | {"fma_peak_gmacs": peak})
     if getattr(args, "no_corpus", False):
         return rows
     return rows + _report("corpus", [r for c in _corpus_cases(args) for r in _run_case(c, args, target)], args, meta)
+
+
+def _pool_threads() -> int:
+    return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+
+
+def _fma_peak(module_for, threads: int | None = None) -> float | None:
+    """This machine's float32 FMA peak in GMAC/s on `threads` (default TVM's pool) threads (`fma_floor`),
+    `module_for(threads)` its kernel; None (no floor columns) where it cannot be built or loaded."""
+    try:
+        threads = threads or _pool_threads()
+        peak = fma_floor.measure(module_for(threads), threads)
+    except Exception as err:  # noqa: BLE001 - the floor is an extra column, never the reason a run fails
+        print(f"FMA peak not measured: {_error_line(err)}")
+        return None
+    print(f"float32 FMA peak, {threads} threads: {peak:.1f} GMAC/s (the floor columns: a node's multiply-adds "
+          f"at this rate)")
+    return peak
+
+
+def _with_floor(rows: list[dict], peak: float | None) -> list[dict]:
+    """Node rows with their FMA floor (`fma_floor.floor_columns`)."""
+    if peak:
+        for r in rows:
+            if r.get("case") == "node":
+                r.update(fma_floor.floor_columns(r, peak))
+    return rows
 
 
 def _run_case(case: Case, args, target) -> list[dict]:
@@ -404,9 +439,22 @@ def build(out_dir, args) -> Path:
     for case in itertools.chain(_recurrent_cases(args), corpus):
         index["cases"].append(_build_case(case, out, target, export))
         (out / "index.json").write_text(json.dumps(index, indent=1))
+    threads = int(getattr(args, "threads", None) or _cores_of(target))
+    fma_floor.build(threads, target).export_library(str(out / FMA_PEAK_SO))
+    index["fma_peak_threads"] = threads
+    (out / "index.json").write_text(json.dumps(index, indent=1))
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"{out}: {len(index['cases'])} cases for {target}, {size / 1e6:.1f} MB")
     return out
+
+
+FMA_PEAK_SO = "fma_peak.so"
+
+
+def _cores_of(target) -> int:
+    """The cores a --cpu-target names (`-num-cores`), else this machine's."""
+    cores = target.attrs.get("num-cores", None) if target.attrs is not None else None
+    return int(cores) if cores else (os.cpu_count() or 1)
 
 
 def _build_case(case: Case, out: Path, target, export) -> dict:
@@ -457,11 +505,17 @@ def run_prebuilt(root, out_dir, args) -> list[dict]:
     root = Path(root)
     index = json.loads((root / "index.json").read_text())
     meta = _meta(index["target"]) | {"built_on": index.get("built_on"), "cpu_target": index.get("cpu_target")}
-    rows = []
+    rows, peak = [], None
+    if (root / FMA_PEAK_SO).exists():
+        import tvm
+
+        peak = _fma_peak(lambda threads: tvm.runtime.load_module(str(root / FMA_PEAK_SO)),
+                         index.get("fma_peak_threads"))
+        meta["fma_peak_gmacs"] = peak
     for table in TABLES:
         entries = [e for e in index["cases"] if e["table"] == table and _selected(e["runs"][0]["row"], args)]
-        rows += _report(table, [r for e in entries for r in _run_entry(root, e, args, load_model)], args, meta,
-                        out_dir)
+        rows += _report(table, _with_floor([r for e in entries for r in _run_entry(root, e, args, load_model)],
+                                           peak), args, meta, out_dir)
     return rows
 
 
