@@ -373,3 +373,25 @@ def test_persistent_knob_errors():
     with pytest.raises(TvmseqError, match="needs 1 Activation"):
         engine.persistent_gru_func(1, 2, 8, "float32", 1, "forward", [Activation.make("Tanh")] * 2, None, False,
                                    "llvm", cell="rnn")
+
+
+@needs_compiler
+@pytest.mark.parametrize("kernel", ["engine", "staged", "stack", "rows_stack"])
+def test_gates_on_fast_intrinsics_on_the_gpu(kernel):
+    """The GRU kernels' CUDA computes sigmoid / tanh on __expf / __fdividef (cells.fast_math_for), and the
+    accurate expf / tanhf with fast_math=False; their CPU variants (the numerics tests here) stay accurate."""
+    from tvmseq.kernels.recurrent import mma as pm, rows, stack
+    from tvmseq.targets import resolve
+
+    tgt = resolve("cuda")
+    build = {"engine": lambda fm: engine.persistent_gru_func(1, 5, 100, "float32", 1, "forward", None, None, False,
+                                                             tgt, fast_math=fm),
+             "staged": lambda fm: pm.persistent_mma_func(1, 9, 200, "float16", "forward", None, None, False, tgt,
+                                                         fast_math=fm),
+             "stack": lambda fm: stack.stacked_gru_func(2, 1, 100, "float32", tgt, fast_math=fm),
+             "rows_stack": lambda fm: rows.stacked_gru_rows_func(2, 3, 64, "float32", tgt, fast_math=fm)}[kernel]
+    for fast_math in (None, False):
+        func = build(fast_math).with_attr("global_symbol", "k")
+        src = tvm.compile(tvm.IRModule({"k": func}), target=tgt).mod.imports[0].inspect_source()
+        accurate = "tanhf(" in src.replace("htanh, tanhf", "")
+        assert ("__expf(" in src and "__fdividef(" in src) == (fast_math is None) and accurate == (fast_math is False)

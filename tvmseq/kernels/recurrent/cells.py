@@ -35,7 +35,7 @@ def check_acts(acts, D, cell="gru"):
     return acts
 
 
-# LSTMs on the GPU: sigmoid and tanh on CUDA's fast intrinsics (`activations.fast_sigmoid`, absolute error < 6e-7).
+# Recurrences on the GPU: sigmoid and tanh on CUDA's fast intrinsics (`activations.fast_sigmoid`, absolute error < 6e-7).
 # The gate math is on the critical path of every step: the accurate expf / tanhf / IEEE division were ~100
 # instructions a thread a step. Measured on an H200 (2026-11-28, each cell's pick built both ways, recurrence us a
 # step, accurate -> fast; max error of Y against a float64 LSTM): float16 batch 8 H128 0.812 -> 0.589, H512 1.670 ->
@@ -46,8 +46,8 @@ FAST_MATH_DTYPES = ("float16", "float32")
 
 
 def fast_math_for(dtype: str, gpu: bool, fast_math: bool | None = None) -> bool:
-    """Whether a persistent kernel (engine, staged-state, warpgroup) computes its LSTM gates on the fast
-    intrinsics: `fast_math` when given (a benchmark's A/B), else float16 on a GPU (a CPU variant keeps the
+    """Whether a recurrent kernel (engine, staged-state, warpgroup, stacks, one step) computes its gates on
+    the fast intrinsics: `fast_math` when given (a benchmark's A/B), else on a GPU (a CPU variant keeps the
     accurate functions)."""
     return gpu and (dtype in FAST_MATH_DTYPES if fast_math is None else fast_math)
 
@@ -77,10 +77,11 @@ def clip_fn(clip):
     return lambda x: T.min(T.max(x, T.float32(-c_)), T.float32(c_))
 
 
-def cell_math(acts, D: int, NG: int, clip):
+def cell_math(acts, D: int, NG: int, clip, fast: bool = False):
     """(f, g, clip) of a GRU (NG = 3) / RNN (NG = 1) kernel body: f(d, x) and g(d, x) the activations of
-    direction d (an if_then_else when the two directions differ; g None for an RNN), clip(x) the ONNX clip."""
-    fns = direction_activations(acts, D)
+    direction d (an if_then_else when the two directions differ; g None for an RNN), clip(x) the ONNX clip;
+    `fast`: `fast_math_for`."""
+    fns = direction_activations(acts, D, fast)
     return fns[0], (fns[1] if NG == 3 else None), clip_fn(clip)
 
 

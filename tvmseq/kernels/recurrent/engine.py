@@ -214,14 +214,16 @@ def weight_row_of_slot(passes, WS: int, BC: int):
 
 def persistent_gru_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, clip,
                         has_seq_lens: bool, target, config=None, slots: int = 2, poll=None,
-                        paired_buffers: bool = True, syncwarp_before_barrier: bool = False, cell: str = "gru"):
+                        paired_buffers: bool = True, syncwarp_before_barrier: bool = False, cell: str = "gru",
+                        fast_math: bool | None = None):
     """prim_func(gate_i, R, rb_h, seq_lens, h0, Y, Y_h) for all steps of a GRU node (see module doc).
     slots: LL slots per state buffer (2 suffice, see the module doc; more give producers slack);
-    poll: recurrent_gemm.PollOptions of the hand-off waits (default: lane-0 reports)."""
+    poll: recurrent_gemm.PollOptions of the hand-off waits (default: lane-0 reports); fast_math:
+    `cells.fast_math_for`."""
     if cell not in GATES:
         raise TvmseqError(f"persistent recurrence: cell must be one of {tuple(GATES)}, got {cell!r}")
     return engine_func(D, B, H, dtype, lbr, directions, acts, clip, has_seq_lens, target, config, slots, poll,
-                       paired_buffers, syncwarp_before_barrier, cell)
+                       paired_buffers, syncwarp_before_barrier, cell, fast_math=fast_math)
 
 
 def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, clip, has_seq_lens: bool,
@@ -272,7 +274,8 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
     f32 = lambda x: rg.f32(x, dtype)  # noqa: E731
 
     # ---- per-direction math ---------------------------------------------------------------------
-    f_act, g_act, clipf = cell_math(acts, D, NG, clip)
+    fast = fast_math_for(dtype, gpu, fast_math)
+    f_act, g_act, clipf = cell_math(acts, D, NG, clip, fast)
     if directions == "forward":
         is_rev = lambda d: False  # noqa: E731
     elif directions == "reverse":
@@ -439,7 +442,7 @@ def engine_func(D: int, B: int, H: int, dtype: str, lbr, directions: str, acts, 
                                                                    T.float32(0)))
 
     # ---- the LSTM cell: c beside h (same items, same thread), peepholes in registers -------------------
-    lstm_fns = direction_activations(acts, D, fast_math_for(dtype, gpu, fast_math)) if NG == 4 else None
+    lstm_fns = direction_activations(acts, D, fast) if NG == 4 else None
     has_peepholes = bool(lstm and lstm.has_peepholes)
 
     def peephole(ps, i):

@@ -735,7 +735,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     # one half of the state double buffer (dtype): [D, Bp, Hp], or the staging image [D, NCH, NW, PARTS, MC, SROW]
     buf_words = D * Bp * (KG * PARTS * SROW if IMAGE else Hp)
 
-    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip)
+    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip, cells.fast_math_for(dtype, gpu, fast_math))
 
     time_index = cells.time_index_fn(directions)
     length = cells.row_length(has_seq_lens, B)

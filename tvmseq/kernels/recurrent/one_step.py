@@ -58,7 +58,7 @@ def one_step_func(cell: str, spec, target_json: str):
     from tvm.script import tirx as T
 
     from ..recurrent_gemm import f32, scheduled
-    from .cells import CELL_GATES, LstmCell, check_acts, clip_fn, direction_activations
+    from .cells import CELL_GATES, LstmCell, check_acts, clip_fn, direction_activations, fast_math_for
 
     why = applies(cell, spec)
     if why is not None:
@@ -68,7 +68,7 @@ def one_step_func(cell: str, spec, target_json: str):
     NG = CELL_GATES[cell]
     D, B, H, I, dtype = spec.num_directions, int(spec.batch), spec.hidden, spec.input_size, spec.dtype
     acts = check_acts(spec.activations, D, cell)
-    fns = direction_activations(acts, D)
+    fns = direction_activations(acts, D, fast_math_for(dtype, gpu))
     clip = clip_fn(spec.clip)
     lstm = LstmCell(bool(getattr(spec, "input_forget", 0)), bool(getattr(spec, "has_peepholes", False)))
     WS = 32 if gpu else 1

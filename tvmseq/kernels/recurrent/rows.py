@@ -184,20 +184,20 @@ def rows_fit(L: int, B: int, H: int, target, config: RowSplitConfig | None = Non
 
 
 def stacked_gru_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
-                          slots: int = 8):
+                          slots: int = 8, fast_math: bool | None = None):
     """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) named "gru_stack": `stack.stacked_gru_func`'s interface
     and numerics with the row-split work division (module doc)."""
-    return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "gru", None)
+    return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "gru", None, fast_math)
 
 
 def stacked_lstm_rows_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
-                           slots: int = 8, lstm=None):
+                           slots: int = 8, lstm=None, fast_math: bool | None = None):
     """prim_func(gate_i0, R, W, bias_i, P, h0, c0, Y, Y_h, Y_c) named "lstm_stack": a pipelined stack of L
     forward LSTM layers (`stack.stacked_lstm_func`'s interface). acts: [f, g, h] Activations shared
     by every layer; lstm: the cell's update math (`cells.LstmCell`: input_forget, peepholes)."""
     from .cells import LstmCell
 
-    return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "lstm", lstm or LstmCell())
+    return _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, "lstm", lstm or LstmCell(), fast_math)
 
 
 def stack_prim_func(body, cell: str, L: int, LW: int, B: int, H: int, dtype: str):
@@ -275,22 +275,24 @@ def progress_macros(L: int, G: int, S: int, NC: int, ll_words: int):
     return reset, wait_for_next_layer, publish
 
 
-def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
+def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm, fast_math=None):
     """The row-split stack kernel of a cell: the staging, compute, reduction and hand-off are shared; the
     cell brings its weight rows (NG per matrix), the sum each row adds into, its states, the update math
     and its prim_func signature."""
     from tvm.script import tirx as T
 
     from .. import recurrent_gemm as rg
-    from .cells import clip_fn, direction_activations
+    from .cells import clip_fn, direction_activations, fast_math_for
 
     target = resolve(target)
     gpu = is_gpu(target)
+    fast = fast_math_for(dtype, gpu, fast_math)
     label = "GRU" if cell == "gru" else "LSTM"
     if cell == "gru":
         f_act, g_act = acts or (Activation.make("Sigmoid"), Activation.make("Tanh"))
     else:
-        lstm_fns = direction_activations(list(acts or [Activation.make(a) for a in ("Sigmoid", "Tanh", "Tanh")]), 1)
+        lstm_fns = direction_activations(list(acts or [Activation.make(a) for a in ("Sigmoid", "Tanh", "Tanh")]), 1,
+                                         fast)
     config = config or default_rows_config(L, B, H, target, cell)
     geo = RowGeometry(L, B, H, config, 32 if gpu else 1, cell)
     why = geo.check(rg.gpu_facts(target) if gpu else None)
@@ -409,9 +411,9 @@ def _rows_kernel(L, B, H, dtype, target, acts, clip, config, slots, cell, lstm):
                 gr = T.meta_var(T.if_then_else(l == 0, GI0[s, bq, H + jq], BI[lq, H + jq]))
                 gh = T.meta_var(T.if_then_else(l == 0, GI0[s, bq, 2 * H + jq], BI[lq, 2 * H + jq] + red[w, a + 3]))
                 h = T.meta_var(hs[hrow, c * FI + i])
-                z = T.meta_var(f_act.expr(clipf(gz + red[w, a])))
-                r = T.meta_var(f_act.expr(clipf(gr + red[w, a + 1])))
-                hh = T.meta_var(g_act.expr(clipf(gh + r * (red[w, a + 2] + RbH[l, jq]))))
+                z = T.meta_var(f_act.expr(clipf(gz + red[w, a]), fast))
+                r = T.meta_var(f_act.expr(clipf(gr + red[w, a + 1]), fast))
+                hh = T.meta_var(g_act.expr(clipf(gh + r * (red[w, a + 2] + RbH[l, jq])), fast))
                 hn = (T.float32(1) - z) * hh + z * h
                 Y[l, s, b, j] = T.Cast(dtype, hn)
                 hs[hrow, c * FI + i] = hn

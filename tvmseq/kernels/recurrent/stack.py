@@ -128,7 +128,7 @@ def check_stack_args(name: str, L: int, B: int, H: int, dtype: str, slots: int) 
 
 
 def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, config=None,
-                     slots: int = DEFAULT_SLOTS):
+                     slots: int = DEFAULT_SLOTS, fast_math: bool | None = None):
     """prim_func(gate_i0, R, W, bias_i, rb_h, h0, Y, Y_h) for a pipelined stack of L GRU layers (module doc).
     acts: (f, g) Activations shared by every layer (default sigmoid, tanh); clip: shared cell clip.
     config: a recurrent_gemm.PersistentConfig (this module's k-split engine) or a
@@ -136,7 +136,7 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
     from tvm.script import tirx as T
 
     from .. import recurrent_gemm as rg
-    from .cells import clip_fn
+    from .cells import clip_fn, fast_math_for
     from .engine import finished_item, make_engine_pass, require_fit
     from .rows import RowSplitConfig, progress_macros, stack_prim_func, stacked_gru_rows_func
 
@@ -145,8 +145,9 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
     check_stack_args("stacked GRU", L, B, H, dtype, slots)
     config = config or default_config(L, B, H, dtype, target)
     if isinstance(config, RowSplitConfig):
-        return stacked_gru_rows_func(L, B, H, dtype, target, acts, clip, config, slots)
+        return stacked_gru_rows_func(L, B, H, dtype, target, acts, clip, config, slots, fast_math)
     f_act, g_act = acts or (Activation.make("Sigmoid"), Activation.make("Tanh"))
+    fast = fast_math_for(dtype, gpu, fast_math)
     geo = _geometry(B, H, config, gpu)
     why = stack_fits(geo, rg.gpu_facts(target), L) if gpu else geo.check(None, 0)
     require_fit(geo, H, why, "stacked GRU", f"L={L} B={B} H={H} {dtype}")
@@ -225,9 +226,9 @@ def stacked_gru_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip
                 gh = T.meta_var(T.if_then_else(l == 0, GI0[s, T.min(b, B - 1), 2 * H + T.min(j, H - 1)],
                                                BI[T.max(l - 1, 0), 2 * H + j] + gate(red_i, 2, v)))
                 h = T.meta_var(hs[hrow, c * fin_iters + i])
-                z = T.meta_var(f_act.expr(clipf(gz + gate(red_r, 0, v))))
-                r = T.meta_var(f_act.expr(clipf(gr + gate(red_r, 1, v))))
-                hh = T.meta_var(g_act.expr(clipf(gh + r * (gate(red_r, 2, v) + RbH[l, j]))))
+                z = T.meta_var(f_act.expr(clipf(gz + gate(red_r, 0, v)), fast))
+                r = T.meta_var(f_act.expr(clipf(gr + gate(red_r, 1, v)), fast))
+                hh = T.meta_var(g_act.expr(clipf(gh + r * (gate(red_r, 2, v) + RbH[l, j])), fast))
                 hn = (T.float32(1) - z) * hh + z * h
                 Y[l, s, b, j] = T.Cast(dtype, hn)
                 hs[hrow, c * fin_iters + i] = hn
@@ -333,7 +334,8 @@ def lstm_fits_on_chip(L: int, B: int, H: int, dtype: str, target=None, config=No
 
 
 def stacked_lstm_func(L: int, B: int, H: int, dtype: str, target, acts=None, clip=None, input_forget: bool = False,
-                      has_peepholes: bool = False, config=None, slots: int = DEFAULT_SLOTS):
+                      has_peepholes: bool = False, config=None, slots: int = DEFAULT_SLOTS,
+                      fast_math: bool | None = None):
     """prim_func(gate_i0, R, W, bias_i, P, h0, c0, Y, Y_h, Y_c) named "lstm_stack" for a pipelined stack of L
     forward LSTM layers (interface above). acts: [f, g, h] Activations shared by every layer (default sigmoid,
     tanh, tanh); clip: shared cell clip; input_forget / has_peepholes: `cells.LstmCell`'s options,
@@ -348,4 +350,4 @@ def stacked_lstm_func(L: int, B: int, H: int, dtype: str, target, acts=None, cli
     if acts is not None and len(acts) != 3:
         raise TvmseqError(f"stacked LSTM: needs 3 activations (f, g, h), got {len(acts)}")
     return stacked_lstm_rows_func(L, B, H, dtype, target, acts, clip, config, slots,
-                                  LstmCell(bool(input_forget), bool(has_peepholes)))
+                                  LstmCell(bool(input_forget), bool(has_peepholes)), fast_math)

@@ -229,7 +229,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     WORDS = D * NCH * NKB * MC * KB   # one half of the state double buffer (halfs)
     TILE_BYTES = MC * KB * 2
     unroll = T.unroll if gpu else T.serial
-    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip)
+    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip, cells.fast_math_for(dtype, gpu, fast_math))
     length = cells.row_length(has_seq_lens, B)
     time_index = cells.time_index_fn(directions)
 
