@@ -212,3 +212,4 @@ def test_auto_pipelines_only_where_measured_faster():
     assert not lstm_pipelined(2, 64, 512, "float32", cuda, "auto")
     assert not lstm_pipelined(3, 8, 512, "float32", cuda, "auto")
     assert not lstm_pipelined(2, 8, 512, "float32", resolve("llvm"), "auto")
+    assert not lstm_pipelined(2, 8, 512, "float16", cuda, "auto")      # its layers one by one are faster

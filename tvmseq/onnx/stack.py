@@ -289,17 +289,23 @@ def _lstm_stack_kernel(L: int, B: int, H: int, dtype: str, target_json: str):
 # faster at batch 8 with layers x hidden <= 1024 (2x256 3.24/4.61, 2x512 4.97/6.00, 4x256 3.26/9.20), even at
 # batch 1 (2x512 2.57/2.57), slower at batch 64 (2x512 39.8/20.2) and at 3x512 B8 (28.9/9.0: its default schedule
 # has too few blocks a layer).
+# float16 no longer (NVIDIA H200, 2026-11-28, with the gate_m staged kernel and the fast gate intrinsics: 2x512 B8
+# pipelined 3.60 / layer by layer 2.69 us; fp32 3.99 / 4.13, 2x256 B8 2.51 / 3.32, 4x256 B8 2.71 / 6.84;
+# `artifacts/bench/lstm_stack_fast_math_2026-11-28.json`)
 LSTM_STACK_MAX_BATCH = 8
 LSTM_STACK_MAX_LAYERS_X_HIDDEN = 1024
+LSTM_STACK_DTYPES = ("float32",)
 
 
 def lstm_pipelined(L: int, B, H: int, dtype: str, target, mode: str, seq=None) -> bool:
     """Whether an LSTM stack runs as one pipelined kernel: 'auto' where it was measured faster than the layers one
-    by one (batch <= LSTM_STACK_MAX_BATCH, layers x hidden <= LSTM_STACK_MAX_LAYERS_X_HIDDEN), on a GPU, when the
-    LSTM stack kernel fits, and the time axis is not a static 1 (`_one_step`)."""
+    by one (batch <= LSTM_STACK_MAX_BATCH, layers x hidden <= LSTM_STACK_MAX_LAYERS_X_HIDDEN, a dtype of
+    LSTM_STACK_DTYPES), on a GPU, when the LSTM stack kernel fits, and the time axis is not a static 1
+    (`_one_step`)."""
     if not isinstance(B, int) or (mode == "auto" and _one_step(seq)):
         return False
-    if mode == "auto" and (not is_gpu(target) or B > LSTM_STACK_MAX_BATCH or L * H > LSTM_STACK_MAX_LAYERS_X_HIDDEN):
+    if mode == "auto" and (not is_gpu(target) or B > LSTM_STACK_MAX_BATCH or L * H > LSTM_STACK_MAX_LAYERS_X_HIDDEN
+                           or dtype not in LSTM_STACK_DTYPES):
         return False
     return stack_kernels.lstm_fits_on_chip(L, B, H, dtype, target)[0]
 
