@@ -329,3 +329,31 @@ def test_choose_path_follows_the_measured_path_database():
     assert path == "persistent_mma" and "measured" in why
     assert paths.choose_lstm_path(1, 64, 128, "float16", h100)[0] == "persistent_mma"
     assert paths.measured_path(1, 3, 37, "float32") is None
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_recurrence_refuses_more_steps_than_32_bit_indices(cell, monkeypatch):
+    """gate_i [D, seq, B, G] and Y are indexed in 32 bits: past 2^31 values the kernel is refused on the host, one
+    line saying how many steps fit (here the limit lowered to 150 steps of 2 x 4H values)."""
+    import tvm
+
+    from tvmseq.kernels.recurrent import cells, engine
+
+    G = 4 if cell == "lstm" else 3
+    monkeypatch.setattr(cells, "INDEX_LIMIT", 2 * G * 8 * 150 + 1)
+    func = (engine.persistent_lstm_func(1, 2, 8, "float32", "forward", target="llvm") if cell == "lstm" else
+            engine.persistent_gru_func(1, 2, 8, "float32", 1, "forward", None, None, False, "llvm"))
+    run = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")["k"]
+
+    def call(seq):
+        f32 = lambda *s: tvm.runtime.tensor(np.random.rand(*s).astype("float32"))  # noqa: E731
+        lens = tvm.runtime.tensor(np.full(2, seq, "int32"))
+        if cell == "lstm":
+            run(f32(1, seq, 2, 32), f32(1, 32, 8), f32(1, 24), lens, f32(1, 2, 8), f32(1, 2, 8), f32(seq, 1, 2, 8),
+                f32(1, 2, 8), f32(1, 2, 8))
+        else:
+            run(f32(1, seq, 2, 24), f32(1, 24, 8), f32(1, 8), lens, f32(1, 2, 8), f32(seq, 1, 2, 8), f32(1, 2, 8))
+
+    call(150)
+    with pytest.raises(Exception, match=f"{cell.upper()} recurrence .* at most 150 steps"):
+        call(151)

@@ -121,6 +121,10 @@ def projection_mma_func(D: int, N: int, K: int, gpu: bool = True, tile: MmaGemmT
                         "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, mt * 8, bfrag.data, nt * 4,
                         acc.data, (mt * NT8 + nt) * 4, False, dtype="float32"))
 
+    from .tf32x3 import rows_check
+
+    check_rows = rows_check(max(K, D * N), f"mma input projection (K {K}, {D} x {N} gate rows)")
+
     @T.prim_func
     def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
         rows = T.int32()
@@ -128,6 +132,7 @@ def projection_mma_func(D: int, N: int, K: int, gpu: bool = True, tile: MmaGemmT
         Wb = T.match_buffer(w, (D, N, K), "float16")
         Bias = T.match_buffer(bias, (D, N), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
+        check_rows(rows)
         if gpu:   # a compile-time branch: one signature for both variants
             for bz in T.thread_binding(D, thread="blockIdx.z"):
                 for by in T.thread_binding(N // BN, thread="blockIdx.y"):

@@ -43,6 +43,24 @@ def split_array(a: np.ndarray) -> np.ndarray:
 INDEX_LIMIT = 1 << 31
 
 
+def rows_check(row_values: int, what: str):
+    """T.macro(rows): refuses on the host, before a projection kernel runs, more rows than keep rows x row_values
+    (the most values a row becomes in any of its tensors) under 2^31, one line naming `what`."""
+    from tvm.script import tirx as T
+
+    from ...onnx.checks import ERROR_KIND
+
+    max_rows = (INDEX_LIMIT - 1) // row_values
+    message = (f"{what}: {row_values} values a row and its kernels index in 32 bits: at most {max_rows} rows "
+               f"(sequence x batch); run the sequence in shorter pieces")
+
+    @T.macro
+    def check(rows):
+        assert rows <= max_rows, (ERROR_KIND, [message])
+
+    return check
+
+
 def split_func(K: int, Kp: int | None = None, row_values: int | None = None, what: str = ""):
     """prim_func(x [rows, K] f32, xs [2, rows, Kp] f32): xs[0] = tf32(x), xs[1] = tf32(x - xs[0]), zeros in the
     columns [K, Kp) (Kp: K padded to the projection's k step; default K); rows symbolic. An elementwise block

@@ -255,6 +255,10 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
 
     x_shape, w_shape = ((2, None, K), (2, D, Np, K)) if split else ((None, K), (D, N, K))
 
+    from .tf32x3 import rows_check
+
+    check_rows = rows_check(max(K, D * Np), f"warpgroup input projection (K {K}, {D} x {N} gate rows)")
+
     @T.prim_func
     def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
         rows = T.int32()
@@ -262,6 +266,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         Wb = T.match_buffer(w, w_shape, dt)
         Bias = T.match_buffer(bias, (D, N), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, N), gate_dtype)
+        check_rows(rows)
         # blockIdx.x walks the gate-row tiles: the blocks running together share X rows (read from DRAM once)
         # and re-read W (the smaller operand) from L2; the other order streamed X once per gate-row tile
         for bz in T.thread_binding(D, thread="blockIdx.z"):

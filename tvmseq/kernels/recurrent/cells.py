@@ -148,6 +148,10 @@ def lstm_activations(acts, D: int):
         raise TvmseqError(f"persistent LSTM: activations: {err}") from None
 
 
+# the persistent kernels index gate_i and Y in 32 bits
+INDEX_LIMIT = 1 << 31     # = projection.tf32x3.INDEX_LIMIT; here so that a test can lower it for these kernels
+
+
 def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, gi_dtype: str = "float32"):
     """The prim_func of a persistent kernel (`engine`, `mma`, `wgmma`) with the interface of `cell`: GRU / RNN
     (gate_i, R, rb_h, seq_lens, h0, Y, Y_h), LSTM (gate_i, R, P, seq_lens, h0, c0, Y, Y_h, Y_c); gate_i of
@@ -155,7 +159,15 @@ def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, 
     kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, seq), None for the buffers the cell lacks."""
     from tvm.script import tirx as T
 
+    from ...onnx.checks import ERROR_KIND
+
     G3 = CELL_GATES[cell] * H
+    # gate_i [D, seq, B, G3] and Y [seq, D, B, H] are indexed in 32 bits: checked on the host before the kernel
+    step_values = D * B * G3
+    max_steps = (INDEX_LIMIT - 1) // step_values
+    message = (f"{cell.upper()} recurrence (hidden {H}, batch {B}, {D} direction(s)): gate_i holds {step_values} "
+               f"values a step and its kernels index in 32 bits: at most {max_steps} steps; run the sequence in "
+               f"shorter pieces")
     if cell == "lstm":
         @T.prim_func
         def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
@@ -170,6 +182,7 @@ def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, 
             Y = T.match_buffer(y, (seq, D, B, H), dtype)
             Yh = T.match_buffer(y_h, (D, B, H), dtype)
             Yc = T.match_buffer(y_c, (D, B, H), dtype)
+            assert seq <= max_steps, (ERROR_KIND, [message])
             kernel(GI, Rw, None, Pw, Lens, H0, C0, Y, Yh, Yc, seq)
 
         return main
@@ -185,6 +198,7 @@ def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, 
         H0 = T.match_buffer(h0, (D, B, H), "float32")
         Y = T.match_buffer(y, (seq, D, B, H), dtype)
         Yh = T.match_buffer(y_h, (D, B, H), dtype)
+        assert seq <= max_steps, (ERROR_KIND, [message])
         kernel(GI, Rw, RbH, None, Lens, H0, None, Y, Yh, None, seq)
 
     return main
