@@ -151,3 +151,24 @@ def test_prebuilt_odd_stacks_on_gpu():
     assert any(e.get("odd") for e in index["configs"]), "payload has no odd-size kernels"
     mod = PrebuiltModules(STACK_PREBUILT).get(f"{NAME}.so")
     assert check_kernels(mod, index) == []
+
+
+def test_stack_refuses_more_steps_than_32_bit_indices(monkeypatch):
+    """The stack kernel's gate_i0 [seq, B, 3H] and Y [L, seq, B, H] are indexed in 32 bits: past 2^31 values it is
+    refused on the host with one line (here the limit lowered to 150 steps of B x max(3H, L x H) = 48 values)."""
+    import tvm
+
+    from tvmseq.kernels.recurrent import cells, stack
+
+    monkeypatch.setattr(cells, "INDEX_LIMIT", 48 * 150 + 1)
+    func = stack.stacked_gru_func(2, 2, 8, "float32", "llvm")
+    run = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")["k"]
+
+    def call(seq):
+        f32 = lambda *s: tvm.runtime.tensor(np.random.rand(*s).astype("float32"))  # noqa: E731
+        run(f32(seq, 2, 24), f32(2, 24, 8), f32(1, 24, 8), f32(1, 24), f32(2, 8), f32(2, 2, 8), f32(2, seq, 2, 8),
+            f32(2, 2, 8))
+
+    call(150)
+    with pytest.raises(Exception, match="2-layer GRU stack .* at most 150 steps"):
+        call(151)

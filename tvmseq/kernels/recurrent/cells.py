@@ -152,6 +152,24 @@ def lstm_activations(acts, D: int):
 INDEX_LIMIT = 1 << 31     # = projection.tf32x3.INDEX_LIMIT; here so that a test can lower it for these kernels
 
 
+def steps_check(what: str, step_values: int):
+    """T.macro(seq): refuses on the host, before a recurrence kernel runs, more steps than keep seq x step_values
+    (the most values a step adds to any of its tensors) under 2^31, one line naming `what`."""
+    from tvm.script import tirx as T
+
+    from ...onnx.checks import ERROR_KIND
+
+    max_steps = (INDEX_LIMIT - 1) // step_values
+    message = (f"{what}: {step_values} values a step and its kernels index in 32 bits: at most {max_steps} "
+               f"steps; run the sequence in shorter pieces")
+
+    @T.macro
+    def check(seq):
+        assert seq <= max_steps, (ERROR_KIND, [message])
+
+    return check
+
+
 def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, gi_dtype: str = "float32"):
     """The prim_func of a persistent kernel (`engine`, `mma`, `wgmma`) with the interface of `cell`: GRU / RNN
     (gate_i, R, rb_h, seq_lens, h0, Y, Y_h), LSTM (gate_i, R, P, seq_lens, h0, c0, Y, Y_h, Y_c); gate_i of
@@ -159,15 +177,9 @@ def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, 
     kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, seq), None for the buffers the cell lacks."""
     from tvm.script import tirx as T
 
-    from ...onnx.checks import ERROR_KIND
-
     G3 = CELL_GATES[cell] * H
     # gate_i [D, seq, B, G3] and Y [seq, D, B, H] are indexed in 32 bits: checked on the host before the kernel
-    step_values = D * B * G3
-    max_steps = (INDEX_LIMIT - 1) // step_values
-    message = (f"{cell.upper()} recurrence (hidden {H}, batch {B}, {D} direction(s)): gate_i holds {step_values} "
-               f"values a step and its kernels index in 32 bits: at most {max_steps} steps; run the sequence in "
-               f"shorter pieces")
+    check_steps = steps_check(f"{cell.upper()} recurrence (hidden {H}, batch {B}, {D} direction(s))", D * B * G3)
     if cell == "lstm":
         @T.prim_func
         def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,
@@ -182,7 +194,7 @@ def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, 
             Y = T.match_buffer(y, (seq, D, B, H), dtype)
             Yh = T.match_buffer(y_h, (D, B, H), dtype)
             Yc = T.match_buffer(y_c, (D, B, H), dtype)
-            assert seq <= max_steps, (ERROR_KIND, [message])
+            check_steps(seq)
             kernel(GI, Rw, None, Pw, Lens, H0, C0, Y, Yh, Yc, seq)
 
         return main
@@ -198,7 +210,7 @@ def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, 
         H0 = T.match_buffer(h0, (D, B, H), "float32")
         Y = T.match_buffer(y, (seq, D, B, H), dtype)
         Yh = T.match_buffer(y_h, (D, B, H), dtype)
-        assert seq <= max_steps, (ERROR_KIND, [message])
+        check_steps(seq)
         kernel(GI, Rw, RbH, None, Lens, H0, None, Y, Yh, None, seq)
 
     return main

@@ -206,9 +206,11 @@ def stack_prim_func(body, cell: str, L: int, LW: int, B: int, H: int, dtype: str
     the cell's buffers (BI, RbH, H0, Y, Yh) or (BI, Pw, H0, C0, Y, Yh, Yc). LW: the layers with an input W (L - 1)."""
     from tvm.script import tirx as T
 
-    from .cells import CELL_GATES
+    from .cells import CELL_GATES, steps_check
 
     G3 = CELL_GATES[cell] * H
+    # gate_i0 [seq, B, G3] and Y [L, seq, B, H] are indexed in 32 bits
+    check_steps = steps_check(f"{L}-layer {cell.upper()} stack (hidden {H}, batch {B})", B * max(G3, L * H))
     if cell == "gru":
         @T.prim_func
         def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
@@ -222,6 +224,7 @@ def stack_prim_func(body, cell: str, L: int, LW: int, B: int, H: int, dtype: str
             H0 = T.match_buffer(h0, (L, B, H), "float32")
             Y = T.match_buffer(y, (L, seq, B, H), dtype)
             Yh = T.match_buffer(y_h, (L, B, H), dtype)
+            check_steps(seq)
             body(GI0, Rw, Ww, (BI, RbH, H0, Y, Yh), seq)
 
         return main
@@ -240,6 +243,7 @@ def stack_prim_func(body, cell: str, L: int, LW: int, B: int, H: int, dtype: str
         Y = T.match_buffer(y, (L, seq, B, H), dtype)
         Yh = T.match_buffer(y_h, (L, B, H), dtype)
         Yc = T.match_buffer(y_c, (L, B, H), dtype)
+        check_steps(seq)
         body(GI0, Rw, Ww, (BI, Pw, H0, C0, Y, Yh, Yc), seq)
 
     return main_lstm
