@@ -293,7 +293,7 @@ def test_split_refuses_more_rows_than_32_bit_offsets_reach():
     ok = np.ones((7, 8), np.float32)
     out = tvm.runtime.tensor(np.zeros((2, 7, 8), np.float32))
     split(tvm.runtime.tensor(ok), out)                      # 7 x 2^28 < 2^31
-    with pytest.raises(TvmseqError, match=r"ONNX node 'gru_0' \(GRU\): more rows .* at most 7 rows"):
+    with pytest.raises(TvmseqError, match=r"ONNX node 'gru_0' \(GRU\): 268435456 values a row .* at most 7 rows"):
         split(tvm.runtime.tensor(np.ones((8, 8), np.float32)), tvm.runtime.tensor(np.zeros((2, 8, 8), np.float32)))
 
 
@@ -304,4 +304,4 @@ def test_importer_checks_the_row_count_of_each_projection():
     model, _ = models.rnn_node_model("GRU", seq="frames", batch=4, input_size=64, hidden=128, direction="forward",
                                      linear_before_reset=1)
     text = from_onnx(model, target=H100).script(show_meta=False)
-    assert "(GRU): more rows (sequence x batch) than its kernels index in 32 bits: 384 values a row" in text
+    assert "(GRU): 384 values a row and its kernels index in 32 bits: at most 5592405 rows" in text

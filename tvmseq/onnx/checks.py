@@ -185,6 +185,21 @@ def emit_checked_copy(bb, attr, tensor, lo, hi, bound, message: str):
     return bb.emit(relax.call_tir(gv, args, relax.TensorType(tensor.ty.shape.values, dtype)))
 
 
+def index_limit_check(what: str, unit_values: int, unit: str, limit: int):
+    """T.macro(n): the host check a kernel whose tensors are indexed in 32 bits runs before it: n units (rows,
+    steps) of `unit_values` values each must stay under `limit` (2^31); else one line naming `what` and the most
+    units that fit."""
+    max_units = (limit - 1) // unit_values
+    message = (f"{what}: {unit_values} values a {unit} and its kernels index in 32 bits: at most {max_units} "
+               f"{unit}s; run the sequence in shorter pieces")
+
+    @T.macro
+    def check(n):
+        assert n <= max_units, (ERROR_KIND, [message])
+
+    return check
+
+
 def _int64(expr):
     """Shape dims and the vars bound here are int64 already; Python ints become int64 constants."""
     return tirx.const(expr, "int64") if isinstance(expr, int) else expr

@@ -44,21 +44,11 @@ INDEX_LIMIT = 1 << 31
 
 
 def rows_check(row_values: int, what: str):
-    """T.macro(rows): refuses on the host, before a projection kernel runs, more rows than keep rows x row_values
-    (the most values a row becomes in any of its tensors) under 2^31, one line naming `what`."""
-    from tvm.script import tirx as T
+    """T.macro(rows): refuses on the host, before a projection kernel runs, more rows (sequence x batch) than keep
+    rows x row_values (the most values a row becomes in any of its tensors) under 2^31, one line naming `what`."""
+    from ...onnx.checks import index_limit_check
 
-    from ...onnx.checks import ERROR_KIND
-
-    max_rows = (INDEX_LIMIT - 1) // row_values
-    message = (f"{what}: {row_values} values a row and its kernels index in 32 bits: at most {max_rows} rows "
-               f"(sequence x batch); run the sequence in shorter pieces")
-
-    @T.macro
-    def check(rows):
-        assert rows <= max_rows, (ERROR_KIND, [message])
-
-    return check
+    return index_limit_check(what, row_values, "row", INDEX_LIMIT)
 
 
 def split_func(K: int, Kp: int | None = None, row_values: int | None = None, what: str = ""):
@@ -69,12 +59,8 @@ def split_func(K: int, Kp: int | None = None, row_values: int | None = None, wha
     row_values must stay under 2^31, checked on the host before the kernel runs (one line naming `what`)."""
     from tvm.script import tirx as T
 
-    from ...onnx.checks import ERROR_KIND
-
     Kp = Kp or K
-    limit = row_values or 1
-    message = (f"{what}: more rows (sequence x batch) than its kernels index in 32 bits: {limit} values a row, "
-               f"at most {(INDEX_LIMIT - 1) // limit} rows; run the sequence in shorter pieces")
+    check_rows = rows_check(row_values or 1, what)
 
     def tf32(v):
         return T.reinterpret("float32", T.bitwise_and(T.reinterpret("uint32", v) + T.uint32(ROUND),
@@ -90,7 +76,7 @@ def split_func(K: int, Kp: int | None = None, row_values: int | None = None, wha
         rows = T.int32()
         X = T.match_buffer(x, (rows, K), "float32")
         XS = T.match_buffer(xs, (2, rows, Kp), "float32")
-        assert T.Cast("int64", rows) * T.int64(limit) < T.int64(INDEX_LIMIT), (ERROR_KIND, [message])
+        check_rows(rows)
         for m, k in T.grid(rows, Kp):
             with T.sblock("split"):
                 vm, vk = T.axis.remap("SS", [m, k])

@@ -155,19 +155,9 @@ INDEX_LIMIT = 1 << 31     # = projection.tf32x3.INDEX_LIMIT; here so that a test
 def steps_check(what: str, step_values: int):
     """T.macro(seq): refuses on the host, before a recurrence kernel runs, more steps than keep seq x step_values
     (the most values a step adds to any of its tensors) under 2^31, one line naming `what`."""
-    from tvm.script import tirx as T
+    from ...onnx.checks import index_limit_check
 
-    from ...onnx.checks import ERROR_KIND
-
-    max_steps = (INDEX_LIMIT - 1) // step_values
-    message = (f"{what}: {step_values} values a step and its kernels index in 32 bits: at most {max_steps} "
-               f"steps; run the sequence in shorter pieces")
-
-    @T.macro
-    def check(seq):
-        assert seq <= max_steps, (ERROR_KIND, [message])
-
-    return check
+    return index_limit_check(what, step_values, "step", INDEX_LIMIT)
 
 
 def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, gi_dtype: str = "float32"):
