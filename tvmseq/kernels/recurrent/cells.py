@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from ...errors import TvmseqError
 from ..activations import Activation
+# the persistent kernels index gate_i and Y in 32 bits (the name bound here: a test lowers it for these kernels)
+from ..projection.tf32x3 import INDEX_LIMIT
 
 GATES = {"gru": 3, "rnn": 1}
 # Weight rows per hidden unit of every cell: GATES (`engine.persistent_gru_func`) and the LSTM's rows i, o, f, c
@@ -148,8 +150,6 @@ def lstm_activations(acts, D: int):
         raise TvmseqError(f"persistent LSTM: activations: {err}") from None
 
 
-# the persistent kernels index gate_i and Y in 32 bits
-INDEX_LIMIT = 1 << 31     # = projection.tf32x3.INDEX_LIMIT; here so that a test can lower it for these kernels
 
 
 def steps_check(what: str, step_values: int):

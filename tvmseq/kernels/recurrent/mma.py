@@ -710,7 +710,8 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     check_args(D, B, H, dtype, directions, cell)
     target = resolve(target)
     gpu = is_gpu(target)
-    NG, acts, lstm, lstm_fns = staged_cell("mma", cell, acts, D, lstm, cells.fast_math_for(dtype, gpu, fast_math))
+    fast = cells.fast_math_for(dtype, gpu, fast_math)
+    NG, acts, lstm, lstm_fns = staged_cell("mma", cell, acts, D, lstm, fast)
     LSTM = cell == "lstm"
     PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell, dtype=dtype) if gpu else MmaConfig(chunk_rows=32))
@@ -735,7 +736,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
     # one half of the state double buffer (dtype): [D, Bp, Hp], or the staging image [D, NCH, NW, PARTS, MC, SROW]
     buf_words = D * Bp * (KG * PARTS * SROW if IMAGE else Hp)
 
-    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip, cells.fast_math_for(dtype, gpu, fast_math))
+    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip, fast)
 
     time_index = cells.time_index_fn(directions)
     length = cells.row_length(has_seq_lens, B)

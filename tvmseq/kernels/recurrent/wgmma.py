@@ -213,7 +213,8 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
         raise TvmseqError(f"persistent wgmma: gate_dtype {gate_dtype!r} not one of {GATE_DTYPES}")
     target = resolve(target)
     gpu = is_gpu(target)
-    NG, acts, lstm, lstm_fns = staged_cell("wgmma", cell, acts, D, lstm, cells.fast_math_for(dtype, gpu, fast_math))
+    fast = cells.fast_math_for(dtype, gpu, fast_math)
+    NG, acts, lstm, lstm_fns = staged_cell("wgmma", cell, acts, D, lstm, fast)
     LSTM = cell == "lstm"
     PEEP = LSTM and lstm.has_peepholes
     cfg = config or (default_config(D, B, H, target, cell) if gpu else WgmmaRecConfig(8, 1))
@@ -229,7 +230,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
     WORDS = D * NCH * NKB * MC * KB   # one half of the state double buffer (halfs)
     TILE_BYTES = MC * KB * 2
     unroll = T.unroll if gpu else T.serial
-    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip, cells.fast_math_for(dtype, gpu, fast_math))
+    f_act, g_act, clipf = cells.cell_math(acts, D, NG, clip, fast)
     length = cells.row_length(has_seq_lens, B)
     time_index = cells.time_index_fn(directions)
 
