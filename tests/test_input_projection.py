@@ -266,6 +266,24 @@ def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
 
 
+def test_mma_projection_refuses_more_rows_than_32_bit_indices(monkeypatch):
+    """rows x max(K, D x N) must stay under 2^31 (32-bit offsets): checked on the host before the kernel, one line
+    naming the projection (here the limit lowered to 40 rows of 2 x 128 values)."""
+    from tvmseq.kernels.projection import mma as pmm, tf32x3
+
+    monkeypatch.setattr(tf32x3, "INDEX_LIMIT", 2 * 128 * 40 + 1)
+    f = tvm.compile(tvm.IRModule({"main": pmm.projection_mma_func(2, 128, 64, gpu=False)}), target=LLVM)
+
+    def call(rows):
+        args = (np.ones((rows, 64), np.float16), np.ones((2, 128, 64), np.float16), np.zeros((2, 128), np.float32),
+                np.zeros((2, rows, 128), np.float32))
+        f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in args])
+
+    call(40)
+    with pytest.raises(Exception, match=r"mma input projection \(K 64, 2 x 128 gate rows\): .* at most 40 rows"):
+        call(41)
+
+
 @pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 64), (2, 300, 256, 128)])
 def test_wgmma_projection_half_gate_i_cpu_variant_matches_numpy(D, rows, N, K):
     """gate_dtype float16: the float32 sum plus bias rounded once to half (the GPU epilogue's numerics): rounding
