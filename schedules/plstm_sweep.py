@@ -7,6 +7,7 @@ fit on the LSTM's geometry, and no hidden-128 shape had a dsmem config.
   python3 schedules/plstm_sweep.py build out/plstm [CELLS]   # here: one library per cell, index.json
   python3 schedules/plstm_sweep.py build-auto out/odd CELLS   # here: only the importer's pick per cell
   python3 schedules/plstm_sweep.py build-tiles out/ltile      # here: the per-step path's step GEMM tiles
+  python3 schedules/plstm_sweep.py build-wgmma out/lwg CELLS  # here: the warpgroup kernel's configs (float16)
   python3 schedules/plstm_sweep.py run out/plstm              # GPU machine: each cell's variants in one process
   python3 schedules/plstm_sweep.py merge out/plstm/results.json   # here: winners -> both measured databases
                                                   # (committed: artifacts/bench/plstm_sweep.json.gz, after the GRU's)
@@ -111,6 +112,34 @@ def auto_funcs(D, B, H, dtype, tgt):
     name = f"auto_lstm_d{D}_b{B}_h{H}_{dtype}"
     return ({name: func.with_attr("global_symbol", name)},
             [dict(kernel=path, config=why, func=name, D=D, B=B, H=H, dtype=dtype, cell="lstm")])
+
+
+def wgmma_variants(D: int, B: int, H: int) -> list:
+    """Warpgroup configs of a float16 cell that fit: 8 or 16 units a block, every batch split, the state chunk
+    whole or through a ring of 2, 3, 4, 6, 8 .. k-tiles (one that need not divide them); one or two blocks an SM, one or two warpgroups a block."""
+    from tvmseq.kernels import recurrent_gemm as rg
+    from tvmseq.kernels.recurrent import wgmma as pw
+    from tvmseq.targets import resolve
+
+    facts = rg.gpu_facts(resolve("cuda"))
+    nkb = math.ceil(H / pw.KB)
+    configs = [pw.WgmmaRecConfig(ub, bs, st, wgs) for ub in (16, 8) for bs in (1, 2, 4)
+               for st in (0, 2, 3) + tuple(range(4, nkb, 2)) for wgs in (1, 2)]
+    return [c for c in configs if pw.WgmmaRecGeometry(D, B, H, 4, c).check(facts) is None]
+
+
+def wgmma_funcs(D, B, H, dtype, tgt):
+    """{name: prim_func}, [index rows] of a float16 cell's warpgroup variants (`wgmma_variants`)."""
+    from tvmseq.kernels.recurrent import wgmma as pw
+
+    direction = "bidirectional" if D == 2 else "forward"
+    funcs, rows = {}, []
+    for cfg in wgmma_variants(D, B, H):
+        name = f"w_lstm_d{D}_b{B}_h{H}_{dtype}_" + "_".join(map(str, cfg.knobs()))
+        funcs[name] = pw.persistent_wgmma_func(D, B, H, dtype, direction, None, None, False, tgt, cfg, "lstm")
+        rows.append(dict(kernel="persistent_wgmma", config=list(cfg.knobs()), func=name, D=D, B=B, H=H,
+                         dtype=dtype, cell="lstm"))
+    return {n: f.with_attr("global_symbol", n) for n, f in funcs.items()}, rows
 
 
 # the per-step path's cells (fp32, batch >= 64 at hidden >= 512): its step GEMM [B, H] x [H, 4H] had only the
@@ -238,7 +267,8 @@ def merge(results: Path) -> None:
     """Each kernel's winners into its database: the engine's (persistent_gru.json, cell 'lstm') against its cost
     model's pick; the staged-state kernel's (persistent_mma.json) against what the importer would run otherwise
     (`tune_persistent_mma._rival`: below the batch floors the engine, timed in the same process, else the rules'
-    pick). A winner replaces the pick only where >= 3% faster in the same run (`measured.merge`)."""
+    pick); the warpgroup kernel's (persistent_wgmma.json) against its rule's pick. A winner replaces the pick only
+    where >= 3% faster in the same run (`measured.merge`)."""
     import dataclasses
 
     import tune_persistent_gru
@@ -264,6 +294,14 @@ def merge(results: Path) -> None:
                    us=r["us_step_wall"][-1]) for r in rows if r["kernel"] == "persistent_mma"]
     trials += [dict(key=json.loads(k), config=pm.ENGINE_PICK, us=us) for k, us in engine_best.items()]
     measured.merge("persistent_mma", trials, tune_persistent_mma._rival, source=source)
+    wgmma = [r for r in rows if r["kernel"] == "persistent_wgmma"]
+    if wgmma:   # the warpgroup kernel's configs against its rule's pick (one block an SM, one warpgroup)
+        from tvmseq.kernels.recurrent import wgmma as pw
+
+        measured.merge("persistent_wgmma", [dict(key=key(r, "cell"), config=dataclasses.asdict(pw.WgmmaRecConfig.of(
+            r["config"])), us=r["us_step_wall"][-1]) for r in wgmma],
+            lambda k: dataclasses.asdict(pw.default_config(k["D"], k["B"], k["H"], resolve("cuda"), k["cell"],
+                                                           measured=False)), source=source)
     tiles = [r for r in rows if r["kernel"] == "step_gemm"]
     if tiles:   # the per-step path's step GEMM: [B, H] x [H, 4H] a direction, against the cost model's tile
         from tvmseq.kernels.recurrent import step_gemm as sg
@@ -285,6 +323,8 @@ if __name__ == "__main__":
         build(where, _cells(sys.argv[3]), auto_funcs)
     elif mode == "build-tiles":   # the per-step path's step GEMM tiles (TILE_CELLS)
         build(where, _cells(sys.argv[3]) if len(sys.argv) > 3 else TILE_CELLS, tile_funcs)
+    elif mode == "build-wgmma":   # the warpgroup kernel's configs, float16 cells
+        build(where, _cells(sys.argv[3]), wgmma_funcs)
     elif mode == "run":
         run(where)
     elif mode == "cell":

@@ -126,7 +126,8 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
            ("topk", "tune_topk", "artifacts/bench/topk_tune.json.gz"),
            ("persistent_mma", "tune_persistent_mma", "artifacts/bench/pmma_sweep.json.gz",
             ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz"),
-            ("plstm_sweep", "artifacts/bench/plstm_gate_m_2026-11-28.json.gz"))]
+            ("plstm_sweep", "artifacts/bench/plstm_gate_m_2026-11-28.json.gz")),
+           ("persistent_wgmma", "plstm_sweep", "artifacts/bench/plstm_wgmma_sweep_2026-11-28.json.gz")]
 
 
 @pytest.mark.parametrize("op,script,source,more",

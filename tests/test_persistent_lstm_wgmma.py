@@ -109,12 +109,25 @@ def test_geometry_and_configs():
     # 16 LSTM units: a 128 KB R slice; with the whole 128 KB state chunk it does not fit, with a ring of 8 tiles it does
     assert "shared memory" in geo(pw.WgmmaRecConfig(16, 1))
     assert geo(pw.WgmmaRecConfig(16, 1, 8)) is None
-    assert "state_tiles must be 0 or >= 2" in geo(pw.WgmmaRecConfig(16, 1, 3))
-    assert "state_tiles must be 0 or >= 2" in geo(pw.WgmmaRecConfig(16, 1, 1))
-    assert "not all resident" in geo(pw.WgmmaRecConfig(8, 1))            # 2 x 128 unit groups
+    assert geo(pw.WgmmaRecConfig(16, 1, 12)) is None                 # a ring need not divide the 16 k-tiles
+    assert "shared memory" in geo(pw.WgmmaRecConfig(16, 1, 13))
+    assert "state_tiles must be 0 or 2 .. the 16 k-tiles" in geo(pw.WgmmaRecConfig(16, 1, 1))
+    assert "state_tiles must be 0 or 2 .. the 16 k-tiles" in geo(pw.WgmmaRecConfig(16, 1, 17))
+    # 2 x 128 unit groups: two blocks an SM, which the whole state chunk does not leave room for; a ring of 4 does
+    assert "(2 block(s) an SM)" in geo(pw.WgmmaRecConfig(8, 1))
+    assert geo(pw.WgmmaRecConfig(8, 1, 4)) is None
+    assert "not all resident" in geo(pw.WgmmaRecConfig(8, 2, 4))         # 512 blocks
+    # the rule keeps one block an SM; the measured database picks two where they were measured faster
+    assert pw.default_config(2, 64, 1024, cuda, "lstm").units_per_block == 16
+    rule = pw.default_config(2, 256, 512, cuda, "lstm", measured=False)
+    assert rule == pw.WgmmaRecConfig(16, 2) and geo(rule, B=256, H=512) is None
+    picked = pw.default_config(2, 256, 512, cuda, "lstm")
+    assert picked == pw.WgmmaRecConfig(16, 4, 3)   # schedules/measured/persistent_wgmma.json: 7.2 against 8.0 us
+    assert pw.WgmmaRecGeometry(2, 256, 512, 4, picked).per_sm(h100) == 2
+    assert pw.default_config(2, 256, 512, "llvm", "lstm", measured=True) == rule   # no database on the CPU
     assert pw.WgmmaRecConfig.of((16, 1, 8)).knobs() == (16, 1, 8) and pw.WgmmaRecConfig(16, 1).knobs() == (16, 1)
     assert pw.default_config(2, 64, 1024, cuda, "lstm") == pw.WgmmaRecConfig(16, 1, 8)
-    assert pw.default_config(2, 256, 512, cuda, "lstm") == pw.WgmmaRecConfig(16, 2)
+    assert pw.default_config(2, 256, 512, cuda, "lstm", measured=False) == pw.WgmmaRecConfig(16, 2)
     # the GRU's configs are unchanged (no ring)
     assert pw.default_config(2, 256, 1024, cuda) == pw.WgmmaRecConfig(16, 1)
     # the LSTM's registers: its cell state, peepholes and temporaries counted on top of the GRU's
@@ -186,6 +199,8 @@ def test_cuda_codegen(D, B, H):
                    "cg::this_grid().sync()", "Yc_ptr", "Pw_ptr"):
         assert needle in src, needle
     assert ("wgmma.wait_group.sync.aligned 1" in src) == geo.RING
+    # descriptors: two base encodes (plus the helper's definition), each wgmma's a base plus its tile's offset
+    assert src.count("ptx_wgmma_encode_matrix_descriptor(") == 3
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed: ptxas not checked")
     from tvmseq.cuda_toolchain import ptxas_report
@@ -203,6 +218,10 @@ GPU_CASES = [
     (1, 256, 1024, "forward", None, None, True, 0, False, None),                      # ring, split 2
     (2, 150, 256, "bidirectional", None, None, True, 1, True, (8, 1)),                # 3 chunks a block
     (1, 200, 512, "reverse", None, None, True, 0, True, (16, 2, 2)),                  # ring of 2: 4 tiles a slot
+    (2, 256, 1024, "bidirectional", None, None, True, 0, True, (16, 1, 12)),          # ring of 12: 2 or 1 a slot
+    (1, 200, 640, "forward", None, 0.9, True, 1, True, (16, 2, 4)),                   # ring of 4 over 10 tiles
+    (2, 256, 1024, "bidirectional", None, None, True, 0, True, (16, 1, 4, 2)),        # 2 warpgroups, 2 chunks each
+    (2, 250, 257, "bidirectional", None, 0.9, True, 1, True, (16, 1, 2, 2)),          # 2 warpgroups, ragged chunk
     (2, 128, 512, "bidirectional", ("Sigmoid", "Tanh", "Tanh", "HardSigmoid", "Softsign", "Relu"), None, False, 0,
      True, None),
 ]

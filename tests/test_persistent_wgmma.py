@@ -113,7 +113,17 @@ def test_geometry_and_argument_errors():
     geo = lambda cfg, D=1, B=64, H=1024, NG=3: pw.WgmmaRecGeometry(D, B, H, NG, cfg).check(h100)  # noqa: E731
     assert geo(pw.WgmmaRecConfig(16, 2), B=256) is None            # 128 blocks, 96 KB R + 128 KB state
     assert "shared memory" in geo(pw.WgmmaRecConfig(32, 1), H=1024)  # 192 KB R slice + 128 KB state
-    assert "not all resident" in geo(pw.WgmmaRecConfig(8, 2), H=1024)
+    assert "not all resident" in geo(pw.WgmmaRecConfig(8, 4), H=1024)           # 512 blocks > 2 an SM
+    # 256 blocks: two an SM, each with half of the SM's shared memory (the whole 128 KB state chunk does not fit;
+    # a ring of 4 k-tiles does) and half of its registers
+    assert "> 115712 (2 block(s) an SM)" in geo(pw.WgmmaRecConfig(8, 2), H=1024)
+    assert geo(pw.WgmmaRecConfig(8, 2, 4), H=1024) is None
+    # two warpgroups: each its own slots (2 x 8 x 8 KB beside an LSTM's 128 KB R slice is too much, 2 x 4 fits)
+    assert "shared memory" in geo(pw.WgmmaRecConfig(16, 1, 8, 2), D=2, B=256, NG=4)
+    assert geo(pw.WgmmaRecConfig(16, 1, 4, 2), D=2, B=256, NG=4) is None
+    assert "dividing the 3 chunks a block" in geo(pw.WgmmaRecConfig(16, 1, 4, 2), B=150)
+    assert "warpgroups 1 or 2" in geo(pw.WgmmaRecConfig(16, 1, 4, 4), B=256)
+    assert pw.WgmmaRecConfig.of((16, 1, 0, 2)).knobs() == (16, 1, 0, 2)
     assert "divide 64" in geo(pw.WgmmaRecConfig(24, 1), H=256)
     assert "gates x units <= 256" in geo(pw.WgmmaRecConfig(96, 1), H=256)
     assert pw.WgmmaRecConfig.of((8, 2)).knobs() == (8, 2)
@@ -216,6 +226,8 @@ GPU_CASES = [
     (2, 150, 256, "bidirectional", "gru", None, 1.3, True, (8, 1)),              # 3 chunks a block
     (2, 256, 1024, "bidirectional", "gru", None, None, True, None, "float16"),   # half gate_i at the target shape
     (1, 77, 300, "reverse", "gru", None, 1.1, True, (8, 1), "float16"),
+    (2, 256, 1000, "bidirectional", "gru", None, None, True, (16, 1, 4, 2)),    # ring of 4, 2 warpgroups
+    (1, 250, 200, "reverse", "rnn", None, None, True, (8, 1, 0, 2)),             # 2 warpgroups, whole chunks
 ]
 # float16 gate_i written by the wgmma projection: (D, rows, N, K, tile (bm, bn, stages, inflight)); rows not a
 # multiple of the row tile

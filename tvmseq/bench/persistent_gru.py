@@ -114,7 +114,7 @@ def _rec_launch(c, target, path: str = "persistent"):
     D = 2 if c["bidirectional"] else 1
     if path == "persistent_wgmma":
         geo = pw.WgmmaRecGeometry(D, c["batch"], c["hidden"], 3, pw.default_config(D, c["batch"], c["hidden"], target))
-        return pw.NT, geo.smem_bytes(), geo.BLOCKS
+        return geo.NTB, geo.smem_bytes(), geo.BLOCKS
     if path == "persistent_mma":
         cfg = pm.default_config(D, c["batch"], c["hidden"], target, dtype=c["dtype"])
         geo = pm.MmaGeometry(D, c["batch"], c["hidden"], 3, cfg, c["dtype"])

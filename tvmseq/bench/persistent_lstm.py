@@ -201,7 +201,7 @@ def _rec_launch(c, target, path: str = "persistent") -> tuple[int, int, int]:
 
         cfg = pw.default_config(D, c["batch"], c["hidden"], target, "lstm")
         geo = pw.WgmmaRecGeometry(D, c["batch"], c["hidden"], cells.CELL_GATES["lstm"], cfg)
-        return pw.NT, geo.smem_bytes(), geo.BLOCKS
+        return geo.NTB, geo.smem_bytes(), geo.BLOCKS
     if path == "persistent_mma":
         cfg = pm.default_config(D, c["batch"], c["hidden"], target, "lstm", dtype=c["dtype"])
         geo = pm.MmaGeometry(D, c["batch"], c["hidden"], cells.CELL_GATES["lstm"], cfg, c["dtype"])

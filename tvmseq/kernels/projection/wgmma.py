@@ -80,10 +80,15 @@ def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32", operand: str = "
 
     @T.macro
     def k_slice(smem, acc, da, db, a_off, b_off, kt):
+        # the slice's two descriptors encoded once, then stepped 32 bytes (2 units of the 16-byte start address
+        # field) an instruction: encoding each took ~20 uniform-datapath instructions a wgmma
+        encode_descriptor(da, T.address_of(smem[a_off]))
+        encode_descriptor(db, T.address_of(smem[b_off]))
         for kk in T.unroll(BK // 16):   # an instruction a 32-byte step: k16 of float16, k8 of tf32
-            encode_descriptor(da, T.address_of(smem[a_off + kk * 16]))
-            encode_descriptor(db, T.address_of(smem[b_off + kk * 16]))
             T.evaluate(mma_async(BN, acc, da, db, kt * 4 + kk > 0, operand))
+            if kk + 1 < BK // 16:
+                da[0] = da[0] + T.uint64(2)
+                db[0] = db[0] + T.uint64(2)
 
     def in_bounds(r, n, rows):
         # the column test only where BN does not divide N (an even n_valid: a pair is all in or all out); without
