@@ -282,3 +282,43 @@ def test_tiled_cuda_codegen():
     assert len(report) >= len(gemms) + 4
     for kernel, info in report.items():
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0 and info["stack"] == 0, (kernel, info)
+
+
+@pytest.mark.parametrize("cell,gates", [("gru", 3), ("rnn", 1), ("lstm", 4)])
+@pytest.mark.parametrize("batch", [2, None])
+def test_per_step_recurrence_refuses_more_than_32_bit_indices(monkeypatch, cell, gates, batch):
+    """The per-step path indexes gate_i [D, seq, B, G] in 32 bits too: past the limit (lowered here to 150 steps of
+    2 batch rows) the call is refused on the host with one line, counted in steps for a static batch and in step x
+    batch rows (64-bit products) for a batch bound at run time."""
+    from tvmseq.kernels.recurrent import cells, lstm
+
+    H, D = 8, 1
+    monkeypatch.setattr(cells, "INDEX_LIMIT", gates * H * 2 * 150 + 1)
+    if cell == "lstm":
+        spec = lstm.LstmSpec(D, batch, H, H, "float32", "forward")
+        func, name = lstm.recurrence_func(spec, targets.resolve("llvm")), "lstm_recurrence"
+    elif cell == "gru":
+        func, name = gru.recurrence_func(gru.GruSpec(D, batch, H, H), targets.resolve("llvm")), "gru_recurrence"
+    else:
+        func, name = rnn.recurrence_func(rnn.RnnSpec(D, batch, H, H), targets.resolve("llvm")), "rnn_recurrence"
+    run = tvm.compile(tvm.IRModule({"main": func}), target=targets.resolve("llvm"))[name]
+
+    def call(seq, B):
+        f32 = lambda *s: tvm.runtime.tensor(np.random.rand(*s).astype("float32"))  # noqa: E731
+        lens = tvm.runtime.tensor(np.full(B, seq, "int32"))
+        head = [f32(D, seq, B, gates * H), f32(D, gates * H, H)]
+        if cell == "lstm":
+            run(*head, f32(D, 3 * H), lens, f32(D, B, H), f32(D, B, H), f32(seq, D, B, H), f32(D, B, H), f32(D, B, H))
+        elif cell == "gru":
+            run(*head, f32(D, H), lens, f32(D, B, H), f32(seq, D, B, H), f32(D, B, H))
+        else:
+            run(*head, lens, f32(D, B, H), f32(seq, D, B, H), f32(D, B, H))
+
+    call(150, 2)
+    unit = "150 steps" if batch else "300 step x batch rows"
+    with pytest.raises(Exception, match=f"{cell.upper()} recurrence .* at most {unit}; run the sequence in shorter"):
+        call(151, 2)
+    if batch is None:   # the same rows at another batch pass; one more row does not
+        call(75, 4)
+        with pytest.raises(Exception, match="at most 300 step x batch rows"):
+            call(76, 4)

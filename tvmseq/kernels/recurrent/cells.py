@@ -160,6 +160,25 @@ def steps_check(what: str, step_values: int):
     return index_limit_check(what, step_values, "step", INDEX_LIMIT)
 
 
+def per_step_check(what: str, D: int, B, G: int):
+    """T.macro(seq) for the per-step path's recurrences, whose gate_i [D, seq, B, G] is indexed in 32 bits as well:
+    with a static batch `steps_check` on D x B x G values a step; with a batch bound at run time (a tirx.Var) the
+    rows seq x B (counted in 64 bits) of D x G values each."""
+    from tvm.script import tirx as T
+
+    from ...onnx.checks import index_limit_check
+
+    if isinstance(B, int):
+        return steps_check(what, D * B * G)
+    check_rows = index_limit_check(what, D * G, "step x batch row", INDEX_LIMIT)
+
+    @T.macro
+    def check(seq):
+        check_rows(T.Cast("int64", seq) * T.Cast("int64", B))
+
+    return check
+
+
 def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, gi_dtype: str = "float32"):
     """The prim_func of a persistent kernel (`engine`, `mma`, `wgmma`) with the interface of `cell`: GRU / RNN
     (gate_i, R, rb_h, seq_lens, h0, Y, Y_h), LSTM (gate_i, R, P, seq_lens, h0, c0, Y, Y_h, Y_c); gate_i of

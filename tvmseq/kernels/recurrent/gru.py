@@ -689,6 +689,10 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
     run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target, packed_r=packed_r)
     r_shape, r_dtype = r_buffer(D, G, H, dt, cpu_r_panels(gpu, sched, G, target) if packed_r else None)
 
+    from .cells import per_step_check
+
+    check_steps = per_step_check(f"GRU recurrence (hidden {H}, {D} direction(s))", D, B, G)
+
     @T.prim_func
     def gru_recurrence(gate_i: T.handle, r_w: T.handle, rb_h: T.handle, lens: T.handle, h0: T.handle,
                        y: T.handle, y_h: T.handle):
@@ -704,6 +708,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
         state = T.alloc_buffer((D, B, H), "float32")
         gh = T.alloc_buffer((max(S1, S2), D, B, G), "float32")   # split-K partial sums, added below
         rh = T.alloc_buffer((D, B, H), "float32")
+        check_steps(seq)
         load_state(state, H0)
         run_steps(R, (GateI, RbH, Lens, Y, state, gh, rh), seq)
         store_final_state(Yh, state, Lens, seq)

@@ -292,6 +292,10 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
     run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target, interleave, packed_r)
     r_shape, r_dtype = r_buffer(D, G, H, dt, cpu_r_panels(gpu, sched, G, target, interleave) if packed_r else None)
 
+    from .cells import per_step_check
+
+    check_steps = per_step_check(f"LSTM recurrence (hidden {H}, {D} direction(s))", D, B, G)
+
     @T.prim_func
     def lstm_recurrence(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle,
                         c0: T.handle, y: T.handle, y_h: T.handle, y_c: T.handle):
@@ -309,6 +313,7 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
         state = T.alloc_buffer((D, B, H), "float32")
         cell = T.alloc_buffer((D, B, H), "float32")
         gh = T.alloc_buffer((S, D, B, G), "float32")   # split-K partial sums, added by the gate kernel
+        check_steps(seq)
         load_state(state, H0)
         load_state(cell, C0)
         run_steps(R, (GateI, P, Lens, Y, state, cell, gh), seq)

@@ -97,6 +97,10 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
     run_steps = time_loop(steps, gpu, dt, D, H, H, B, sched, target, packed_r=packed_r)
     r_shape, r_dtype = r_buffer(D, H, H, dt, cpu_r_panels(gpu, sched, H, target) if packed_r else None)
 
+    from .cells import per_step_check
+
+    check_steps = per_step_check(f"RNN recurrence (hidden {H}, {D} direction(s))", D, B, H)
+
     @T.prim_func
     def rnn_recurrence(gate_i: T.handle, r_w: T.handle, lens: T.handle, h0: T.handle, y: T.handle,
                        y_h: T.handle):
@@ -110,6 +114,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
         Yh = T.match_buffer(y_h, (D, B, H), dt)
         state = T.alloc_buffer((D, B, H), "float32")
         gh = T.alloc_buffer((S, D, B, H), "float32")   # split-K partial sums, added below
+        check_steps(seq)
         load_state(state, H0)
         run_steps(R, (GateI, Lens, Y, state, gh), seq)
         store_final_state(Yh, state, Lens, seq)
