@@ -150,8 +150,6 @@ def lstm_activations(acts, D: int):
         raise TvmseqError(f"persistent LSTM: activations: {err}") from None
 
 
-
-
 def steps_check(what: str, step_values: int):
     """T.macro(seq): refuses on the host, before a recurrence kernel runs, more steps than keep seq x step_values
     (the most values a step adds to any of its tensors) under 2^31, one line naming `what`."""

@@ -179,13 +179,12 @@ def default_config(D: int, B: int, H: int, target, cell: str = "gru", measured: 
         if found:
             return WgmmaRecConfig(**found)
     facts = rg.gpu_facts(target)
-    fits = [WgmmaRecConfig(ub, bs, st) for ub in (16, 8) for bs in (1, 2, 4, 8) for st in state_tile_options(H, cell)
-            if bs <= max(1, math.ceil(B / MC))
-            and (geo := WgmmaRecGeometry(D, B, H, GATES[cell], WgmmaRecConfig(ub, bs, st))).check(facts) is None
-            and geo.per_sm(facts) == 1]
+    geo = lambda c: WgmmaRecGeometry(D, B, H, GATES[cell], c)   # noqa: E731
+    fits = [c for c in (WgmmaRecConfig(ub, bs, st) for ub in (16, 8) for bs in (1, 2, 4, 8)
+                        for st in state_tile_options(H, cell) if bs <= max(1, math.ceil(B / MC)))
+            if geo(c).check(facts) is None and geo(c).per_sm(facts) == 1]
     if not fits:
         return None
-    geo = lambda c: WgmmaRecGeometry(D, B, H, GATES[cell], c)   # noqa: E731
     if cell != "lstm":
         return max(fits, key=lambda c: (geo(c).BLOCKS, c.units_per_block))
     # LSTM: the GRU's order, then the largest ring (fewest refills and syncs a chunk); swept shapes take the
@@ -292,11 +291,12 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
         return t if WGS == 1 else t % NT
 
     def wg_of(t):
+        """Thread t's warpgroup in its block."""
         return 0 if WGS == 1 else t // NT
 
     def chunk(q, t, ci):
         """The chunk that thread t's warpgroup of block (g, q) walks ci-th: every WGS-th of the block's."""
-        return q + ci * BS if WGS == 1 else q + (t // NT + WGS * ci) * BS
+        return q + ci * BS if WGS == 1 else q + (wg_of(t) + WGS * ci) * BS
 
     def r_row(g, n):
         """R row of block-local gate row n = gate * UB + unit."""
@@ -434,7 +434,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
 
     def slot(t, kb):
         """Thread t's warpgroup's state slot kb (< SLOTS): its index among the block's slots and mbarriers."""
-        return kb if WGS == 1 else t // NT * SLOTS + kb
+        return kb if WGS == 1 else wg_of(t) * SLOTS + kb
 
     @T.macro
     def wg_sync(t):
@@ -443,7 +443,7 @@ def persistent_wgmma_func(D: int, B: int, H: int, dtype: str, directions: str, a
         if WGS == 1:
             T.tvm_storage_sync("shared")
         else:
-            T.cuda.warpgroup_sync(1 + t // NT)
+            T.cuda.warpgroup_sync(1 + wg_of(t))
 
     @T.macro
     def stage(hbuf, smem, base, mbar, buf, d, c, t):
