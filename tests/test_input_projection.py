@@ -356,3 +356,38 @@ def test_tensor_core_projection_falls_back_on_a_schedule_error(monkeypatch):
     monkeypatch.setattr(ip.TensorCoreProjection, "apply", broken)
     with pytest.warns(UserWarning, match="tensor-core input projection"):
         assert ip.tensor_core_projection(_spec(1, 3, 37, 19, "float16"), H100) is None
+
+
+def test_cpu_projection_refuses_more_rows_than_32_bit_indices(monkeypatch):
+    """The CPU projection indexes X's and gate_i's rows in 32 bits: rows x max(K, D x G) past 2^31 is refused on the
+    host with one line naming it (here the limit lowered to 30 rows of 2 x 3 x 37 values)."""
+    from tvmseq.kernels.projection import tf32x3
+
+    spec = _spec(2, 1, 37, 19)
+    monkeypatch.setattr(tf32x3, "INDEX_LIMIT", 2 * 3 * 37 * 30 + 1)
+    f = tvm.compile(tvm.IRModule({"main": ip.cpu_projection_func(spec, LLVM)}), target=LLVM)
+
+    def call(rows):
+        args = (np.ones((rows, 19), np.float32), np.ones((2, 111, 19), np.float32), np.zeros((2, 111), np.float32),
+                np.zeros((2, rows, 111), np.float32))
+        f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in args])
+
+    call(30)
+    with pytest.raises(Exception, match=r"input projection \(K 19, 2 x 111 gate rows\): .* at most 30 rows"):
+        call(31)
+
+
+@pytest.mark.parametrize("flat,unit_values,unit", [(True, 255, "rows"), (False, 64 * 255, "steps")])
+def test_simt_projection_keeps_its_32_bit_check_through_the_schedule(monkeypatch, flat, unit_values, unit):
+    """The GPU projections that dlight or the SIMT template schedule (float32 off sm_90a, odd N) index in 32 bits
+    too: the host check stays at the top of the scheduled function (flat rows: rows x max(K, D x G); the batch
+    layout: steps x B x max(K, D x G)), and the schedule still binds threads (here G = 255 gate rows, batch 64,
+    the limit lowered to 3 units)."""
+    from tvmseq.kernels.projection import tf32x3
+
+    monkeypatch.setattr(tf32x3, "INDEX_LIMIT", 3 * unit_values + 1)
+    spec = _spec(1, 64, 85, 64)
+    func = ip.flat_projection_func(spec) if flat else ip.input_projection_func(spec)
+    script = ip.schedule_input_projection(func, H100)["main"].script()
+    assert f"at most 3 {unit}" in script and "blockIdx" in script
+

@@ -43,12 +43,24 @@ PROJECTION_GENES: dict[str, int] = {
 }
 
 
+def _index_check(spec, unit_values: int, unit: str):
+    """T.macro(n): the host check that n units (rows or steps) of unit_values values keep X's and gate_i's 32-bit
+    offsets under 2^31, one line naming the projection (these prim_funcs index rows in int32 as the hand-scheduled
+    kernels do; dlight's and the SIMT template's schedules keep the check at the top of the function)."""
+    from ...onnx.checks import index_limit_check
+    from .tf32x3 import INDEX_LIMIT
+
+    what = f"input projection (K {spec.input_size}, {spec.num_directions} x {spec.gates * spec.hidden} gate rows)"
+    return index_limit_check(what, unit_values, unit, INDEX_LIMIT)
+
+
 def input_projection_func(spec) -> tirx.PrimFunc:
     """gate_i[d, t, b, j] = sum_k X[t, b, k] W[d, j, k] + bias[d, j] (float32 accumulation and output).
     `spec` is a GruSpec or an RnnSpec: W has spec.gates * hidden rows per direction. Blocks "gemm" (over
     d, t, b, j, k) and "epilogue" (the bias), as `space.gemm_func` names them."""
     D, B, I, G = spec.num_directions, spec.batch, spec.input_size, spec.gates * spec.hidden
     dt = spec.dtype
+    check_steps = _index_check(spec, B * max(I, D * G), "step")
 
     @T.prim_func(s_tir=True)
     def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
@@ -58,6 +70,7 @@ def input_projection_func(spec) -> tirx.PrimFunc:
         W = T.match_buffer(w, (D, G, I), dt)
         Bias = T.match_buffer(bias, (D, G), "float32")
         GateI = T.match_buffer(gate_i, (D, seq, B, G), "float32")
+        check_steps(seq)
         acc = T.sblock_alloc_buffer((D, seq, B, G), "float32")
         for d, t, b, j, k in T.grid(D, seq, B, G, I):
             with T.sblock("gemm"):
@@ -258,6 +271,7 @@ FLAT = "flat"
 def flat_projection_func(spec) -> tirx.PrimFunc:
     """gate_i[d, m, j] = sum_k X[m, k] W[d, j, k] + bias[d, j] over the flat m = (t, b) rows (symbolic)."""
     D, I, G, dt = spec.num_directions, spec.input_size, spec.gates * spec.hidden, spec.dtype
+    check_rows = _index_check(spec, max(I, D * G), "row")
 
     @T.prim_func(s_tir=True)
     def gru_input_projection(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):
@@ -267,6 +281,7 @@ def flat_projection_func(spec) -> tirx.PrimFunc:
         W = T.match_buffer(w, (D, G, I), dt)
         Bias = T.match_buffer(bias, (D, G), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
+        check_rows(rows)
         acc = T.sblock_alloc_buffer((D, rows, G), "float32")
         for d, m, j, k in T.grid(D, rows, G, I):
             with T.sblock("gemm"):
@@ -616,6 +631,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     gemm = cpu_gemm_macro(D, rows, I, dt, G, 0, cpu_lanes(target), shared_src=True, bias=True)
     use_panel = cpu_panel_projection(spec, target) if panel is None else panel
     threshold = cpu_panel_projection_min_rows(I) if min_rows is None else min_rows
+    check_rows = _index_check(spec, max(I, D * G), "row")
 
     @T.macro
     def project(X, W, Bias, GH):
@@ -660,6 +676,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
         Bias = T.match_buffer(bias, (D, G), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, G), "float32")
         GH = T.decl_buffer((1, D, rows, G), "float32", data=GateI.data)   # the GEMM macro's [S, D, M, N] view
+        check_rows(rows)
         project(X, W, Bias, GH)
 
     return gru_input_projection.with_attrs({"tirx.is_scheduled": True, IN_PLACE_ATTR: [0]})
