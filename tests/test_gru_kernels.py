@@ -290,10 +290,11 @@ def test_per_step_recurrence_refuses_more_than_32_bit_indices(monkeypatch, cell,
     """The per-step path indexes gate_i [D, seq, B, G] in 32 bits too: past the limit (lowered here to 150 steps of
     2 batch rows) the call is refused on the host with one line, counted in steps for a static batch and in step x
     batch rows (64-bit products) for a batch bound at run time."""
-    from tvmseq.kernels.recurrent import cells, lstm
+    from tvmseq.kernels.recurrent import lstm
+    from tvmseq.onnx import checks
 
     H, D = 8, 1
-    monkeypatch.setattr(cells, "INDEX_LIMIT", gates * H * 2 * 150 + 1)
+    monkeypatch.setattr(checks, "INDEX_LIMIT", gates * H * 2 * 150 + 1)
     if cell == "lstm":
         spec = lstm.LstmSpec(D, batch, H, H, "float32", "forward")
         func, name = lstm.recurrence_func(spec, targets.resolve("llvm")), "lstm_recurrence"

@@ -269,9 +269,10 @@ def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
 def test_mma_projection_refuses_more_rows_than_32_bit_indices(monkeypatch):
     """rows x max(K, D x N) must stay under 2^31 (32-bit offsets): checked on the host before the kernel, one line
     naming the projection (here the limit lowered to 40 rows of 2 x 128 values)."""
-    from tvmseq.kernels.projection import mma as pmm, tf32x3
+    from tvmseq.kernels.projection import mma as pmm
+    from tvmseq.onnx import checks
 
-    monkeypatch.setattr(tf32x3, "INDEX_LIMIT", 2 * 128 * 40 + 1)
+    monkeypatch.setattr(checks, "INDEX_LIMIT", 2 * 128 * 40 + 1)
     f = tvm.compile(tvm.IRModule({"main": pmm.projection_mma_func(2, 128, 64, gpu=False)}), target=LLVM)
 
     def call(rows):
@@ -361,10 +362,10 @@ def test_tensor_core_projection_falls_back_on_a_schedule_error(monkeypatch):
 def test_cpu_projection_refuses_more_rows_than_32_bit_indices(monkeypatch):
     """The CPU projection indexes X's and gate_i's rows in 32 bits: rows x max(K, D x G) past 2^31 is refused on the
     host with one line naming it (here the limit lowered to 30 rows of 2 x 3 x 37 values)."""
-    from tvmseq.kernels.projection import tf32x3
+    from tvmseq.onnx import checks
 
     spec = _spec(2, 1, 37, 19)
-    monkeypatch.setattr(tf32x3, "INDEX_LIMIT", 2 * 3 * 37 * 30 + 1)
+    monkeypatch.setattr(checks, "INDEX_LIMIT", 2 * 3 * 37 * 30 + 1)
     f = tvm.compile(tvm.IRModule({"main": ip.cpu_projection_func(spec, LLVM)}), target=LLVM)
 
     def call(rows):
@@ -383,9 +384,9 @@ def test_simt_projection_keeps_its_32_bit_check_through_the_schedule(monkeypatch
     too: the host check stays at the top of the scheduled function (flat rows: rows x max(K, D x G); the batch
     layout: steps x B x max(K, D x G)), and the schedule still binds threads (here G = 255 gate rows, batch 64,
     the limit lowered to 3 units)."""
-    from tvmseq.kernels.projection import tf32x3
+    from tvmseq.onnx import checks
 
-    monkeypatch.setattr(tf32x3, "INDEX_LIMIT", 3 * unit_values + 1)
+    monkeypatch.setattr(checks, "INDEX_LIMIT", 3 * unit_values + 1)
     spec = _spec(1, 64, 85, 64)
     func = ip.flat_projection_func(spec) if flat else ip.input_projection_func(spec)
     script = ip.schedule_input_projection(func, H100)["main"].script()

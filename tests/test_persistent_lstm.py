@@ -337,10 +337,11 @@ def test_recurrence_refuses_more_steps_than_32_bit_indices(cell, monkeypatch):
     line saying how many steps fit (here the limit lowered to 150 steps of 2 x 4H values)."""
     import tvm
 
-    from tvmseq.kernels.recurrent import cells, engine
+    from tvmseq.kernels.recurrent import engine
+    from tvmseq.onnx import checks
 
     G = 4 if cell == "lstm" else 3
-    monkeypatch.setattr(cells, "INDEX_LIMIT", 2 * G * 8 * 150 + 1)
+    monkeypatch.setattr(checks, "INDEX_LIMIT", 2 * G * 8 * 150 + 1)
     func = (engine.persistent_lstm_func(1, 2, 8, "float32", "forward", target="llvm") if cell == "lstm" else
             engine.persistent_gru_func(1, 2, 8, "float32", 1, "forward", None, None, False, "llvm"))
     run = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")["k"]

@@ -158,9 +158,10 @@ def test_stack_refuses_more_steps_than_32_bit_indices(monkeypatch):
     refused on the host with one line (here the limit lowered to 150 steps of B x max(3H, L x H) = 48 values)."""
     import tvm
 
-    from tvmseq.kernels.recurrent import cells, stack
+    from tvmseq.kernels.recurrent import stack
+    from tvmseq.onnx import checks
 
-    monkeypatch.setattr(cells, "INDEX_LIMIT", 48 * 150 + 1)
+    monkeypatch.setattr(checks, "INDEX_LIMIT", 48 * 150 + 1)
     func = stack.stacked_gru_func(2, 2, 8, "float32", "llvm")
     run = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")["k"]
 

@@ -185,11 +185,15 @@ def emit_checked_copy(bb, attr, tensor, lo, hi, bound, message: str):
     return bb.emit(relax.call_tir(gv, args, relax.TensorType(tensor.ty.shape.values, dtype)))
 
 
-def index_limit_check(what: str, unit_values: int, unit: str, limit: int):
+# the kernels (projections, recurrences, stacks) index their tensors in 32 bits; the tests of the checks below lower it
+INDEX_LIMIT = 1 << 31
+
+
+def index_limit_check(what: str, unit_values: int, unit: str):
     """T.macro(n): the host check a kernel whose tensors are indexed in 32 bits runs before it: n units (rows,
-    steps) of `unit_values` values each must stay under `limit` (2^31); else one line naming `what` and the most
-    units that fit."""
-    max_units = (limit - 1) // unit_values
+    steps) of `unit_values` values each must stay under INDEX_LIMIT (2^31, read when the check is built); else one
+    line naming `what` and the most units that fit."""
+    max_units = (INDEX_LIMIT - 1) // unit_values
     message = (f"{what}: {unit_values} values a {unit} and its kernels index in 32 bits: at most {max_units} "
                f"{unit}s; run the sequence in shorter pieces")
 

@@ -48,10 +48,9 @@ def _index_check(spec, unit_values: int, unit: str):
     offsets under 2^31, one line naming the projection (these prim_funcs index rows in int32 as the hand-scheduled
     kernels do; dlight's and the SIMT template's schedules keep the check at the top of the function)."""
     from ...onnx.checks import index_limit_check
-    from .tf32x3 import INDEX_LIMIT
 
     what = f"input projection (K {spec.input_size}, {spec.num_directions} x {spec.gates * spec.hidden} gate rows)"
-    return index_limit_check(what, unit_values, unit, INDEX_LIMIT)
+    return index_limit_check(what, unit_values, unit)
 
 
 def input_projection_func(spec) -> tirx.PrimFunc:

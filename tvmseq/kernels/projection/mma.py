@@ -121,9 +121,9 @@ def projection_mma_func(D: int, N: int, K: int, gpu: bool = True, tile: MmaGemmT
                         "m16n8k16", "row", "col", "fp16", "fp16", "fp32", afrag.data, mt * 8, bfrag.data, nt * 4,
                         acc.data, (mt * NT8 + nt) * 4, False, dtype="float32"))
 
-    from .tf32x3 import rows_check
+    from ...onnx.checks import index_limit_check
 
-    check_rows = rows_check(max(K, D * N), f"mma input projection (K {K}, {D} x {N} gate rows)")
+    check_rows = index_limit_check(f"mma input projection (K {K}, {D} x {N} gate rows)", max(K, D * N), "row")
 
     @T.prim_func
     def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):

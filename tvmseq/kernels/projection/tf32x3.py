@@ -39,18 +39,6 @@ def split_array(a: np.ndarray) -> np.ndarray:
     return np.stack([hi, tf32(a - hi)])
 
 
-# the kernels of a projection and of the recurrences after it index in 32 bits
-INDEX_LIMIT = 1 << 31
-
-
-def rows_check(row_values: int, what: str):
-    """T.macro(rows): refuses on the host, before a projection kernel runs, more rows (sequence x batch) than keep
-    rows x row_values (the most values a row becomes in any of its tensors) under 2^31, one line naming `what`."""
-    from ...onnx.checks import index_limit_check
-
-    return index_limit_check(what, row_values, "row", INDEX_LIMIT)
-
-
 def split_func(K: int, Kp: int | None = None, row_values: int | None = None, what: str = ""):
     """prim_func(x [rows, K] f32, xs [2, rows, Kp] f32): xs[0] = tf32(x), xs[1] = tf32(x - xs[0]), zeros in the
     columns [K, Kp) (Kp: K padded to the projection's k step; default K); rows symbolic. An elementwise block
@@ -59,8 +47,10 @@ def split_func(K: int, Kp: int | None = None, row_values: int | None = None, wha
     row_values must stay under 2^31, checked on the host before the kernel runs (one line naming `what`)."""
     from tvm.script import tirx as T
 
+    from ...onnx.checks import index_limit_check
+
     Kp = Kp or K
-    check_rows = rows_check(row_values or 1, what)
+    check_rows = index_limit_check(what, row_values or 1, "row")
 
     def tf32(v):
         return T.reinterpret("float32", T.bitwise_and(T.reinterpret("uint32", v) + T.uint32(ROUND),

@@ -260,9 +260,9 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
 
     x_shape, w_shape = ((2, None, K), (2, D, Np, K)) if split else ((None, K), (D, N, K))
 
-    from .tf32x3 import rows_check
+    from ...onnx.checks import index_limit_check
 
-    check_rows = rows_check(max(K, D * Np), f"warpgroup input projection (K {K}, {D} x {N} gate rows)")
+    check_rows = index_limit_check(f"warpgroup input projection (K {K}, {D} x {N} gate rows)", max(K, D * Np), "row")
 
     @T.prim_func
     def main(x: T.handle, w: T.handle, bias: T.handle, gate_i: T.handle):

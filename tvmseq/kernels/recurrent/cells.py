@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from ...errors import TvmseqError
 from ..activations import Activation
-# the persistent kernels index gate_i and Y in 32 bits (the name bound here: a test lowers it for these kernels)
-from ..projection.tf32x3 import INDEX_LIMIT
 
 GATES = {"gru": 3, "rnn": 1}
 # Weight rows per hidden unit of every cell: GATES (`engine.persistent_gru_func`) and the LSTM's rows i, o, f, c
@@ -150,25 +148,17 @@ def lstm_activations(acts, D: int):
         raise TvmseqError(f"persistent LSTM: activations: {err}") from None
 
 
-def steps_check(what: str, step_values: int):
-    """T.macro(seq): refuses on the host, before a recurrence kernel runs, more steps than keep seq x step_values
-    (the most values a step adds to any of its tensors) under 2^31, one line naming `what`."""
-    from ...onnx.checks import index_limit_check
-
-    return index_limit_check(what, step_values, "step", INDEX_LIMIT)
-
-
 def per_step_check(what: str, D: int, B, G: int):
     """T.macro(seq) for the per-step path's recurrences, whose gate_i [D, seq, B, G] is indexed in 32 bits as well:
-    with a static batch `steps_check` on D x B x G values a step; with a batch bound at run time (a tirx.Var) the
+    with a static batch steps of D x B x G values; with a batch bound at run time (a tirx.Var) the
     rows seq x B (counted in 64 bits) of D x G values each."""
     from tvm.script import tirx as T
 
     from ...onnx.checks import index_limit_check
 
     if isinstance(B, int):
-        return steps_check(what, D * B * G)
-    check_rows = index_limit_check(what, D * G, "step x batch row", INDEX_LIMIT)
+        return index_limit_check(what, D * B * G, "step")
+    check_rows = index_limit_check(what, D * G, "step x batch row")
 
     @T.macro
     def check(seq):
@@ -184,9 +174,12 @@ def recurrence_prim_func(kernel, cell: str, D: int, B: int, H: int, dtype: str, 
     kernel(GI, Rw, RbH, Pw, Lens, H0, C0, Y, Yh, Yc, seq), None for the buffers the cell lacks."""
     from tvm.script import tirx as T
 
+    from ...onnx.checks import index_limit_check
+
     G3 = CELL_GATES[cell] * H
     # gate_i [D, seq, B, G3] and Y [seq, D, B, H] are indexed in 32 bits: checked on the host before the kernel
-    check_steps = steps_check(f"{cell.upper()} recurrence (hidden {H}, batch {B}, {D} direction(s))", D * B * G3)
+    check_steps = index_limit_check(f"{cell.upper()} recurrence (hidden {H}, batch {B}, {D} direction(s))",
+                                    D * B * G3, "step")
     if cell == "lstm":
         @T.prim_func
         def main(gate_i: T.handle, r_w: T.handle, p_w: T.handle, lens: T.handle, h0: T.handle, c0: T.handle,

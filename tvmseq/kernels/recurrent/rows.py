@@ -206,11 +206,13 @@ def stack_prim_func(body, cell: str, L: int, LW: int, B: int, H: int, dtype: str
     the cell's buffers (BI, RbH, H0, Y, Yh) or (BI, Pw, H0, C0, Y, Yh, Yc). LW: the layers with an input W (L - 1)."""
     from tvm.script import tirx as T
 
-    from .cells import CELL_GATES, steps_check
+    from ...onnx.checks import index_limit_check
+    from .cells import CELL_GATES
 
     G3 = CELL_GATES[cell] * H
     # gate_i0 [seq, B, G3] and Y [L, seq, B, H] are indexed in 32 bits
-    check_steps = steps_check(f"{L}-layer {cell.upper()} stack (hidden {H}, batch {B})", B * max(G3, L * H))
+    check_steps = index_limit_check(f"{L}-layer {cell.upper()} stack (hidden {H}, batch {B})", B * max(G3, L * H),
+                                    "step")
     if cell == "gru":
         @T.prim_func
         def main(gate_i0: T.handle, r_w: T.handle, w_w: T.handle, bias_i: T.handle, rb_h: T.handle,
