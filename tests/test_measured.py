@@ -118,7 +118,8 @@ def _pick_rg():
 
 # (op, tuning script, committed measurements it was merged from[, then more (script, measurements) merged in order])
 SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep.json.gz",
-            ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz")),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz"),
+            ("plstm_sweep", "artifacts/bench/plstm_b1_cluster_2026-11-28.json.gz")),
            ("recurrent_gemm", "tune_recurrent_gemm", "artifacts/bench/recurrent_gemm.json"),
            ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json.gz",
             ("plstm_sweep", "artifacts/bench/plstm_tiles.json.gz")),
@@ -126,7 +127,9 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
            ("topk", "tune_topk", "artifacts/bench/topk_tune.json.gz"),
            ("persistent_mma", "tune_persistent_mma", "artifacts/bench/pmma_sweep.json.gz",
             ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz"),
-            ("plstm_sweep", "artifacts/bench/plstm_gate_m_2026-11-28.json.gz")),
+            ("plstm_sweep", "artifacts/bench/plstm_gate_m_2026-11-28.json.gz"),
+            ("plstm_sweep", "artifacts/bench/plstm_b1_cluster_2026-11-28.json.gz"),
+            ("tune_persistent_mma", "artifacts/bench/pmma_b1_cluster_2026-11-28.json.gz")),
            ("persistent_wgmma", "plstm_sweep", "artifacts/bench/plstm_wgmma_sweep_2026-11-28.json.gz")]
 
 

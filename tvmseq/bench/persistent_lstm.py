@@ -102,6 +102,9 @@ MMA_TEST_CASES = [
     (1, 11, 1000, "float16", "forward", None, None, True, 1, True, (8, 8, 8, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 1)),
     (1, 5, 1008, "float16", "reverse", None, 0.9, True, 0, True,              # image + multicast, two mma chains
      (8, 4, 8, 0, 1, 0, 0, 1, 1, 1, 2, 0, 0, 1, 1, 2)),
+    # batch 1 on the measured database's cluster configs (hidden 128 / 256 at batch 1), at hidden sizes they pad
+    (1, 1, 120, "float16", "forward", None, None, True, 0, True, (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 8, 1, 1, 4)),
+    (2, 1, 250, "float16", "bidirectional", None, 0.9, True, 1, True, (16, 4, 8, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 2, 1)),
 ]
 
 
