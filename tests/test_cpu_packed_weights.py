@@ -11,6 +11,7 @@ pytest.importorskip("tvm.script")
 if getattr(tvm.base, "_RUNTIME_ONLY", False):   # CPU kernels built here: TVM's compiler is needed
     pytest.skip("TVM runtime only: these tests build CPU kernels", allow_module_level=True)
 
+import host_cpu  # noqa: E402
 from test_cpu_step_gemm import (LLVM, _projection_ref, _projection_spec, _recurrence_case,  # noqa: E402
                                 _run_projection, _tensor)
 from tvmseq.kernels.recurrent import lstm, rnn, step_gemm  # noqa: E402
@@ -34,6 +35,7 @@ def test_importer_packing_equals_the_kernels_packing(G, K, interleave):
     ("RNN", {}, 130, 1, 1, 5), ("LSTM", dict(has_peepholes=True, input_forget=1), 37, 2, 6, 7),
     ("LSTM", dict(has_peepholes=True, clip=2.5), 48, 1, 1, 5), ("LSTM", dict(has_peepholes=True), 48, 2, 6, 7),
 ], ids=["gru-lbr0-bi-b6", "gru-lbr1-b1", "rnn-b1", "lstm-37-bi-b6", "lstm-48-fused-b1", "lstm-48-fused-bi-b6"])
+@host_cpu.needs_avx512
 def test_recurrence_on_importer_packed_r(monkeypatch, cell, kw, H, D, B, seq):
     """A recurrence built with packed_r takes R as `r_panels(spec)` packs it and steps on the panels in every call
     (batch 1 x 5 steps, where the kernel that packs for itself keeps R as stored): equal to that kernel with
@@ -72,6 +74,7 @@ def test_packed_r_only_where_the_kernel_would_pack():
 
 
 @pytest.mark.parametrize("D,I,G", [(1, 37, 129), (2, 100, 130), (1, 64, 256)])
+@host_cpu.needs_avx512
 def test_projection_on_importer_packed_w(D, I, G):
     """The projection built with packed_w runs the panel GEMM on W packed by `w_panels` at every row count (1, 3,
     19: 1-row tails, 4-row tiles, partial last panels, K tails), X shared by the directions, bias added."""
@@ -106,6 +109,7 @@ def test_packed_w_and_wide_tiles_are_refused():
     (1, 70, 48, 5, dict(has_seq_lens=True)),
     (2, 67, 32, 6, dict(has_peepholes=True, input_forget=1, has_seq_lens=True)),
 ], ids=["b70", "bi-b67"])
+@host_cpu.needs_avx512
 def test_fused_lstm_on_many_cores_by_rows_and_by_panels(monkeypatch, D, B, H, seq, kw):
     """Built for 16 cores, a fused LSTM step whose batch gives every thread a tile (B x D >= 64) splits its rows over
     the threads (`step_gemm._fused_rows_loop`, no barrier a step): bit-identical to the split by panels, and both

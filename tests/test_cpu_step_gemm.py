@@ -13,6 +13,7 @@ pytest.importorskip("tvm.script")
 if getattr(tvm.base, "_RUNTIME_ONLY", False):   # CPU kernels built here: TVM's compiler is needed
     pytest.skip("TVM runtime only: these tests build CPU kernels", allow_module_level=True)
 
+import host_cpu  # noqa: E402
 from numpy_gru import numpy_gru  # noqa: E402
 from tvmseq.kernels.recurrent import gru, lstm, rnn, step_gemm  # noqa: E402
 from tvmseq.targets import resolve  # noqa: E402
@@ -134,6 +135,8 @@ def test_split_gemm_tiles_allocate_nothing(M, gemm):
     elif gemm == "panel":
         func = step_gemm.cpu_panel_gemm_func(1, M, 384, 128, parallel=True)
     else:   # rows symbolic whatever M is
+        if not host_cpu.has("avx512f"):
+            pytest.skip("the host CPU has no AVX-512: no packed-panel projection")
         spec = SimpleNamespace(num_directions=1, input_size=128, gates=3, hidden=128, dtype="float32")
         func = ip.cpu_projection_func(spec, LLVM, packed_w=True).with_attr("global_symbol", "main")
     assert "T.parallel" in func.script()
@@ -167,6 +170,7 @@ def _gru_gate_i(X, W, Bias, H, lbr):
 @pytest.mark.parametrize("lbr,direction,dtype,batch", [
     (1, "forward", "float32", 3), (0, "bidirectional", "float32", None), (0, "reverse", "float16", 2),
     (1, "bidirectional", "float16", None)])
+@host_cpu.needs_avx512
 def test_gru_recurrence_packs_and_matches_numpy(monkeypatch, lbr, direction, dtype, batch):
     """hidden 45: 135 gate rows (3 panels, the last partial; lbr=0's h rows start inside a panel). The module
     packs only when time steps x batch >= CPU_PACK_MIN_ROW_STEPS (here 12): seq 5 at batch 2 steps on R as
@@ -224,6 +228,7 @@ _LSTM_PACKED_CASES = [
 
 
 @pytest.mark.parametrize("H,B,direction,kw,seq,cores", _LSTM_PACKED_CASES)
+@host_cpu.needs_avx512
 def test_lstm_recurrence_packed_equals_unpacked(monkeypatch, H, B, direction, kw, seq, cores):
     """LSTM recurrences with R packed (panels; the gate math fused into them where hidden is a multiple of 16)
     against the k-in-lanes GEMM and gate loop (tested against the reference elsewhere), any batch: equal to
