@@ -1,8 +1,8 @@
 """What the host CPU offers, for tests whose kernel path or whose peer depends on it.
 
-- The CPU GEMMs' packed-panel path (`step_gemm`: R and W packed into 64-row panels, the fused LSTM step) is built
-  for x86 targets with AVX-512 only; elsewhere the kernels keep the weights as stored, so tests of the panels
-  skip on a host without it (the kernels' numerics are tested on every host by the other tests).
+- The CPU GEMMs' packed-panel path (`step_gemm`: R and W packed into panels of 4 vectors, the fused LSTM step) is
+  built for x86 targets with AVX-512 (64-row panels) or AVX2 and FMA (32-row panels); elsewhere the kernels keep
+  the weights as stored, so tests of the panels skip on such a host.
 - onnxruntime's uint8 x int8 GEMM (MLAS) on x86 without VNNI sums pairs of byte products into int16 with
   saturation (vpmaddubsw), so its MatMulInteger / QLinear / DynamicQuantize results are not exact there: measured
   on an AVX2 host (AMD Zen 3), MatMulIntegerToFloat 7 x 37 x 19 off by up to 8.5 from the exact int32 product,
@@ -33,8 +33,19 @@ def ort_u8s8_exact() -> bool:
     return has("avx512vnni") or has("avxvnni")
 
 
-needs_avx512 = pytest.mark.skipif(not has("avx512f"),
-                                  reason="the host CPU has no AVX-512: the packed-panel CPU path is not built for it")
+def panel_rows() -> int:
+    """Rows of a CPU panel on this host (`step_gemm.cpu_panel_size`): 64 (AVX-512), 32 (AVX2), 0 (none)."""
+    try:
+        from tvmseq.kernels.recurrent.step_gemm import cpu_panel_size
+        from tvmseq.targets import resolve
+
+        return cpu_panel_size(resolve("llvm"))
+    except Exception:  # noqa: BLE001 - a runtime-only TVM
+        return 0
+
+
+needs_panels = pytest.mark.skipif(not panel_rows(),
+                                  reason="the host CPU has neither AVX-512 nor AVX2: no packed-panel CPU path")
 
 
 def skip_unless_ort_u8s8_exact():

@@ -35,7 +35,7 @@ def test_importer_packing_equals_the_kernels_packing(G, K, interleave):
     ("RNN", {}, 130, 1, 1, 5), ("LSTM", dict(has_peepholes=True, input_forget=1), 37, 2, 6, 7),
     ("LSTM", dict(has_peepholes=True, clip=2.5), 48, 1, 1, 5), ("LSTM", dict(has_peepholes=True), 48, 2, 6, 7),
 ], ids=["gru-lbr0-bi-b6", "gru-lbr1-b1", "rnn-b1", "lstm-37-bi-b6", "lstm-48-fused-b1", "lstm-48-fused-bi-b6"])
-@host_cpu.needs_avx512
+@host_cpu.needs_panels
 def test_recurrence_on_importer_packed_r(monkeypatch, cell, kw, H, D, B, seq):
     """A recurrence built with packed_r takes R as `r_panels(spec)` packs it and steps on the panels in every call
     (batch 1 x 5 steps, where the kernel that packs for itself keeps R as stored): equal to that kernel with
@@ -43,7 +43,8 @@ def test_recurrence_on_importer_packed_r(monkeypatch, cell, kw, H, D, B, seq):
     rng = np.random.default_rng(H + B)
     spec, args, shapes, module = _recurrence_case(cell, kw, D, B, H, seq, rng)
     panels = module.r_panels(spec, LLVM)
-    assert panels is not None and panels.interleave == (16 if cell == "LSTM" and H % 16 == 0 else None)
+    lanes = host_cpu.panel_rows() // 4   # the fused LSTM interleaves a vector of units of each gate
+    assert panels is not None and panels.interleave == (lanes if cell == "LSTM" and H % lanes == 0 else None)
     func = module.recurrence_func(spec, LLVM, packed_r=True)
     assert "Rp = T.alloc_buffer" not in func.script()
     mod = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
@@ -62,19 +63,20 @@ def test_recurrence_on_importer_packed_r(monkeypatch, cell, kw, H, D, B, seq):
 
 
 def test_packed_r_only_where_the_kernel_would_pack():
-    """No panels (None) on a target without AVX-512 or for R of fewer than CPU_PACK_MIN_ROWS rows; a kernel asked
-    for packed R there is refused."""
+    """No panels (None) on a target without AVX2 or for R of fewer than two panels of rows; a kernel asked for
+    packed R there is refused."""
     from tvmseq.errors import TvmseqError
 
-    avx2 = resolve({"kind": "llvm", "mcpu": "x86-64-v3"})
+    sse = resolve({"kind": "llvm", "mcpu": "x86-64-v2"})
+    avx512 = resolve({"kind": "llvm", "mcpu": "znver4"})
     spec = lstm.LstmSpec(1, None, 64, 8)
-    assert lstm.r_panels(spec, avx2) is None and rnn.r_panels(rnn.RnnSpec(1, None, 64, 8), LLVM) is None
+    assert lstm.r_panels(spec, sse) is None and rnn.r_panels(rnn.RnnSpec(1, None, 64, 8), avx512) is None
     with pytest.raises(TvmseqError, match="packed R only where"):
-        lstm.recurrence_func(spec, avx2, packed_r=True)
+        lstm.recurrence_func(spec, sse, packed_r=True)
 
 
 @pytest.mark.parametrize("D,I,G", [(1, 37, 129), (2, 100, 130), (1, 64, 256)])
-@host_cpu.needs_avx512
+@host_cpu.needs_panels
 def test_projection_on_importer_packed_w(D, I, G):
     """The projection built with packed_w runs the panel GEMM on W packed by `w_panels` at every row count (1, 3,
     19: 1-row tails, 4-row tiles, partial last panels, K tails), X shared by the directions, bias added."""
@@ -92,13 +94,13 @@ def test_projection_on_importer_packed_w(D, I, G):
 
 
 def test_packed_w_and_wide_tiles_are_refused():
-    """A projection asked for packed W where it has no panel path (no AVX-512), and a register tile that two stack
+    """A projection asked for packed W where it has no panel path (no AVX2), and a register tile that two stack
     buffers cannot hold, are errors naming the cause."""
     from tvmseq.errors import TvmseqError
     from tvmseq.kernels.projection import gemm as ip
 
     with pytest.raises(ValueError, match="packed W needs the CPU projection's panel path"):
-        ip.cpu_projection_func(_projection_spec(1, 64, 256), resolve({"kind": "llvm", "mcpu": "x86-64-v3"}),
+        ip.cpu_projection_func(_projection_spec(1, 64, 256), resolve({"kind": "llvm", "mcpu": "x86-64-v2"}),
                                packed_w=True)
     assert step_gemm._tile_halves(4, 4, 16, 1) == (2, 2) and step_gemm._tile_halves(4, 3, 16, 1) == (4, 0)
     with pytest.raises(TvmseqError, match="does not fit two stack buffers"):
@@ -109,7 +111,7 @@ def test_packed_w_and_wide_tiles_are_refused():
     (1, 70, 48, 5, dict(has_seq_lens=True)),
     (2, 67, 32, 6, dict(has_peepholes=True, input_forget=1, has_seq_lens=True)),
 ], ids=["b70", "bi-b67"])
-@host_cpu.needs_avx512
+@host_cpu.needs_panels
 def test_fused_lstm_on_many_cores_by_rows_and_by_panels(monkeypatch, D, B, H, seq, kw):
     """Built for 16 cores, a fused LSTM step whose batch gives every thread a tile (B x D >= 64) splits its rows over
     the threads (`step_gemm._fused_rows_loop`, no barrier a step): bit-identical to the split by panels, and both

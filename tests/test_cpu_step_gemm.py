@@ -135,8 +135,8 @@ def test_split_gemm_tiles_allocate_nothing(M, gemm):
     elif gemm == "panel":
         func = step_gemm.cpu_panel_gemm_func(1, M, 384, 128, parallel=True)
     else:   # rows symbolic whatever M is
-        if not host_cpu.has("avx512f"):
-            pytest.skip("the host CPU has no AVX-512: no packed-panel projection")
+        if not host_cpu.panel_rows():
+            pytest.skip("the host CPU has no packed-panel projection")
         spec = SimpleNamespace(num_directions=1, input_size=128, gates=3, hidden=128, dtype="float32")
         func = ip.cpu_projection_func(spec, LLVM, packed_w=True).with_attr("global_symbol", "main")
     assert "T.parallel" in func.script()
@@ -170,7 +170,7 @@ def _gru_gate_i(X, W, Bias, H, lbr):
 @pytest.mark.parametrize("lbr,direction,dtype,batch", [
     (1, "forward", "float32", 3), (0, "bidirectional", "float32", None), (0, "reverse", "float16", 2),
     (1, "bidirectional", "float16", None)])
-@host_cpu.needs_avx512
+@host_cpu.needs_panels
 def test_gru_recurrence_packs_and_matches_numpy(monkeypatch, lbr, direction, dtype, batch):
     """hidden 45: 135 gate rows (3 panels, the last partial; lbr=0's h rows start inside a panel). The module
     packs only when time steps x batch >= CPU_PACK_MIN_ROW_STEPS (here 12): seq 5 at batch 2 steps on R as
@@ -180,7 +180,8 @@ def test_gru_recurrence_packs_and_matches_numpy(monkeypatch, lbr, direction, dty
     spec = gru.GruSpec(D, batch, H, I, dtype, lbr, direction, has_seq_lens=True)
     func = gru.recurrence_func(spec, LLVM)
     text = func.script()
-    assert f"Rp = T.alloc_buffer(({D}, 3, {H}, 64))" in text and ">= 12:" in text   # 3 panels, packed at run time
+    P = host_cpu.panel_rows()   # 3 x 45 gate rows: 3 panels of 64 (AVX-512) or 5 of 32 (AVX2), packed at run time
+    assert f"Rp = T.alloc_buffer(({D}, {-(-3 * H // P)}, {H}, {P}))" in text and ">= 12:" in text
     rec = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)["gru_recurrence"]
     rng = np.random.default_rng(lbr * 10 + D)
     R = rng.uniform(-0.3, 0.3, (D, 3 * H, H)).astype(dtype)
@@ -228,7 +229,7 @@ _LSTM_PACKED_CASES = [
 
 
 @pytest.mark.parametrize("H,B,direction,kw,seq,cores", _LSTM_PACKED_CASES)
-@host_cpu.needs_avx512
+@host_cpu.needs_panels
 def test_lstm_recurrence_packed_equals_unpacked(monkeypatch, H, B, direction, kw, seq, cores):
     """LSTM recurrences with R packed (panels; the gate math fused into them where hidden is a multiple of 16)
     against the k-in-lanes GEMM and gate loop (tested against the reference elsewhere), any batch: equal to
@@ -278,19 +279,24 @@ def test_rnn_recurrence_packed_matches_reference(monkeypatch):
     np.testing.assert_allclose(packed[0], plain[0], rtol=1e-5, atol=1e-5)
 
 
-def test_small_gpu_or_avx2_recurrences_do_not_pack():
-    """Fewer than CPU_PACK_MIN_ROWS gate rows, the tiled schedule, CUDA or a CPU without AVX-512: no panels."""
+def test_small_gpu_or_sse_recurrences_do_not_pack():
+    """Fewer than two panels of gate rows (64 x 2 with AVX-512, 32 x 2 with AVX2), the tiled schedule, CUDA or a CPU
+    without AVX2: no panels."""
     sched, G = gru.StepSchedule(), step_gemm.CPU_PACK_MIN_ROWS
     avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3"})
     assert gru.cpu_packs_r(False, sched, G, avx512)
     assert not gru.cpu_packs_r(False, sched, G - 1, avx512)
+    assert gru.cpu_packs_r(False, sched, 2 * step_gemm.CPU_PANEL_AVX2, avx2)
+    assert not gru.cpu_packs_r(False, sched, 2 * step_gemm.CPU_PANEL_AVX2 - 1, avx2)
     assert not gru.cpu_packs_r(True, sched, 4096, avx512)
     assert not gru.cpu_packs_r(False, gru.StepSchedule(tiled=True), 4096, avx512)
-    assert not gru.cpu_packs_r(False, sched, 4096, tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3"}))
+    assert not gru.cpu_packs_r(False, sched, 4096, tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v2"}))
     spec = gru.GruSpec(1, 2, 64, 8)
-    assert "Rp = T.alloc_buffer" in gru.recurrence_func(spec, avx512).script()
-    avx2 = resolve({"kind": "llvm", "mcpu": "x86-64-v3"})
-    assert "Rp = T.alloc_buffer" not in gru.recurrence_func(spec, avx2).script()
+    assert "Rp = T.alloc_buffer((1, 3, 64, 64))" in gru.recurrence_func(spec, avx512).script()
+    assert "Rp = T.alloc_buffer((1, 6, 64, 32))" in gru.recurrence_func(spec, resolve(
+        {"kind": "llvm", "mcpu": "x86-64-v3"})).script()
+    assert "Rp = T.alloc_buffer" not in gru.recurrence_func(spec, resolve({"kind": "llvm", "mcpu": "x86-64-v2"})).script()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -332,12 +338,12 @@ def test_packed_projection_matches_numpy(D, I, G):
 
 
 def test_packed_projection_default_threshold():
-    """Built as the importer builds it (H128 GRU, AVX-512 target): under cpu_panel_projection_min_rows the old
-    GEMM, from it the packed one; both match numpy and each other's numbers."""
+    """Built as the importer builds it (H128 GRU, this host's target): under cpu_panel_projection_min_rows the old
+    GEMM, from it the packed one (AVX-512 or AVX2); both match numpy and each other's numbers."""
     from tvmseq.kernels.projection import gemm as ip
 
     spec = _projection_spec(2, 128, 384, gates=3)
-    assert ip.cpu_panel_projection(spec, LLVM) == step_gemm._has_avx512(LLVM)
+    assert ip.cpu_panel_projection(spec, LLVM) == bool(host_cpu.panel_rows())
     rng = np.random.default_rng(7)
     W = rng.standard_normal((2, 384, 128)).astype(np.float32)
     Bias = rng.standard_normal((2, 384)).astype(np.float32)
@@ -349,15 +355,20 @@ def test_packed_projection_default_threshold():
                                    atol=1e-4)
 
 
-def test_projection_keeps_old_gemm_off_avx512_and_fp16():
-    """float16 weights, W with fewer than two panels of rows, or a target without AVX-512: no packed path."""
+def test_projection_keeps_old_gemm_off_panels_and_fp16():
+    """float16 weights, W with fewer than two panels of rows, or a target without AVX2 (SSE only): no packed path;
+    AVX2 packs W in panels of 32 rows, AVX-512 of 64."""
     from tvmseq.kernels.projection import gemm as ip
 
-    avx2 = resolve({"kind": "llvm", "mcpu": "x86-64-v3"})
-    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 384, "float16", 3), LLVM)
-    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 96, gates=3), LLVM)
-    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 384, gates=3), avx2)
-    assert "Wp" not in ip.cpu_projection_func(_projection_spec(1, 128, 384, gates=3), avx2).script()
+    avx2, sse = resolve({"kind": "llvm", "mcpu": "x86-64-v3"}), resolve({"kind": "llvm", "mcpu": "x86-64-v2"})
+    avx512 = resolve({"kind": "llvm", "mcpu": "znver4"})
+    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 384, "float16", 3), avx512)
+    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 96, gates=3), avx512)
+    assert ip.cpu_panel_projection(_projection_spec(1, 128, 96, gates=3), avx2)       # 3 panels of 32
+    assert not ip.cpu_panel_projection(_projection_spec(1, 128, 384, gates=3), sse)
+    assert "Wp" not in ip.cpu_projection_func(_projection_spec(1, 128, 384, gates=3), sse).script()
+    assert "Wp = T.alloc_buffer((1, 12, 128, 32))" in ip.cpu_projection_func(
+        _projection_spec(1, 128, 384, gates=3), avx2).script()
     assert ip.cpu_panel_projection_min_rows(37) == ip.CPU_PANEL_PROJECTION_MIN_ROWS
     assert ip.cpu_panel_projection_min_rows(1024) == 384
 
@@ -368,7 +379,7 @@ def test_panel_paths_reject_what_they_cannot_compute():
     from tvmseq.errors import TvmseqError
     from tvmseq.kernels.projection import gemm as proj
 
-    with pytest.raises(TvmseqError, match="panel 40 is not a multiple of 16 lanes"):
+    with pytest.raises(TvmseqError, match="panel 40 is not a multiple of 4 vectors"):
         step_gemm.cpu_panel_gemm_macro(1, 8, 64, 128, 0, panel=40)
     spec = lstm.LstmSpec(1, 8, 64, 64, "float16", direction="forward")
     with pytest.raises(ValueError, match="packed CPU projection takes float32"):
@@ -401,10 +412,10 @@ def _recurrence_case(cell, kw, D, B, H, seq, rng):
 def test_one_launch_time_loop_equals_a_launch_a_loop(monkeypatch, cell, kw):
     """Where the step GEMM splits over threads (here forced at any size), the per-step recurrences run their time
     loop as one launch of the thread pool with barriers between stages (`gru.cpu_one_launch_steps`): the same
-    outputs, bit for bit, as a launch a loop. Bidirectional, ragged lengths, any batch at batch 6, hidden 40 (R
-    not packed: seq 5 x batch 6 < CPU_PACK_MIN_ROW_STEPS)."""
+    outputs, bit for bit, as a launch a loop. Bidirectional, ragged lengths, any batch at batch 6, hidden 42 (R
+    not packed: seq 5 x batch 6 < CPU_PACK_MIN_ROW_STEPS; no whole vectors of units, so no fused LSTM step)."""
     monkeypatch.setattr(step_gemm, "CPU_PARALLEL_MIN_MACS", 1)
-    spec, args, shapes, module = _recurrence_case(cell, kw, 2, 6, 40, 5, np.random.default_rng(17))
+    spec, args, shapes, module = _recurrence_case(cell, kw, 2, 6, 42, 5, np.random.default_rng(17))
     outs = {}
     for one_launch in (True, False):
         if not one_launch:

@@ -598,9 +598,9 @@ def cpu_panel_projection(spec, target=None) -> bool:
 def w_panels(spec, target=None):
     """How `cpu_projection_func(spec, target, packed_w=True)` takes W (`step_gemm.Panels`): where the CPU
     projection has its panel path (`cpu_panel_projection`), else None."""
-    from ..recurrent.step_gemm import Panels
+    from ..recurrent.step_gemm import Panels, cpu_panel_size
 
-    return Panels() if cpu_panel_projection(spec, target) else None
+    return Panels(panel=cpu_panel_size(target)) if cpu_panel_projection(spec, target) else None
 
 
 # X of the CPU projection may sit at any 16-byte boundary (numpy's large arrays do; TVM's code otherwise assumes 64
@@ -622,7 +622,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     them, X read through a view with a zero direction stride, the bias again added as the sums are stored.
     packed_w: W comes packed (`w_panels`, by the importer: a constant packed once) and every call, of any
     number of rows, runs the panel GEMM on it."""
-    from ..recurrent.step_gemm import (CPU_PANEL, cpu_gemm_macro, cpu_lanes, cpu_pack_macro, cpu_panel_count,
+    from ..recurrent.step_gemm import (cpu_gemm_macro, cpu_panel_size, cpu_lanes, cpu_pack_macro, cpu_panel_count,
                                        cpu_panel_gemm_macro)
 
     D, I, G, dt = spec.num_directions, spec.input_size, spec.gates * spec.hidden, spec.dtype
@@ -640,7 +640,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     if packed_w:
         panels = w_panels(spec, target)
         if panels is None:
-            raise ValueError("packed W needs the CPU projection's panel path (float32, AVX-512)")
+            raise ValueError("packed W needs the CPU projection's panel path (float32, AVX2 or AVX-512)")
         w_shape, w_dtype = panels.shape(D, G, I), "float32"
         panel_gemm = cpu_panel_gemm_macro(D, rows, I, G, 0, panels.panel, bias=True)
 
@@ -652,7 +652,7 @@ def cpu_projection_func(spec, target=None, panel: bool | None = None,
     if use_panel and not packed_w:
         if dt != "float32":
             raise ValueError("the packed CPU projection takes float32 X and W")
-        P = CPU_PANEL
+        P = cpu_panel_size(target)
         nP = cpu_panel_count(G, P)
         pack = cpu_pack_macro(D, G, I, P)
         panel_gemm = cpu_panel_gemm_macro(D, rows, I, G, 0, P, bias=True)

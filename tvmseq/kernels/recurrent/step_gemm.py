@@ -719,6 +719,38 @@ def cpu_gemm_func(D: int, M, N: int, K: int, dtype: str = "float32", lanes: int 
 CPU_PANEL = 64             # 4 AVX-512 vectors: a 4-row batch tile holds 16 accumulators, loads 4 + 4 a k
 CPU_PANEL_LANES = 16
 CPU_PANEL_BATCH_TILE = 4
+# on AVX2 (16 registers of 8 lanes): 4 vectors of 8, a 2-row batch tile: 8 accumulators, 4 loads and a broadcast.
+# The AVX-512 geometry there spilled (its 16 accumulators are 32 AVX2 registers): LSTM hidden 512, batch 8, 100
+# steps 43.7 ms on the k-in-lanes GEMM, 80.9 on those panels (2-core Zen 3, 2026-11-28)
+CPU_PANEL_AVX2 = 32
+
+
+def panel_lanes(panel: int) -> int:
+    """fp32 lanes of a panel's vectors: a panel is 4 vectors (64 rows: AVX-512, 32: AVX2)."""
+    return panel // 4
+
+
+def panel_batch_tile(panel: int) -> int:
+    """Batch rows of a panel GEMM's register tile: 4 x 4 vectors of 16 lanes in AVX-512's 32 registers, 2 x 4 of 8
+    in AVX2's 16."""
+    return CPU_PANEL_BATCH_TILE if panel_lanes(panel) >= CPU_PANEL_LANES else 2
+
+
+def cpu_panel_size(target) -> int:
+    """Rows of a panel of the packed CPU GEMM on `target`: CPU_PANEL with AVX-512, CPU_PANEL_AVX2 with AVX2 and FMA,
+    0 elsewhere (no panels: the k-in-lanes GEMM on R as stored)."""
+    if target is None:
+        return 0
+    try:
+        from tvm.target import codegen
+
+        if codegen.target_has_features("avx512f", target):
+            return CPU_PANEL
+        if codegen.target_has_features("avx2", target) and codegen.target_has_features("fma", target):
+            return CPU_PANEL_AVX2
+    except Exception:  # noqa: BLE001 - a TVM without LLVM: nothing is compiled anyway
+        pass
+    return 0
 
 # KB of k a packing block copies
 CPU_PACK_KB = 16
@@ -899,9 +931,9 @@ def cpu_panel_gemm_macro(D: int, M, K: int, rows: int, row_offset: int, panel: i
     `cpu_pack_macro` (panels of all of R's rows: this GEMM runs the panels that overlap its rows and stores
     only its rows). bias: the macro is `gemm(src, Rp, gh, bias)` and adds bias[d, row_offset + r] as it
     stores. Blocks, batch tiles and the thread split as `cpu_gemm_macro`'s."""
-    P, VL, BT, MB = panel, CPU_PANEL_LANES, CPU_PANEL_BATCH_TILE, CPU_M_BLOCK
-    if P % VL:
-        raise TvmseqError(f"CPU panel GEMM: panel {P} is not a multiple of {VL} lanes")
+    P, VL, BT, MB = panel, panel_lanes(panel), panel_batch_tile(panel), CPU_M_BLOCK
+    if P % 4 or VL not in (8, CPU_PANEL_LANES):
+        raise TvmseqError(f"CPU panel GEMM: panel {P} is not a multiple of 4 vectors of 8 or 16 lanes")
     p0 = row_offset // P
     npn = cpu_panel_count(row_offset + rows, P) - p0
     nmb = (M + MB - 1) // MB
@@ -956,10 +988,10 @@ CPU_FUSED_UNITS = CPU_PANEL_LANES
 CPU_FUSED_ITEMS_PER_THREAD = 2
 
 
-def _fused_m_blocks(M, D: int, nP: int, threads: int):
+def _fused_m_blocks(M, D: int, nP: int, threads: int, BT: int = CPU_PANEL_BATCH_TILE):
     """m blocks of the fused step: CPU_M_BLOCK rows each, or more (down to a batch tile each) where that leaves
     fewer than CPU_FUSED_ITEMS_PER_THREAD work items a thread. An int for a static M, else a TIR expression."""
-    BT, MB = CPU_PANEL_BATCH_TILE, CPU_M_BLOCK
+    MB = CPU_M_BLOCK
     wanted = (CPU_FUSED_ITEMS_PER_THREAD * threads + D * nP - 1) // (D * nP)
     if isinstance(M, int):
         return max((M + MB - 1) // MB, min(wanted, (M + BT - 1) // BT))
@@ -967,7 +999,7 @@ def _fused_m_blocks(M, D: int, nP: int, threads: int):
 
 
 def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None,
-                              threads: int = 1, prefetch_next=None):
+                              threads: int = 1, prefetch_next=None, units: int = CPU_FUSED_UNITS):
     """TVMScript macro `loop(Rp, (h, h_next, ops), seq)`: the time loop of a cell whose `gates` x K recurrent
     weights are packed with `cpu_pack_macro(..., interleave=CPU_FUSED_UNITS)` (a panel: CPU_FUSED_UNITS units of
     every gate). At each step s, each work item (m block, direction, panel) computes the panel GEMM's register tiles
@@ -980,11 +1012,11 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
     launch of TVM's thread pool with a barrier a step (`cpu_one_launch_loop`). m blocks smaller than CPU_M_BLOCK
     where `threads` would otherwise idle (`_fused_m_blocks`). prefetch_next: macro `prefetch(ops, s, seq, d, m0, mlen)`
     that prefetches what step s + 1 of rows m0 .. m0 + mlen - 1 reads (the split by batch rows calls it before step s)."""
-    U = CPU_FUSED_UNITS
-    BT = CPU_PANEL_BATCH_TILE
+    U = units   # lanes of a vector: a panel is `gates` vectors, a gate's U units each
+    BT = panel_batch_tile(gates * U)
     units = K
     nP = cpu_panel_count(units, U)
-    nmb = _fused_m_blocks(M, D, nP, threads)
+    nmb = _fused_m_blocks(M, D, nP, threads, BT)
     MBe = _even_m_block(M, nmb, BT)
     acc_tile, (tile_size, tile_size_b), (RA, RB) = _panel_accumulate_macro(K, U, BT, gates)
     acc_row, (row_size, _), _ = _panel_accumulate_macro(K, U, 1, gates)
@@ -1042,7 +1074,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
                                     gates * units, K, min_macs)
     if threads < CPU_MANY_CORES or 4 * gates * units * K > CPU_ROW_SPLIT_MAX_R_BYTES:
         return by_panels
-    by_rows = _fused_rows_loop(D, M, nP, threads, block, prefetch_next)
+    by_rows = _fused_rows_loop(D, M, nP, threads, block, prefetch_next, BT)
 
     @T.macro
     def loop(Rp, bufs, seq):
@@ -1059,7 +1091,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
 CPU_ROW_SPLIT_MAX_R_BYTES = 1 << 20
 
 
-def _fused_rows_loop(D: int, M, nP: int, threads: int, block, prefetch_next=None):
+def _fused_rows_loop(D: int, M, nP: int, threads: int, block, prefetch_next=None, BT: int = CPU_PANEL_BATCH_TILE):
     """The fused time loop (`cpu_fused_time_loop_macro`) split by batch rows: one launch of the thread pool, each work
     item (a block of whole batch tiles, a direction) runs every step over all panels for its own rows (`block`: one
     panel's tiles of a step), so no step waits for another thread (the rows of an LSTM are independent). The same
@@ -1068,7 +1100,6 @@ def _fused_rows_loop(D: int, M, nP: int, threads: int, block, prefetch_next=None
     multiply-adds, its barrier and the state's hand-over between cores. Before each step a thread prefetches what
     its rows read at the next one (`prefetch_next`: the LSTM's gate_i rows, written by the projection on other
     cores)."""
-    BT = CPU_PANEL_BATCH_TILE
     per_direction = max(1, threads // D)
     nmb = per_direction if isinstance(M, int) else T.max(1, T.min(per_direction, M // BT))
     MBe = _even_m_block(M, nmb, BT)
@@ -1182,20 +1213,10 @@ class Panels:
 
 def cpu_pack_worthwhile(G: int, target=None) -> bool:
     """Whether a recurrence whose R has G rows gets the panel GEMM (when its call is long enough:
-    `cpu_pack_at_run_time`) on `target`: an x86 CPU with AVX-512, where it was measured (with 8-lane
-    registers the 4 x 4-vector tile would spill: those targets keep the k-in-lanes GEMM)."""
-    return G >= CPU_PACK_MIN_ROWS and _has_avx512(target)
-
-
-def _has_avx512(target) -> bool:
-    if target is None:
-        return False
-    try:
-        from tvm.target import codegen
-
-        return bool(codegen.target_has_features("avx512f", target))
-    except Exception:  # noqa: BLE001 - a TVM without LLVM: nothing is compiled anyway
-        return False
+    `cpu_pack_at_run_time`) on `target`: an x86 CPU with AVX-512 or AVX2 (`cpu_panel_size`), R of two panels
+    or more."""
+    panel = cpu_panel_size(target)
+    return panel > 0 and G >= 2 * panel
 
 
 def cpu_pack_at_run_time(seq, M):
@@ -1205,7 +1226,7 @@ def cpu_pack_at_run_time(seq, M):
 
 
 def cpu_step_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
-                        min_macs: int | None = None, parallel: bool | None = None):
+                        min_macs: int | None = None, parallel: bool | None = None, panel: int = CPU_PANEL):
     """TVMScript macro `gemm(src, weights, gh)`, weights = (R, Rp, packed): the panel GEMM on Rp (R packed
     by `cpu_pack_macro`) where `packed` (a Python bool: the caller's time loop comes in a packed and an
     unpacked copy) is True, else `cpu_gemm_macro`'s on R as stored. Both compute gh[0, d, m, row_offset + r]
@@ -1213,7 +1234,7 @@ def cpu_step_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, 
     `parallel` forces both GEMMs' choice (`cpu_thread_split_macro`)."""
     lanes_gemm = cpu_gemm_macro(D, M, K, dt, rows, row_offset, lanes, parallel=parallel, min_macs=min_macs)
     panel_min = min(min_macs or CPU_PARALLEL_MIN_MACS, CPU_PANEL_PARALLEL_MIN_MACS)
-    panel_gemm = cpu_panel_gemm_macro(D, M, K, rows, row_offset, parallel=parallel, min_macs=panel_min)
+    panel_gemm = cpu_panel_gemm_macro(D, M, K, rows, row_offset, panel, parallel=parallel, min_macs=panel_min)
 
     @T.macro
     def gemm(src, weights, gh):
