@@ -51,3 +51,7 @@ needs_panels = pytest.mark.skipif(not panel_rows(),
 def skip_unless_ort_u8s8_exact():
     if not ort_u8s8_exact():
         pytest.skip("onnxruntime's uint8 x int8 GEMM saturates int16 pair sums on this CPU (no VNNI): not a reference")
+
+
+needs_fused_lstm = pytest.mark.skipif(panel_rows() != 64,
+                                      reason="the fused LSTM step (gate math in the panel GEMM) is built for AVX-512 only")

@@ -43,8 +43,9 @@ def test_recurrence_on_importer_packed_r(monkeypatch, cell, kw, H, D, B, seq):
     rng = np.random.default_rng(H + B)
     spec, args, shapes, module = _recurrence_case(cell, kw, D, B, H, seq, rng)
     panels = module.r_panels(spec, LLVM)
-    lanes = host_cpu.panel_rows() // 4   # the fused LSTM interleaves a vector of units of each gate
-    assert panels is not None and panels.interleave == (lanes if cell == "LSTM" and H % lanes == 0 else None)
+    # the fused LSTM step (AVX-512: 16 units of each gate a panel) interleaves its gates; AVX2 keeps them apart
+    fused = cell == "LSTM" and H % 16 == 0 and host_cpu.panel_rows() == 64
+    assert panels is not None and panels.interleave == (16 if fused else None)
     func = module.recurrence_func(spec, LLVM, packed_r=True)
     assert "Rp = T.alloc_buffer" not in func.script()
     mod = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
@@ -111,7 +112,7 @@ def test_packed_w_and_wide_tiles_are_refused():
     (1, 70, 48, 5, dict(has_seq_lens=True)),
     (2, 67, 32, 6, dict(has_peepholes=True, input_forget=1, has_seq_lens=True)),
 ], ids=["b70", "bi-b67"])
-@host_cpu.needs_panels
+@host_cpu.needs_fused_lstm
 def test_fused_lstm_on_many_cores_by_rows_and_by_panels(monkeypatch, D, B, H, seq, kw):
     """Built for 16 cores, a fused LSTM step whose batch gives every thread a tile (B x D >= 64) splits its rows over
     the threads (`step_gemm._fused_rows_loop`, no barrier a step): bit-identical to the split by panels, and both

@@ -203,7 +203,7 @@ def _kernel_weight_ranks(mod, suffixes=("_recurrence", "_input_projection_flat")
 @pytest.mark.parametrize("cell,batch,weights_as_inputs", [("LSTM", 3, False), ("LSTM", 1, False), ("GRU", 3, False),
                                                        ("RNN", 3, False), ("GRU", 1, False), ("GRU", 3, True)])
 def test_constant_weights_packed_once_at_import(cell, batch, weights_as_inputs):
-    """W and R as initializers on an AVX-512 CPU: the projection gets W as float32 panels packed at import (a 4-D
+    """W and R as initializers on an AVX2 or AVX-512 CPU: the projection gets W as float32 panels packed at import (a 4-D
     constant) and never packs it in a call; so does the recurrence R, a GRU / RNN from a static batch of 2 and an
     LSTM whose gates fuse into the panels (hidden 48) at any batch (a batch-1 GRU keeps R as stored and its kernel's
     run-time choice). W and R as graph inputs: as given (3-D), packed in long calls. Either way the node matches
@@ -219,8 +219,9 @@ def test_constant_weights_packed_once_at_import(cell, batch, weights_as_inputs):
                                              linear_before_reset=1 if cell == "GRU" else None,
                                              weights_as_inputs=weights_as_inputs, weight_scale=0.15)
     ranks = _kernel_weight_ranks(tvmseq.from_onnx(model, target="llvm"))
-    packs = step_gemm._has_avx512(resolve("llvm")) and not weights_as_inputs
-    packs_r = packs and (cell == "LSTM" or batch >= 2)
+    packs = bool(step_gemm.cpu_panel_size(resolve("llvm"))) and not weights_as_inputs
+    fused = cell == "LSTM" and step_gemm.cpu_panel_size(resolve("llvm")) == step_gemm.CPU_PANEL   # AVX-512 only
+    packs_r = packs and (fused or batch >= 2)
     assert ranks == {f"{cell.lower()}_input_projection_flat": 4 if packs else 3,
                      f"{cell.lower()}_recurrence": 4 if packs_r else 3}, ranks
     got = tvmseq.compile_onnx(model, target="llvm", artifacts=None)(**feeds)

@@ -229,7 +229,7 @@ _LSTM_PACKED_CASES = [
 
 
 @pytest.mark.parametrize("H,B,direction,kw,seq,cores", _LSTM_PACKED_CASES)
-@host_cpu.needs_panels
+@host_cpu.needs_fused_lstm
 def test_lstm_recurrence_packed_equals_unpacked(monkeypatch, H, B, direction, kw, seq, cores):
     """LSTM recurrences with R packed (panels; the gate math fused into them where hidden is a multiple of 16)
     against the k-in-lanes GEMM and gate loop (tested against the reference elsewhere), any batch: equal to

@@ -106,7 +106,10 @@ def activation_fn(spec: LstmSpec, which: int, cpu: bool = False):
 def cpu_fuses_gates(gpu: bool, sched: StepSchedule, H: int, target=None) -> bool:
     """Whether a CPU LSTM steps with its gate math fused into the panel GEMM (`step_gemm.cpu_fused_time_loop_macro`)
     when it packs R: a packing recurrence (`gru.cpu_packs_r`) whose hidden size is whole vectors of units."""
-    return cpu_packs_r(gpu, sched, 4 * H, target) and H % fused_units(target) == 0
+    # AVX-512 only: with AVX2's 8-lane geometry TVM's common-subexpression pass failed on the fused step at batch 3
+    # with peepholes ("variable cse_v.. has been used before definition"); AVX2 steps on the panels, gates apart
+    return (cpu_packs_r(gpu, sched, 4 * H, target) and fused_units(target) == CPU_FUSED_UNITS
+            and H % fused_units(target) == 0)
 
 
 def fused_units(target) -> int:
