@@ -266,6 +266,20 @@ def test_mma_projection_cpu_variant_matches_numpy(D, rows, N, K):
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
 
 
+def _assert_refuses_past_rows(func, K, D, N, x_dtype, limit, message):
+    """The CPU build of a projection runs `limit` rows and refuses limit + 1 with one line matching `message`."""
+    f = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
+
+    def call(rows):
+        args = (np.ones((rows, K), x_dtype), np.ones((D, N, K), x_dtype), np.zeros((D, N), np.float32),
+                np.zeros((D, rows, N), np.float32))
+        f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in args])
+
+    call(limit)
+    with pytest.raises(Exception, match=message):
+        call(limit + 1)
+
+
 def test_mma_projection_refuses_more_rows_than_32_bit_indices(monkeypatch):
     """rows x max(K, D x N) must stay under 2^31 (32-bit offsets): checked on the host before the kernel, one line
     naming the projection (here the limit lowered to 40 rows of 2 x 128 values)."""
@@ -273,16 +287,8 @@ def test_mma_projection_refuses_more_rows_than_32_bit_indices(monkeypatch):
     from tvmseq.onnx import checks
 
     monkeypatch.setattr(checks, "INDEX_LIMIT", 2 * 128 * 40 + 1)
-    f = tvm.compile(tvm.IRModule({"main": pmm.projection_mma_func(2, 128, 64, gpu=False)}), target=LLVM)
-
-    def call(rows):
-        args = (np.ones((rows, 64), np.float16), np.ones((2, 128, 64), np.float16), np.zeros((2, 128), np.float32),
-                np.zeros((2, rows, 128), np.float32))
-        f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in args])
-
-    call(40)
-    with pytest.raises(Exception, match=r"mma input projection \(K 64, 2 x 128 gate rows\): .* at most 40 rows"):
-        call(41)
+    _assert_refuses_past_rows(pmm.projection_mma_func(2, 128, 64, gpu=False), 64, 2, 128, np.float16, 40,
+                              r"mma input projection \(K 64, 2 x 128 gate rows\): .* at most 40 rows")
 
 
 @pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 64), (2, 300, 256, 128)])
@@ -364,18 +370,9 @@ def test_cpu_projection_refuses_more_rows_than_32_bit_indices(monkeypatch):
     host with one line naming it (here the limit lowered to 30 rows of 2 x 3 x 37 values)."""
     from tvmseq.onnx import checks
 
-    spec = _spec(2, 1, 37, 19)
     monkeypatch.setattr(checks, "INDEX_LIMIT", 2 * 3 * 37 * 30 + 1)
-    f = tvm.compile(tvm.IRModule({"main": ip.cpu_projection_func(spec, LLVM)}), target=LLVM)
-
-    def call(rows):
-        args = (np.ones((rows, 19), np.float32), np.ones((2, 111, 19), np.float32), np.zeros((2, 111), np.float32),
-                np.zeros((2, rows, 111), np.float32))
-        f["gru_input_projection"](*[tvm.runtime.tensor(a) for a in args])
-
-    call(30)
-    with pytest.raises(Exception, match=r"input projection \(K 19, 2 x 111 gate rows\): .* at most 30 rows"):
-        call(31)
+    _assert_refuses_past_rows(ip.cpu_projection_func(_spec(2, 1, 37, 19), LLVM), 19, 2, 111, np.float32, 30,
+                              r"input projection \(K 19, 2 x 111 gate rows\): .* at most 30 rows")
 
 
 @pytest.mark.parametrize("flat,unit_values,unit", [(True, 255, "rows"), (False, 64 * 255, "steps")])
