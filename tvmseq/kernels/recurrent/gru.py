@@ -33,9 +33,8 @@ except ImportError:  # runtime-only TVM (a deployment box): shapes and schedules
 from ...errors import TvmseqError
 from ..activations import Activation
 from ..projection.gemm import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
-from .step_gemm import (CPU_PANEL, TILED_MIN_BATCH, GemmTile, Panels, choose_tile, cpu_barrier, cpu_gemm_macro,
-                        cpu_lanes, cpu_panel_size,
-                        cpu_one_launch_loop, cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile,
+from .step_gemm import (TILED_MIN_BATCH, GemmTile, Panels, choose_tile, cpu_barrier, cpu_gemm_macro, cpu_lanes,
+                        cpu_one_launch_loop, cpu_panel_size, cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile,
                         cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro, normalized,
                         tiled_gemm_macro)
 
@@ -312,9 +311,8 @@ def step_gemm_plan(gpu: bool, D: int, B: int, H: int, dt: str, sched: StepSchedu
     the tiled GEMM's serial variant) the SIMD GEMM of `step_gemm.cpu_gemm_macro`, or with `cpu_packs_r` the
     one of `step_gemm.cpu_step_gemm_macro` (panels of packed R in long calls, that GEMM in short ones)."""
     if cpu_packs_r(gpu, sched, out_cols, target):   # R as (R, panels, packed): `time_loop` packs it
-        return cpu_step_gemm_macro(D, B, H, dt, rows, row_offset, cpu_lanes(target),
-                                   min_macs=cpu_parallel_min_macs(target), parallel=parallel,
-                                   panel=cpu_panel_size(target)), 1
+        return cpu_step_gemm_macro(D, B, H, dt, rows, row_offset, cpu_panel_size(target), cpu_lanes(target),
+                                   min_macs=cpu_parallel_min_macs(target), parallel=parallel), 1
     if not gpu and not sched.tiled:
         return cpu_gemm_macro(D, B, H, dt, rows, row_offset, cpu_lanes(target), parallel=parallel,
                               min_macs=cpu_parallel_min_macs(target)), 1
@@ -543,8 +541,8 @@ def time_loop(steps, gpu: bool, dt: str, D: int, G: int, H: int, B=None, sched: 
     return run
 
 
-def _packing_time_loop(steps, convert_r: bool, D: int, G: int, H: int, B, interleave: int | None = None,
-                       panel: int = CPU_PANEL):
+def _packing_time_loop(steps, convert_r: bool, D: int, G: int, H: int, B, interleave: int | None,
+                       panel: int):
     """time_loop's CPU variant for the panel GEMM: R packed once before a long time loop (a float16 R straight
     into float32 panels of `panel` rows), a short one on R (float16: converted) as before."""
     pack = cpu_pack_macro(D, G, H, panel, interleave)

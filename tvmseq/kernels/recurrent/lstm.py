@@ -39,8 +39,8 @@ from ..activations import Activation
 from .gru import (DIRECTIONS, StepSchedule, _clip_fn, _let, batch_extent, check_batch, cpu_activation, cpu_packs_r,
                   cpu_r_panels, cpu_unit_chunk, gemm_then_units_steps, partial_sum, r_buffer, reverse_fn,
                   row_length_fn, state_macros, step_gemm_plan, time_loop, unit_loops, unit_update)
-from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL_PARALLEL_MIN_MACS, Panels, cpu_cores,
-                        cpu_fused_time_loop_macro, cpu_panel_size, cpu_parallel_min_macs, panel_lanes)
+from .step_gemm import (CPU_FUSED_UNITS, CPU_PANEL, CPU_PANEL_PARALLEL_MIN_MACS, Panels, cpu_cores,
+                        cpu_fused_time_loop_macro, cpu_panel_size, cpu_parallel_min_macs)
 
 GATE_ORDER = ("i", "o", "f", "c")      # rows of W, R and B per direction, H each
 PEEPHOLE_ORDER = ("i", "o", "f")       # entries of P per direction, H each
@@ -106,23 +106,19 @@ def activation_fn(spec: LstmSpec, which: int, cpu: bool = False):
 def cpu_fuses_gates(gpu: bool, sched: StepSchedule, H: int, target=None) -> bool:
     """Whether a CPU LSTM steps with its gate math fused into the panel GEMM (`step_gemm.cpu_fused_time_loop_macro`)
     when it packs R: a packing recurrence (`gru.cpu_packs_r`) whose hidden size is whole vectors of units."""
-    # AVX-512 only: with AVX2's 8-lane geometry TVM's common-subexpression pass failed on the fused step at batch 3
-    # with peepholes ("variable cse_v.. has been used before definition"); AVX2 steps on the panels, gates apart
-    return (cpu_packs_r(gpu, sched, 4 * H, target) and fused_units(target) == CPU_FUSED_UNITS
-            and H % fused_units(target) == 0)
+    # AVX-512's panels only: in AVX2's 8-lane geometry TVM's common-subexpression pass failed on the fused step at
+    # batch 3 with peepholes ("variable cse_v.. has been used before definition"), and the LSTM stepping on those
+    # panels with its gate loop apart measured faster (2-core Zen 3, 2026-11-28)
+    return (cpu_panel_size(target) == CPU_PANEL and cpu_packs_r(gpu, sched, 4 * H, target)
+            and H % CPU_FUSED_UNITS == 0)
 
 
-def fused_units(target) -> int:
-    """Units of each gate in a panel of the fused LSTM step on `target`: one vector of lanes (16 with AVX-512, 8
-    with AVX2: `step_gemm.cpu_panel_size`)."""
-    return panel_lanes(cpu_panel_size(target)) or CPU_FUSED_UNITS
-
-
-def _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H: int, dt: str, U: int = CPU_FUSED_UNITS):
+def _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H: int, dt: str):
     """write_back(BT) for `step_gemm.cpu_fused_time_loop_macro`: the LSTM update at step s of CPU_FUSED_UNITS
     units of BT batch rows from the panel's gate sums, ops = (GateI, P, Lens, Y, cell, seq): within a row's length
     the cell's math (new_cell / new_hidden of recurrence_func) into cell and h_next, Y[t]; past it h carried to
-    h_next and Y[s] = 0. U: units of each gate in a panel (`fused_units`)."""
+    h_next and Y[s] = 0."""
+    U = CPU_FUSED_UNITS
 
     def acc_pre(acc, GateI, d, t, b, j, jr, v):
         """gate -> its pre-activation: the tile's sum (row jr, lane v) + the input projection"""
@@ -184,7 +180,7 @@ def r_panels(spec: LstmSpec, target, sched: StepSchedule | None = None) -> Panel
     that call (None: the batch's default there and here)."""
     gpu, sched = target.kind.name == "cuda", sched or StepSchedule.for_batch(spec.batch)
     fused = cpu_fuses_gates(gpu, sched, spec.hidden, target)
-    return cpu_r_panels(gpu, sched, 4 * spec.hidden, target, fused_units(target) if fused else None)
+    return cpu_r_panels(gpu, sched, 4 * spec.hidden, target, CPU_FUSED_UNITS if fused else None)
 
 
 def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedule | None = None,
@@ -276,9 +272,9 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
     fused = cpu_fuses_gates(gpu, sched, H, target)
     if fused:
         fused_loop = cpu_fused_time_loop_macro(
-            D, B, H, 4, _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H, dt, fused_units(target)),
+            D, B, H, 4, _fused_write_back(new_cell, new_hidden, row_length, is_reverse, H, dt),
             min_macs=min(cpu_parallel_min_macs(target), CPU_PANEL_PARALLEL_MIN_MACS), threads=cpu_cores(target),
-            prefetch_next=_prefetch_gate_rows(is_reverse, G), units=fused_units(target))
+            prefetch_next=_prefetch_gate_rows(is_reverse, G))
 
     @T.macro
     def steps(R, bufs, seq):
@@ -296,7 +292,7 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
         else:
             per_step_launches(R, bufs, seq)
 
-    interleave = fused_units(target) if fused else None
+    interleave = CPU_FUSED_UNITS if fused else None
     run_steps = time_loop(steps, gpu, dt, D, G, H, B, sched, target, interleave, packed_r)
     r_shape, r_dtype = r_buffer(D, G, H, dt, cpu_r_panels(gpu, sched, G, target, interleave) if packed_r else None)
 

@@ -723,6 +723,7 @@ CPU_PANEL_BATCH_TILE = 4
 # The AVX-512 geometry there spilled (its 16 accumulators are 32 AVX2 registers): LSTM hidden 512, batch 8, 100
 # steps 43.7 ms on the k-in-lanes GEMM, 80.9 on those panels (2-core Zen 3, 2026-11-28)
 CPU_PANEL_AVX2 = 32
+CPU_PANEL_BATCH_TILE_AVX2 = 2
 
 
 def panel_lanes(panel: int) -> int:
@@ -733,7 +734,7 @@ def panel_lanes(panel: int) -> int:
 def panel_batch_tile(panel: int) -> int:
     """Batch rows of a panel GEMM's register tile: 4 x 4 vectors of 16 lanes in AVX-512's 32 registers, 2 x 4 of 8
     in AVX2's 16."""
-    return CPU_PANEL_BATCH_TILE if panel_lanes(panel) >= CPU_PANEL_LANES else 2
+    return CPU_PANEL_BATCH_TILE if panel_lanes(panel) >= CPU_PANEL_LANES else CPU_PANEL_BATCH_TILE_AVX2
 
 
 def cpu_panel_size(target) -> int:
@@ -988,10 +989,10 @@ CPU_FUSED_UNITS = CPU_PANEL_LANES
 CPU_FUSED_ITEMS_PER_THREAD = 2
 
 
-def _fused_m_blocks(M, D: int, nP: int, threads: int, BT: int = CPU_PANEL_BATCH_TILE):
+def _fused_m_blocks(M, D: int, nP: int, threads: int):
     """m blocks of the fused step: CPU_M_BLOCK rows each, or more (down to a batch tile each) where that leaves
     fewer than CPU_FUSED_ITEMS_PER_THREAD work items a thread. An int for a static M, else a TIR expression."""
-    MB = CPU_M_BLOCK
+    BT, MB = CPU_PANEL_BATCH_TILE, CPU_M_BLOCK
     wanted = (CPU_FUSED_ITEMS_PER_THREAD * threads + D * nP - 1) // (D * nP)
     if isinstance(M, int):
         return max((M + MB - 1) // MB, min(wanted, (M + BT - 1) // BT))
@@ -999,7 +1000,7 @@ def _fused_m_blocks(M, D: int, nP: int, threads: int, BT: int = CPU_PANEL_BATCH_
 
 
 def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_macs: int | None = None,
-                              threads: int = 1, prefetch_next=None, units: int = CPU_FUSED_UNITS):
+                              threads: int = 1, prefetch_next=None):
     """TVMScript macro `loop(Rp, (h, h_next, ops), seq)`: the time loop of a cell whose `gates` x K recurrent
     weights are packed with `cpu_pack_macro(..., interleave=CPU_FUSED_UNITS)` (a panel: CPU_FUSED_UNITS units of
     every gate). At each step s, each work item (m block, direction, panel) computes the panel GEMM's register tiles
@@ -1012,11 +1013,11 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
     launch of TVM's thread pool with a barrier a step (`cpu_one_launch_loop`). m blocks smaller than CPU_M_BLOCK
     where `threads` would otherwise idle (`_fused_m_blocks`). prefetch_next: macro `prefetch(ops, s, seq, d, m0, mlen)`
     that prefetches what step s + 1 of rows m0 .. m0 + mlen - 1 reads (the split by batch rows calls it before step s)."""
-    U = units   # lanes of a vector: a panel is `gates` vectors, a gate's U units each
-    BT = panel_batch_tile(gates * U)
+    U = CPU_FUSED_UNITS
+    BT = CPU_PANEL_BATCH_TILE
     units = K
     nP = cpu_panel_count(units, U)
-    nmb = _fused_m_blocks(M, D, nP, threads, BT)
+    nmb = _fused_m_blocks(M, D, nP, threads)
     MBe = _even_m_block(M, nmb, BT)
     acc_tile, (tile_size, tile_size_b), (RA, RB) = _panel_accumulate_macro(K, U, BT, gates)
     acc_row, (row_size, _), _ = _panel_accumulate_macro(K, U, 1, gates)
@@ -1074,7 +1075,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
                                     gates * units, K, min_macs)
     if threads < CPU_MANY_CORES or 4 * gates * units * K > CPU_ROW_SPLIT_MAX_R_BYTES:
         return by_panels
-    by_rows = _fused_rows_loop(D, M, nP, threads, block, prefetch_next, BT)
+    by_rows = _fused_rows_loop(D, M, nP, threads, block, prefetch_next)
 
     @T.macro
     def loop(Rp, bufs, seq):
@@ -1091,7 +1092,7 @@ def cpu_fused_time_loop_macro(D: int, M, K: int, gates: int, write_back, min_mac
 CPU_ROW_SPLIT_MAX_R_BYTES = 1 << 20
 
 
-def _fused_rows_loop(D: int, M, nP: int, threads: int, block, prefetch_next=None, BT: int = CPU_PANEL_BATCH_TILE):
+def _fused_rows_loop(D: int, M, nP: int, threads: int, block, prefetch_next=None):
     """The fused time loop (`cpu_fused_time_loop_macro`) split by batch rows: one launch of the thread pool, each work
     item (a block of whole batch tiles, a direction) runs every step over all panels for its own rows (`block`: one
     panel's tiles of a step), so no step waits for another thread (the rows of an LSTM are independent). The same
@@ -1100,6 +1101,7 @@ def _fused_rows_loop(D: int, M, nP: int, threads: int, block, prefetch_next=None
     multiply-adds, its barrier and the state's hand-over between cores. Before each step a thread prefetches what
     its rows read at the next one (`prefetch_next`: the LSTM's gate_i rows, written by the projection on other
     cores)."""
+    BT = CPU_PANEL_BATCH_TILE
     per_direction = max(1, threads // D)
     nmb = per_direction if isinstance(M, int) else T.max(1, T.min(per_direction, M // BT))
     MBe = _even_m_block(M, nmb, BT)
@@ -1225,8 +1227,8 @@ def cpu_pack_at_run_time(seq, M):
     return seq * M >= CPU_PACK_MIN_ROW_STEPS
 
 
-def cpu_step_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, lanes: int = 8,
-                        min_macs: int | None = None, parallel: bool | None = None, panel: int = CPU_PANEL):
+def cpu_step_gemm_macro(D: int, M, K: int, dt: str, rows: int, row_offset: int, panel: int, lanes: int = 8,
+                        min_macs: int | None = None, parallel: bool | None = None):
     """TVMScript macro `gemm(src, weights, gh)`, weights = (R, Rp, packed): the panel GEMM on Rp (R packed
     by `cpu_pack_macro`) where `packed` (a Python bool: the caller's time loop comes in a packed and an
     unpacked copy) is True, else `cpu_gemm_macro`'s on R as stored. Both compute gh[0, d, m, row_offset + r]
