@@ -79,6 +79,41 @@ def test_fma_floor_counts_and_peak():
     assert 1 < peak < 640, peak
 
 
+@pytest.mark.parametrize("mcpu,lanes", [("x86-64", 4), ("x86-64-v3", 8), ("skylake-avx512", 16)])
+def test_fma_peak_in_the_targets_vectors(mcpu, lanes):
+    """The peak kernel runs in the target's vector width (16 lanes on AVX2 kept 24 vectors in 16 registers and
+    measured half the rate), MACS_PER_ROUND multiply-adds a round whatever the width."""
+    import tvm
+
+    from tvmseq.bench import fma_floor
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    assert fma_floor.vector_lanes(target) == lanes
+    text = fma_floor.peak_func(2, lanes).script()
+    assert f"T.vectorized({lanes})" in text
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_fma_peak_kernel_computes_its_chains(lanes):
+    """Each thread's output is the sum of its ACCUMULATORS chains after `iters` rounds (numpy's float32 replay),
+    copied over the LANES values where the vectors are narrower."""
+    import tvm
+
+    from tvmseq.bench import fma_floor
+
+    threads, iters = 2, 3
+    lib = tvm.compile(tvm.IRModule({"fma_peak": fma_floor.peak_func(threads, lanes)}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros(threads * fma_floor.LANES, np.float32))
+    lib["fma_peak"](out, iters)
+    passes = fma_floor.LANES // lanes
+    t, a, lane = np.meshgrid(np.arange(threads), np.arange(fma_floor.ACCUMULATORS), np.arange(lanes), indexing="ij")
+    acc = (t + a + lane).astype(np.float32)
+    for _ in range(iters * passes):
+        acc = acc * np.float32(0.999999) + np.float32(1e-7)
+    want = np.tile(acc.sum(axis=1, dtype=np.float32), (1, passes)).reshape(-1)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+
+
 def test_selection_of_built_cases():
     from tvmseq.bench import cpu
 

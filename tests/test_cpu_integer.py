@@ -28,7 +28,7 @@ def _host_has(feature: str) -> bool:
 
 
 def _instruction(name: str) -> str:
-    if not _host_has("avx512bw" if name == "avx512bw" else "avx512vnni"):
+    if not _host_has({"avx512bw": "avx512bw", "avx2": "avx2"}.get(name, "avx512vnni")):
         pytest.skip(f"this CPU has no {name}")
     return name
 
@@ -53,7 +53,7 @@ def _pairs_of(x, pads):
     return padded.reshape(N, -1, 2, *padded.shape[2:]).transpose(0, 1, 3, 4, 2).copy()
 
 
-@pytest.mark.parametrize("instruction", ["vnni", "avx512bw"])
+@pytest.mark.parametrize("instruction", ["vnni", "avx512bw", "avx2"])
 @pytest.mark.parametrize("N,C,O,K,stride,dilation,H", [
     (1, 1, 24, 3, (2, 2), (1, 1), 9),       # one input channel (an odd pair), 24 channels: a partial vector
     (2, 5, 37, 3, (1, 2), (1, 1), 4),       # odd channels in and out, batch 2, strides unequal
@@ -64,11 +64,11 @@ def _pairs_of(x, pads):
 def test_pair_conv_equals_exact_sums(instruction, N, C, O, K, stride, dilation, H):
     from tvmseq.kernels.integer.pairs import PairTile, pack_weight, pair_conv2d_func
 
-    vnni = _instruction(instruction) == "vnni"
+    isa = _instruction(instruction)
     rng = np.random.default_rng(C * 1000 + O)
     w = rng.integers(-255, 256, (O, C, K, K)).astype(np.int16)
-    tile = PairTile.for_channels(O)
-    func = pair_conv2d_func(C, O, K, K, stride, dilation, tile, vnni)
+    tile = PairTile.for_channels(O, isa)
+    func = pair_conv2d_func(C, O, K, K, stride, dilation, tile, isa)
     pads = [dilation[0] * (K // 2)] * 2 + [dilation[1] * (K // 2)] * 2
     # widths whose output columns leave every tail (ow % columns = 0 .. columns - 1) at this stride
     for width in range(1, 2 * stride[1] * tile.columns + 2, stride[1]):
@@ -79,17 +79,18 @@ def test_pair_conv_equals_exact_sums(instruction, N, C, O, K, stride, dilation, 
         np.testing.assert_array_equal(got, want, err_msg=f"width {width}")
 
 
-def test_pair_conv_sums_wrap_as_int32():
+@pytest.mark.parametrize("instruction", ["vnni", "avx2"])
+def test_pair_conv_sums_wrap_as_int32(instruction):
     """The pairs' products are exact and their sums wrap in int32 as the int32 sums they replace do: 256 input
     channels of -32768 x -32768 overflow int32."""
     from tvmseq.kernels.integer.pairs import PairTile, pack_weight, pair_conv2d_func
 
-    vnni = _instruction("vnni") == "vnni"
+    isa = _instruction(instruction)
     C, O = 256, 16
     x = np.full((1, C, 1, 3), -32768, np.int16)
     w = np.full((O, C, 1, 1), -32768, np.int16)
-    tile = PairTile.for_channels(O)
-    got = _run(pair_conv2d_func(C, O, 1, 1, tile=tile, vnni=vnni), "pair_conv", _pairs_of(x, [0] * 4),
+    tile = PairTile.for_channels(O, isa)
+    got = _run(pair_conv2d_func(C, O, 1, 1, tile=tile, isa=isa), "pair_conv", _pairs_of(x, [0] * 4),
                pack_weight(w, tile), out_shape=(1, O, 1, 3), out_dtype="int32")
     np.testing.assert_array_equal(got, conv_reference(x, w, (1, 1), (1, 1), [0] * 4).astype(np.int32))
 
@@ -131,10 +132,10 @@ def _conv_and_matmul_module():
     return bb.get(), w, b
 
 
-@pytest.mark.parametrize("int_pairs", ["vnni", "avx512bw", None])
+@pytest.mark.parametrize("int_pairs", ["vnni", "avx512bw", "avx2", None])
 def test_cpu_ops_runs_integer_contractions_as_pair_kernels(int_pairs):
     """cpu_ops puts the pair kernels in place of the int32 conv2d and matmul (None: a target without AVX512BW
-    keeps TVM's ops), and the module still computes the exact sums at any width and row count."""
+    or AVX2 keeps TVM's ops), and the module still computes the exact sums at any width and row count."""
     import tvm
     from tvm import relax
 

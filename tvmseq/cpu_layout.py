@@ -35,6 +35,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 _HWIO = [2, 3, 1, 0]    # OIHW -> HWIO
 _WIO = [2, 1, 0]        # OIW -> WIO
 PAD_COLUMNS = 16        # a constant matmul weight's columns padded to a multiple of this (one AVX-512 vector)
+PANEL_MIN_COLUMNS = 1024    # a constant float32 matmul weight this wide (a row 4 KB or more) goes in panels
 
 
 def _dense_channels_first(call, data: str, kernel: str) -> bool:
@@ -76,8 +77,9 @@ def _constant_derived(expr, lookup, depth: int = 0) -> bool:
 
 @mutator
 class _WeightLayouts(PyExprMutator):
-    def __init__(self, mod):
+    def __init__(self, mod, panel: int = 0):
         super().__init__(mod)
+        self.panel = panel
         self.conv2d = tvm.ir.Op.get("relax.nn.conv2d")
         self.conv1d = tvm.ir.Op.get("relax.nn.conv1d")
         self.matmul = tvm.ir.Op.get("relax.matmul")
@@ -124,13 +126,19 @@ class _WeightLayouts(PyExprMutator):
 
     def _padded_matmul(self, call):
         """matmul(x, W [K, N]) with a constant W whose N is not a whole number of SIMD vectors:
-        matmul(x, W padded to N') sliced to N, the padding folded at build time (module doc)."""
+        matmul(x, W padded to N') sliced to N, the padding folded at build time (module doc); a wide one in
+        panels (`_panel_matmul`)."""
         x, weight = call.args
         ty = weight.ty
         shape = getattr(ty, "shape", None)
         if shape is None or ty.ndim != 2 or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
             return call
         n = int(shape.values[1])
+        if self.panel and n >= PANEL_MIN_COLUMNS and str(ty.dtype) == "float32" \
+                and _constant_derived(weight, self.lookup_binding):
+            panelled = self._panel_matmul(call)
+            if panelled is not None:
+                return panelled
         if n % PAD_COLUMNS == 0 or n < 2 * PAD_COLUMNS or str(ty.dtype) not in ("float32", "int32", "int16", "int8") \
                 or not _constant_derived(weight, self.lookup_binding):
             return call
@@ -142,10 +150,36 @@ class _WeightLayouts(PyExprMutator):
         return relax.op.strided_slice(out, axes=[axis], begin=[0], end=[n], assume_inbound=True)
 
 
-def weight_layouts(mod: tvm.IRModule) -> tvm.IRModule:
+    def _panel_matmul(self, call):
+        """matmul(x [..., M, K], W [K, N]) with W in panels of `panel` columns, [N' / panel, K, panel] (N padded
+        to N'): a batched matmul of x against each panel, [..., N' / panel, M, panel], its axes put back and
+        sliced to N. A tile then reads its weight columns contiguously along k; in W as stored they lie a row of
+        W apart, a page or more for N >= PANEL_MIN_COLUMNS. None where x's shape is unknown."""
+        x, weight = call.args
+        xshape = getattr(x.ty, "shape", None)
+        if xshape is None or x.ty.ndim < 2 or not hasattr(xshape, "values"):
+            return None
+        k, n = (int(d) for d in weight.ty.shape.values)
+        panel = self.panel
+        padded = -(-n // panel) * panel
+        self.changed += 1
+        if padded != n:
+            weight = relax.op.nn.pad(weight, [0, 0, 0, padded - n])
+        panels = relax.op.permute_dims(relax.op.reshape(weight, [k, padded // panel, panel]), [1, 0, 2])
+        out = self.builder_.emit(relax.op.matmul(relax.op.expand_dims(x, -3), panels,
+                                                 out_dtype=call.attrs.out_dtype))
+        rank = out.ty.ndim
+        out = relax.op.permute_dims(out, [*range(rank - 3), rank - 2, rank - 3, rank - 1])
+        out = relax.op.reshape(out, [*xshape.values[:-1], padded])
+        if padded == n:
+            return out
+        return relax.op.strided_slice(out, axes=[rank - 2], begin=[0], end=[n], assume_inbound=True)
+
+
+def weight_layouts(mod: tvm.IRModule, panel: int = 0) -> tvm.IRModule:
     """`mod` with its dense NCHW conv2d calls taking HWIO weights and its constant matmul weights padded (module
     doc); `mod` itself when nothing changes."""
-    return rewrite_functions(_WeightLayouts(mod), mod)
+    return rewrite_functions(_WeightLayouts(mod, panel), mod)
 
 
 def rewrite_functions(rewrite, mod: tvm.IRModule) -> tvm.IRModule:
@@ -157,7 +191,13 @@ def rewrite_functions(rewrite, mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite.builder_.get() if rewrite.changed else mod
 
 
-def weight_layouts_pass() -> tvm.transform.Pass:
-    """`weight_layouts` as a module pass (llvm only: run it before legalization)."""
-    return tvm.transform.module_pass(lambda mod, _ctx: weight_layouts(mod), opt_level=0,
+def weight_layouts_pass(target=None) -> tvm.transform.Pass:
+    """`weight_layouts` as a module pass (llvm only: run it before legalization), wide matmul weights in panels of
+    two of `target`'s float32 vectors (none without a target)."""
+    panel = 0
+    if target is not None:
+        from .schedule_cpu import vector_lanes
+
+        panel = 2 * vector_lanes(target, "float32")
+    return tvm.transform.module_pass(lambda mod, _ctx: weight_layouts(mod, panel), opt_level=0,
                                      name="TvmseqWeightLayouts")

@@ -11,10 +11,10 @@ their neighbours as TVM's ops did; TVM's lowering called libm's expf an element,
 a SiLU: 0.2 -> 0.04 ms each on 2 cores).
 
 Integer contractions (ConvInteger / MatMulInteger as `tvmseq.onnx.quantized` imports them: int8/int16 operands,
-int32 sums) with a constant weight become `kernels.integer.pairs` on an x86 target with AVX512BW: a dense NCHW
-conv2d takes its data padded, in channel pairs ([N, C/2, H, W, 2], made by `pairs.image_pairs_func`) and its
-weight packed once; a matmul [..., M, K] x [K, N] runs as the 1 x 1 conv of N channels over M columns (its rows
-paired and its result transposed back by two TE ops), or, where A is uint8 less a scalar zero point and the target
+int32 sums) with a constant weight become `kernels.integer.pairs` on an x86 target with AVX512BW or AVX2 (the
+same kernels on 256-bit vectors): a dense NCHW conv2d takes its data padded, in channel pairs ([N, C/2, H, W, 2],
+made by `pairs.image_pairs_func`) and its weight packed once; a matmul [..., M, K] x [K, N] runs as the 1 x 1 conv
+of N channels over M columns (its rows paired and its result transposed back by two TE ops), or, where A is uint8 less a scalar zero point and the target
 has VNNI, on `kernels.integer.quads`. Sums bit-identical to the int32 products they replace (each pair's products
 exact in int16 x int16, wrapped in int32 like any int32 sum).
 """
@@ -45,7 +45,7 @@ class _CpuOps(PyExprMutator):
         self.astype = tvm.ir.Op.get("relax.astype")
         self.activations = {tvm.ir.Op.get(f"relax.{name}"): name for name in ("sigmoid", "tanh", "exp")}
         self.lanes = lanes
-        self.int_pairs = int_pairs     # "vnni", "avx512bw" or None (no integer kernels)
+        self.int_pairs = int_pairs     # "vnni", "avx512bw", "avx2" or None (no integer kernels)
         self.kernels = {}
         self.changed = 0
 
@@ -191,7 +191,7 @@ class _CpuOps(PyExprMutator):
     def _pair_kernel(self, C, O, KH, KW, strides, dilation):
         key = ("pairs", C, O, KH, KW, strides, dilation)
         if key not in self.kernels:
-            func = pairs.pair_conv2d_func(C, O, KH, KW, strides, dilation, vnni=self.int_pairs == "vnni")
+            func = pairs.pair_conv2d_func(C, O, KH, KW, strides, dilation, isa=self.int_pairs)
             self.kernels[key] = self._add_kernel(func, f"pair_conv_{C}_{O}_{KH}x{KW}")
         return self.kernels[key]
 
@@ -203,7 +203,7 @@ class _CpuOps(PyExprMutator):
 
     def _pair_call(self, kernel, paired, weight, out_ty):
         self.changed += 1
-        packed = relax.const(pairs.pack_weight(weight, pairs.PairTile.for_channels(weight.shape[0])))
+        packed = relax.const(pairs.pack_weight(weight, pairs.PairTile.for_channels(weight.shape[0], self.int_pairs)))
         return relax.call_tir(kernel, [paired, packed], relax.TensorType(out_ty.shape, "int32"))
 
 
@@ -270,12 +270,15 @@ def _int_constant(expr) -> np.ndarray | None:
 
 
 def _int_pairs(target) -> str | None:
-    """Which pair instructions the llvm target has: "vnni" (vpdpwssd), "avx512bw" (vpmaddwd), or None."""
+    """Which pair instructions the llvm target has: "vnni" (vpdpwssd), "avx512bw" (vpmaddwd), "avx2" (vpmaddwd on
+    256-bit vectors), or None (`pairs.ISA_LANES`)."""
     from tvm.target import codegen
 
-    if target.kind.name != "llvm" or not codegen.target_has_features("avx512bw", target):
+    if target.kind.name != "llvm":
         return None
-    return "vnni" if codegen.target_has_features("avx512vnni", target) else "avx512bw"
+    if codegen.target_has_features("avx512bw", target):
+        return "vnni" if codegen.target_has_features("avx512vnni", target) else "avx512bw"
+    return "avx2" if codegen.target_has_features("avx2", target) else None
 
 
 def cpu_ops(mod: tvm.IRModule, lanes: int = 16, int_pairs: str | None = None) -> tvm.IRModule:
@@ -285,8 +288,8 @@ def cpu_ops(mod: tvm.IRModule, lanes: int = 16, int_pairs: str | None = None) ->
 
 def cpu_ops_pass(target) -> tvm.transform.Pass:
     """`cpu_ops` as a module pass for an llvm `target` (vectors as wide as its SIMD registers)."""
-    from .schedule_cpu import _lanes
+    from .schedule_cpu import vector_lanes
 
-    lanes, int_pairs = _lanes(target, "float32"), _int_pairs(target)
+    lanes, int_pairs = vector_lanes(target, "float32"), _int_pairs(target)
     return tvm.transform.module_pass(lambda mod, _ctx: cpu_ops(mod, lanes, int_pairs), opt_level=0,
                                      name="TvmseqCpuOps")

@@ -50,6 +50,8 @@ except (ImportError, ValueError):   # TVM's runtime alone (no compiler; dlight's
 
 PARALLEL_MIN_ELEMENTS = 1 << 15     # elementwise blocks smaller than this stay on one thread
 PARALLEL_MIN_MACS = 1 << 16         # contractions with fewer multiply-adds than this stay on one thread
+MIN_ACCUMULATORS = 8                # vectors a register tile accumulates at least: fewer leave the FMA pipes
+                                    # waiting on each other's latency (2 pipes x 4 cycles)
 MAX_TILE_ROWS = 4                   # accumulator rows of a contraction tile (x 2 vectors: 8 of 32 zmm)
 ROW_PAD = 2 * MAX_TILE_ROWS         # a symbolic row count padded to a multiple of this where pad_einsum can
 
@@ -203,7 +205,8 @@ def _iterations(stmt):
     return tirx.IntImm("int64", 1)
 
 
-def _lanes(target, dtype: str) -> int:
+def vector_lanes(target, dtype: str) -> int:
+    """Lanes of `target`'s SIMD vector of `dtype` (its vector width: `targets.with_vector_width`)."""
     from tvm.target.codegen import llvm_get_vector_width
 
     bits = llvm_get_vector_width(target)
@@ -332,7 +335,7 @@ class RowSums(CPUScheduleRule):
         sums = [info for info in infos if not info.is_injective()]
         if not sums or not infos[-1].is_injective():
             return None
-        lanes = _lanes(target, str(sch.get(infos[-1].block_rv).writes[0].source.dtype))
+        lanes = vector_lanes(target, str(sch.get(infos[-1].block_rv).writes[0].source.dtype))
         if not all(_row_sum(sch.get(info.block_rv), info, lanes) for info in sums):
             return None
         for info in infos:
@@ -427,7 +430,7 @@ def _open_contraction(rule, func, target):
     if infos is None:
         return None
     block = sch.get(infos[0].block_rv)
-    return sch, infos, infos[0], block, _lanes(target, str(block.writes[0].source.dtype))
+    return sch, infos, infos[0], block, vector_lanes(target, str(block.writes[0].source.dtype))
 
 
 def _anchor_and_epilogue(sch, lanes: int = 0):
@@ -465,6 +468,11 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     # at 15 GMAC/s a core on the Zen 4)
     one_row = bool(rows) and not _whole_row_tiles(get_extent(sch, rows[-1]))
     tile_cols = _one_row_columns(width, lanes) if one_row else _column_tile(width, lanes)
+    static_rows = _static_rows_instead(sch, rows, _column_tile(width, lanes), lanes) \
+        if one_row and tile_cols // _vector_part(tile_cols, lanes) < MIN_ACCUMULATORS else None
+    if static_rows is not None:
+        rows, one_row = [lp for lp in rows if not lp.same_as(static_rows)] + [static_rows], False
+        tile_cols = _column_tile(width, lanes)
     max_rows = 1 if one_row else MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS   # as many accumulators
     col_o, col_i = sch.split(vec_loop, factors=[None, tile_cols])
     vec_parts = [col_i]
@@ -606,6 +614,20 @@ def _symbolic_row_iter(sch, anchor, vec_iter):
     return next(it for it, lp in pairs if lp.same_as(rows[-1]))
 
 
+def _static_rows_instead(sch, rows, tile_cols: int, lanes: int):
+    """A loop of static extent among the row candidates (a conv's output height) that whole tiles of 2 or more
+    rows cover, else None: the rows of a register tile where the preferred one (its output width) is symbolic
+    and a one-row tile would hold fewer than MIN_ACCUMULATORS vectors. ddddocr's 24-channel conv on AVX2 (8
+    lanes) had one accumulator, every multiply-add waiting for the one before it: 0.87 ms a call for the two
+    (2-core Zen 3, 2026-11-28). A partial tile is not taken: its rows' predicate would sit in the reduction."""
+    max_rows = MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS
+
+    def whole_tiles(extent) -> bool:
+        return isinstance(extent, int) and extent >= 2 and extent % _row_tile(extent, max_rows) == 0
+
+    return next((lp for lp in reversed(rows[:-1]) if whole_tiles(get_extent(sch, lp))), None)
+
+
 def _whole_row_tiles(extent) -> bool:
     """Whether a row extent splits into row tiles without a bounds check: static, or a multiple of ROW_PAD."""
     return isinstance(extent, int) or Analyzer().can_prove_equal(tirx.floormod(extent, ROW_PAD), 0)
@@ -701,7 +723,7 @@ class Elementwise(CPUScheduleRule):
             block = sch.get(info.block_rv)
             if not block.writes:
                 continue
-            lanes = _lanes(target, str(block.writes[0].source.dtype))
+            lanes = vector_lanes(target, str(block.writes[0].source.dtype))
             if info.is_injective():
                 changed |= _vectorize_parallel(sch, info.block_rv, lanes)
             else:

@@ -90,13 +90,15 @@ def with_vector_width(target: tvm.target.Target) -> tvm.target.Target:
 
 @functools.lru_cache(maxsize=None)
 def host_cpu_target() -> tvm.target.Target:
-    """llvm for this machine's CPU (`-mcpu` of the host, e.g. znver4): plain "llvm" is generic x86-64 (SSE2
-    only, no FMA), 2-3x slower on the recurrent kernels' SIMD loops. A .so built with it needs a CPU with
-    the same instruction set extensions."""
+    """llvm for this machine's CPU (`-mcpu` of the host, e.g. znver4, its vector width set: `with_vector_width`):
+    plain "llvm" is generic x86-64 (SSE2 only, no FMA), 2-3x slower on the recurrent kernels' SIMD loops. A .so
+    built with it needs a CPU with the same instruction set extensions."""
     try:
         from tvm.target import codegen
 
-        return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+        # the width matters on an AVX2 host: without it schedule_cpu tiled for 16 lanes, twice the accumulators
+        # of AVX2's 16 registers (ddddocr's Gemm head 4.8 ms a call on a 2-core Zen 3, 2026-11-28)
+        return with_vector_width(tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}))
     except Exception:  # noqa: BLE001 - a TVM without LLVM (runtime only): nothing is compiled anyway
         return tvm.target.Target("llvm")
 

@@ -4,9 +4,10 @@ step products), whichever runtime computes it; where both runtimes sit near this
 faster than the other.
 
 The peak is timed on a kernel TVM compiles for the CPU that does nothing but multiply-adds on registers:
-ACCUMULATORS independent chains of LANES-wide vectors a thread (enough chains to cover two FMA pipes of 4-cycle
-latency), one chain set per thread of TVM's pool, so what it measures is the cores' FMA issue rate at the clock
-they hold while busy.
+ACCUMULATORS independent chains of the target's vectors a thread (16 lanes with AVX-512, 8 with AVX2; enough
+chains to cover two FMA pipes of 4-cycle latency and few enough to stay in registers), MACS_PER_ROUND
+multiply-adds a round whatever the width, one chain set per thread of TVM's pool, so what it measures is the
+cores' FMA issue rate at the clock they hold while busy.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import time
 import numpy as np
 
 ACCUMULATORS = 12
-LANES = 16
+LANES = 16              # the widest vector: the output's values a thread
+MACS_PER_ROUND = ACCUMULATORS * LANES
 GATES = {"GRU": 3, "RNN": 1, "LSTM": 4}
 
 
@@ -25,39 +27,54 @@ def node_macs(cell: str, hidden: int, batch: int, steps: int, input_size: int | 
     return directions * steps * batch * GATES[cell] * hidden * ((input_size or hidden) + hidden)
 
 
-def peak_func(threads: int):
-    """prim_func(out [threads x LANES] f32, iters): each thread runs `iters` rounds of ACCUMULATORS x LANES
-    multiply-adds on its own accumulators and stores their sum (so nothing is dead code)."""
+def vector_lanes(target) -> int:
+    """float32 lanes of `target`'s vectors: 16 with AVX-512, 8 with AVX2 + FMA, 4 otherwise. The 16-lane kernel
+    on an AVX2 host kept 24 vectors in 16 registers and measured half the FMA rate (2-core Zen 3, 2026-11-28)."""
+    from ..kernels.recurrent.step_gemm import cpu_panel_size, panel_lanes
+
+    panel = cpu_panel_size(target)
+    return panel_lanes(panel) if panel else 4
+
+
+def peak_func(threads: int, lanes: int = LANES):
+    """prim_func(out [threads x LANES] f32, iters): each thread runs `iters` rounds of MACS_PER_ROUND multiply-adds
+    (LANES / lanes passes over ACCUMULATORS vectors of `lanes`) on its own accumulators and stores their sum (so
+    nothing is dead code; with fewer lanes than LANES the sum fills the thread's LANES values in copies)."""
     from tvm.script import tirx as T
+
+    passes = LANES // lanes
 
     @T.prim_func
     def fma_peak(out: T.Buffer((threads * LANES,), "float32"), iters: T.int32):
         T.func_attr({"global_symbol": "fma_peak", "tirx.noalias": True})
         for t in T.parallel(threads):
-            acc = T.alloc_buffer((ACCUMULATORS, LANES), "float32", scope="local")
+            acc = T.alloc_buffer((ACCUMULATORS, lanes), "float32", scope="local")
             for a in T.unroll(ACCUMULATORS):
-                for lane in T.vectorized(LANES):
+                for lane in T.vectorized(lanes):
                     acc[a, lane] = T.Cast("float32", t + a + lane)
             for _ in range(iters):
-                for a in T.unroll(ACCUMULATORS):
-                    for lane in T.vectorized(LANES):
-                        acc[a, lane] = acc[a, lane] * T.float32(0.999999) + T.float32(1e-7)
+                for _p in T.unroll(passes):
+                    for a in T.unroll(ACCUMULATORS):
+                        for lane in T.vectorized(lanes):
+                            acc[a, lane] = acc[a, lane] * T.float32(0.999999) + T.float32(1e-7)
             for a in T.unroll(1, ACCUMULATORS):
-                for lane in T.vectorized(LANES):
+                for lane in T.vectorized(lanes):
                     acc[0, lane] = acc[0, lane] + acc[a, lane]
-            for lane in T.vectorized(LANES):
-                out[t * LANES + lane] = acc[0, lane]
+            for p in T.unroll(passes):
+                for lane in T.vectorized(lanes):
+                    out[t * LANES + p * lanes + lane] = acc[0, lane]
 
     return fma_peak
 
 
 def build(threads: int, target="llvm"):
-    """The peak kernel compiled for `target` (TVM's compiler needed)."""
+    """The peak kernel compiled for `target` in its vectors' width (TVM's compiler needed)."""
     import tvm
 
     from ..targets import resolve
 
-    return tvm.compile(tvm.IRModule({"fma_peak": peak_func(threads)}), target=resolve(target))
+    target = resolve(target)
+    return tvm.compile(tvm.IRModule({"fma_peak": peak_func(threads, vector_lanes(target))}), target=target)
 
 
 def measure(module, threads: int, seconds: float = 0.05, reps: int = 5) -> float:
@@ -66,7 +83,7 @@ def measure(module, threads: int, seconds: float = 0.05, reps: int = 5) -> float
 
     func = module["fma_peak"]
     out = tvm.runtime.tensor(np.zeros(threads * LANES, np.float32))
-    macs_per_iter = threads * ACCUMULATORS * LANES
+    macs_per_iter = threads * MACS_PER_ROUND
     func(out, 1000)                                   # the pool's threads started, the code paged in
     t0 = time.perf_counter()
     func(out, 100_000)

@@ -91,7 +91,7 @@ def _legalize_passes(target, database: Path | None) -> list:
         # have extent 1 become plain elementwise blocks: an epilogue inlined into such a reduction is otherwise
         # added in its init AND its update (tvmseq.schedule_gpu's doc); softmax and integer convs / matmuls run as
         # tvmseq's kernels (tvmseq.cpu_ops: before the weight layouts, which would transpose the weights it packs)
-        passes = [relax.transform.ConvertToDataflow(), cpu_ops_pass(target), weight_layouts_pass(),
+        passes = [relax.transform.ConvertToDataflow(), cpu_ops_pass(target), weight_layouts_pass(target),
                   *stock.legalize_passes(target),
                   schedule_gpu.unit_reductions_pass(), schedule_pass()]
     at = next((i for i, p in enumerate(passes) if p.info.name in _SCHEDULING_PASSES), len(passes))
