@@ -86,7 +86,8 @@ def test_gate_loop_symbolic_batch_decides_threads_at_run_time():
     symbolic = lstm.recurrence_func(lstm.LstmSpec(1, None, hidden, 19), LLVM).script()
     static = lstm.recurrence_func(lstm.LstmSpec(1, 1, hidden, 19), LLVM).script()
     check = f"if batch * {hidden} >= {gru.CPU_GATE_PARALLEL_MIN_UNITS}:"   # the gate loop's choice, each step
-    assert check in symbolic and "T.parallel(batch * 3)" in symbolic
+    blocks = hidden // gru.cpu_unit_chunk(hidden, gru.StepSchedule.for_batch(None), LLVM)   # 3 of 16, 6 of 8 units
+    assert check in symbolic and f"T.parallel(batch * {blocks})" in symbolic
     assert check not in static and "T.parallel" not in static
     model = lstm_node_model(seq=5, input_size=19, hidden=hidden, batch=1)[0]
     model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "batch"   # one build for every batch
@@ -227,3 +228,14 @@ def test_constant_weights_packed_once_at_import(cell, batch, weights_as_inputs):
     got = tvmseq.compile_onnx(model, target="llvm", artifacts=None)(**feeds)
     for a, b in zip(got, _ort(model, feeds)):
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mcpu,hidden,units", [("x86-64-v3", 128, 8), ("znver4", 128, 16), ("x86-64", 128, 16),
+                                               ("x86-64-v3", 100, 4), ("znver4", 40, 8)])
+def test_gate_loop_vector_no_wider_than_the_targets(mcpu, hidden, units):
+    """A CPU gate loop's block of units is the widest vector dividing the hidden size that the target's registers
+    hold (AVX2: 8; a 16-unit block spilled the LSTM's gate math there); AVX-512 and targets without panels: 16."""
+    from tvmseq.kernels.recurrent import gru
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    assert gru.cpu_unit_chunk(hidden, gru.StepSchedule.for_batch(8), target) == units

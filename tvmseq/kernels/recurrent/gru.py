@@ -35,7 +35,7 @@ from ..activations import Activation
 from ..projection.gemm import input_projection_func, schedule_input_projection  # noqa: F401 - re-exported
 from .step_gemm import (TILED_MIN_BATCH, GemmTile, Panels, choose_tile, cpu_barrier, cpu_gemm_macro, cpu_lanes,
                         cpu_one_launch_loop, cpu_panel_size, cpu_pack_at_run_time, cpu_pack_macro, cpu_pack_worthwhile,
-                        cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro, normalized,
+                        cpu_parallel_min_macs, cpu_step_gemm_macro, cpu_thread_split_macro, normalized, panel_lanes,
                         tiled_gemm_macro)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
@@ -490,10 +490,14 @@ def unit_update(gpu: bool, NT: int, H: int, dt: str, row_length, is_reverse, ste
     return unit
 
 
-def cpu_unit_chunk(H: int, sched: "StepSchedule") -> int:
-    """Units of one block of a CPU gate loop: a SIMD vector (16, 8 or 4 lanes, the widest dividing H), else the
-    schedule's gate_threads (a scalar loop)."""
-    return next((v for v in (16, 8, 4) if H % v == 0), sched.gate_threads)
+def cpu_unit_chunk(H: int, sched: "StepSchedule", target=None) -> int:
+    """Units of one block of a CPU gate loop: a SIMD vector (16, 8 or 4 lanes, the widest dividing H and no wider
+    than `target`'s vectors), else the schedule's gate_threads (a scalar loop). With AVX2 a 16-unit block's values
+    each took two of its 16 registers: the LSTM's gate math spilled (H128 B8 2.80 -> 2.22 ms a node call with 8,
+    B64 16.3 -> 15.5, H512 B8 28.0 -> 26.0; GRU level; 2-core Zen 3, 2026-11-28)."""
+    panel = cpu_panel_size(target)
+    widest = panel_lanes(panel) if panel else 16
+    return next((v for v in (16, 8, 4) if v <= widest and H % v == 0), sched.gate_threads)
 
 
 def cpu_weights_fp32(gpu: bool, dt: str) -> bool:
@@ -598,7 +602,7 @@ def recurrence_func(spec: GruSpec, target: tvm.target.Target, sched: StepSchedul
     G = 3 * H
     lbr = bool(spec.linear_before_reset)
     sched = sched or StepSchedule.for_batch(spec.batch)
-    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched)
+    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched, target)
     f_act, g_act, clip = _per_direction(spec, 0, not gpu), _per_direction(spec, 1, not gpu), _clip_fn(spec.clip)
     has_lens = spec.has_seq_lens
     is_reverse = reverse_fn(spec.direction)

@@ -194,7 +194,7 @@ def recurrence_func(spec: LstmSpec, target: tvm.target.Target, sched: StepSchedu
     G = 4 * H
     sched = sched or StepSchedule.for_batch(spec.batch)
     # CPU: a block of the gate loop is one SIMD vector of units (gru.cpu_unit_chunk)
-    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched)
+    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched, target)
     f_act, g_act, h_act = (activation_fn(spec, k, cpu=not gpu) for k in range(3))
     clip = _clip_fn(spec.clip)
     is_reverse = reverse_fn(spec.direction)

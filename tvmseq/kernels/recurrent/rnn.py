@@ -55,7 +55,7 @@ def recurrence_func(spec: RnnSpec, target: tvm.target.Target, sched: StepSchedul
     gpu = target.kind.name == "cuda"
     D, B, H, dt = spec.num_directions, batch_extent(spec.batch), spec.hidden, spec.dtype
     sched = sched or StepSchedule.for_batch(spec.batch)
-    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched)
+    NT = sched.gate_threads if gpu else cpu_unit_chunk(H, sched, target)
     acts, clip, has_lens = spec.activations, _clip_fn(spec.clip), spec.has_seq_lens
     is_reverse = reverse_fn(spec.direction)
     fns = [a.expr if gpu else cpu_activation(a) for a in acts]
