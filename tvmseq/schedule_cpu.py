@@ -468,10 +468,10 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     # at 15 GMAC/s a core on the Zen 4)
     one_row = bool(rows) and not _whole_row_tiles(get_extent(sch, rows[-1]))
     tile_cols = _one_row_columns(width, lanes) if one_row else _column_tile(width, lanes)
-    static_rows = _static_rows_instead(sch, rows, _column_tile(width, lanes), lanes) \
+    row_loop = _static_rows_instead(sch, rows, _column_tile(width, lanes), lanes) \
         if one_row and tile_cols // _vector_part(tile_cols, lanes) < MIN_ACCUMULATORS else None
-    if static_rows is not None:
-        rows, one_row = [lp for lp in rows if not lp.same_as(static_rows)] + [static_rows], False
+    if row_loop is not None:
+        rows, one_row = [lp for lp in rows if not lp.same_as(row_loop)] + [row_loop], False
         tile_cols = _column_tile(width, lanes)
     max_rows = 1 if one_row else MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS   # as many accumulators
     col_o, col_i = sch.split(vec_loop, factors=[None, tile_cols])
