@@ -250,9 +250,10 @@ def test_symbolic_frames_conv1d_is_vectorized_along_channels(name):
 # A constant matmul weight of 1024 or more columns (a row of it 4 KB or more: a tile walking k in W as stored
 # touches a page a step) goes in panels [N' / P, K, P] of two vectors (tvmseq.cpu_layout._panel_matmul): ddddocr's
 # [8, 1024] x [1024, 8210] head 4.6 -> 2.2 ms against onnxruntime's 1.9 on a 2-core Zen 3 (2026-11-28).
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=x86-64"])     # this CPU's panels; SSE's of 8 columns
 @pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("n", [1030, 1024])
-def test_wide_matmul_weight_in_panels_matches_reference(n, batched):
+def test_wide_matmul_weight_in_panels_matches_reference(n, batched, target):
     k = 24
     rng = np.random.default_rng(n)
     w = rng.standard_normal((k, n)).astype(np.float32)
@@ -266,7 +267,7 @@ def test_wide_matmul_weight_in_panels_matches_reference(n, batched):
     count = -(-n // 16)
     assert f"R.Tensor(({count}, {k}, 16), dtype=\"float32\") = R.permute_dims" in panels, panels
     assert ("R.strided_slice" in panels) == (n % 16 != 0), panels
-    compiled = tvmseq.compile_onnx(model, target="llvm")
+    compiled = tvmseq.compile_onnx(model, target=target)
     for rows in (1, 9):
         xv = rng.standard_normal((2, rows, k) if batched else (rows, k)).astype(np.float32)
         want = xv.astype(np.float64) @ w.astype(np.float64) + b
