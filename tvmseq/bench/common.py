@@ -87,17 +87,30 @@ def dumps_rows(obj) -> str:
     return "{" + ",\n".join(items) + "}\n"
 
 
-def ratio_bar_plot(rows: list[dict], label_keys: Sequence[str], ratio_key: str, title: str):
-    """A plot function for `save`: one bar per row, the speedup over the peer (>1 = tvmseq faster)."""
+PLOT_LABEL_CHARS = 36      # a bar's label at most this long (a corpus row's input shapes run past the figure)
+
+
+def ratio_bar_plot(rows: list[dict], label_keys: Sequence[str], ratio_key: str, title: str,
+                   guides: Sequence[tuple[float, str]] = ()):
+    """A plot function for `save`: one bar per row, the speedup over the peer (>1 = tvmseq faster); `guides`:
+    (ratio, label) lines drawn dashed (a target such as "within 2x" at 0.5)."""
+
+    def label(row) -> str:
+        text = " ".join(str(row[k]) for k in label_keys)
+        return text if len(text) <= PLOT_LABEL_CHARS else text[:PLOT_LABEL_CHARS - 1] + "\u2026"
 
     def plot(path):
         import matplotlib.pyplot as plt
 
-        labels = [" ".join(str(r[k]) for k in label_keys) for r in rows]
+        labels = [label(r) for r in rows]
         ratios = [r[ratio_key] for r in rows]
-        fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(rows)), 4.5))
+        fig, ax = plt.subplots(figsize=(max(6, 0.28 * len(rows)), 5.5))
         ax.bar(range(len(rows)), ratios, color=["tab:green" if x >= 1 else "tab:red" for x in ratios])
         ax.axhline(1.0, color="black", lw=0.8)
+        for y, text in guides:
+            ax.axhline(y, color="tab:gray", lw=0.8, ls="--")
+            ax.annotate(text, (1, y), xycoords=("axes fraction", "data"), xytext=(-2, 2), textcoords="offset points",
+                        fontsize=7, color="tab:gray", ha="right")
         ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=7)
         ax.set_ylabel("speedup over peer (x)")
         ax.set_title(title)

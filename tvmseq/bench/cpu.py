@@ -59,6 +59,9 @@ TABLES = {"recurrent": ("cpu_recurrent", COLUMNS, ("case", "cell", "hidden", "ba
                      "real models: tvmseq (llvm) vs onnxruntime CPU", "corpus", "corpus")}
 
 
+GUIDES = ((0.5, "2x slower"),)    # dashed lines of the plots (the corpus target: within 2x of onnxruntime)
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="hidden {128, 512} x batch {1, 8} only")
     parser.add_argument("--reps", type=int, default=7, help="timed runs of each side (alternated)")
@@ -389,7 +392,7 @@ def _report(table: str, rows: list[dict], args, meta: dict, out_dir=None) -> lis
     print_table(rows, columns)
     _summary(what, [r for r in rows if r["case"] == case], key)
     save(name + ("" if not threads else f"_t{threads}"), rows, meta,
-         ratio_bar_plot([r for r in rows if key in r], labels, key, f"{title} ({key})"),
+         ratio_bar_plot([r for r in rows if key in r], labels, key, f"{title} ({key})", guides=GUIDES),
          out_dir=out_dir or getattr(args, "out", None))
     return rows
 
