@@ -86,9 +86,11 @@ def test_fma_peak_in_the_targets_vectors(mcpu, lanes):
     import tvm
 
     from tvmseq.bench import fma_floor
+    from tvmseq.schedule_cpu import vector_lanes
+    from tvmseq.targets import with_vector_width
 
-    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
-    assert fma_floor.vector_lanes(target) == lanes
+    target = with_vector_width(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))   # as fma_floor.build takes it
+    assert vector_lanes(target, "float32") == lanes
     text = fma_floor.peak_func(2, lanes).script()
     assert f"T.vectorized({lanes})" in text
 

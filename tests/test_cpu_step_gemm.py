@@ -282,13 +282,13 @@ def test_rnn_recurrence_packed_matches_reference(monkeypatch):
 def test_small_gpu_or_sse_recurrences_do_not_pack():
     """Fewer than two panels of gate rows (64 x 2 with AVX-512, 32 x 2 with AVX2), the tiled schedule, CUDA or a CPU
     without AVX2: no panels."""
-    sched, G = gru.StepSchedule(), step_gemm.CPU_PACK_MIN_ROWS
+    sched, G = gru.StepSchedule(), step_gemm.CPU_PACK_MIN_PANELS * step_gemm.CPU_PANEL
     avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
     avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3"})
     assert gru.cpu_packs_r(False, sched, G, avx512)
     assert not gru.cpu_packs_r(False, sched, G - 1, avx512)
-    assert gru.cpu_packs_r(False, sched, 2 * step_gemm.CPU_PANEL_AVX2, avx2)
-    assert not gru.cpu_packs_r(False, sched, 2 * step_gemm.CPU_PANEL_AVX2 - 1, avx2)
+    assert gru.cpu_packs_r(False, sched, step_gemm.CPU_PACK_MIN_PANELS * step_gemm.CPU_PANEL_AVX2, avx2)
+    assert not gru.cpu_packs_r(False, sched, step_gemm.CPU_PACK_MIN_PANELS * step_gemm.CPU_PANEL_AVX2 - 1, avx2)
     assert not gru.cpu_packs_r(True, sched, 4096, avx512)
     assert not gru.cpu_packs_r(False, gru.StepSchedule(tiled=True), 4096, avx512)
     assert not gru.cpu_packs_r(False, sched, 4096, tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v2"}))

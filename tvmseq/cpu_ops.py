@@ -14,8 +14,8 @@ Integer contractions (ConvInteger / MatMulInteger as `tvmseq.onnx.quantized` imp
 int32 sums) with a constant weight become `kernels.integer.pairs` on an x86 target with AVX512BW or AVX2 (the
 same kernels on 256-bit vectors): a dense NCHW conv2d takes its data padded, in channel pairs ([N, C/2, H, W, 2],
 made by `pairs.image_pairs_func`) and its weight packed once; a matmul [..., M, K] x [K, N] runs as the 1 x 1 conv
-of N channels over M columns (its rows paired and its result transposed back by two TE ops), or, where A is uint8 less a scalar zero point and the target
-has VNNI, on `kernels.integer.quads`. Sums bit-identical to the int32 products they replace (each pair's products
+of N channels over M columns (its rows paired and its result transposed back by two TE ops), or, where A is uint8
+less a scalar zero point and the target has VNNI, on `kernels.integer.quads`. Sums bit-identical to the int32 products they replace (each pair's products
 exact in int16 x int16, wrapped in int32 like any int32 sum).
 """
 from __future__ import annotations

@@ -468,12 +468,12 @@ def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, 
     # at 15 GMAC/s a core on the Zen 4)
     one_row = bool(rows) and not _whole_row_tiles(get_extent(sch, rows[-1]))
     tile_cols = _one_row_columns(width, lanes) if one_row else _column_tile(width, lanes)
-    row_loop = _static_rows_instead(sch, rows, _column_tile(width, lanes), lanes) \
-        if one_row and tile_cols // _vector_part(tile_cols, lanes) < MIN_ACCUMULATORS else None
-    if row_loop is not None:
-        rows, one_row = [lp for lp in rows if not lp.same_as(row_loop)] + [row_loop], False
-        tile_cols = _column_tile(width, lanes)
-    max_rows = 1 if one_row else MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS   # as many accumulators
+    if one_row and tile_cols // _vector_part(tile_cols, lanes) < MIN_ACCUMULATORS:
+        row_loop = _static_rows_instead(sch, rows, _max_tile_rows(_column_tile(width, lanes), lanes))
+        if row_loop is not None:
+            rows, one_row = [lp for lp in rows if not lp.same_as(row_loop)] + [row_loop], False
+            tile_cols = _column_tile(width, lanes)
+    max_rows = 1 if one_row else _max_tile_rows(tile_cols, lanes)
     col_o, col_i = sch.split(vec_loop, factors=[None, tile_cols])
     vec_parts = [col_i]
     vector = _vector_part(tile_cols, lanes)
@@ -614,14 +614,17 @@ def _symbolic_row_iter(sch, anchor, vec_iter):
     return next(it for it, lp in pairs if lp.same_as(rows[-1]))
 
 
-def _static_rows_instead(sch, rows, tile_cols: int, lanes: int):
-    """A loop of static extent among the row candidates (a conv's output height) that whole tiles of 2 or more
-    rows cover, else None: the rows of a register tile where the preferred one (its output width) is symbolic
-    and a one-row tile would hold fewer than MIN_ACCUMULATORS vectors. ddddocr's 24-channel conv on AVX2 (8
-    lanes) had one accumulator, every multiply-add waiting for the one before it: 0.87 ms a call for the two
-    (2-core Zen 3, 2026-11-28). A partial tile is not taken: its rows' predicate would sit in the reduction."""
-    max_rows = MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS
+def _max_tile_rows(tile_cols: int, lanes: int) -> int:
+    """Rows of a register tile at most: as many accumulators whether its columns are one vector or more."""
+    return MAX_TILE_ROWS if tile_cols > lanes else 2 * MAX_TILE_ROWS
 
+
+def _static_rows_instead(sch, rows, max_rows: int):
+    """A loop of static extent among the row candidates (a conv's output height) that whole tiles of 2 to
+    `max_rows` rows cover, else None: the rows of a register tile where the preferred one (its output width) is
+    symbolic and a one-row tile would hold fewer than MIN_ACCUMULATORS vectors. ddddocr's 24-channel conv on AVX2
+    (8 lanes) had one accumulator, every multiply-add waiting for the one before it: 0.87 ms a call for the two
+    (2-core Zen 3, 2026-11-28). A partial tile is not taken: its rows' predicate would sit in the reduction."""
     def whole_tiles(extent) -> bool:
         return isinstance(extent, int) and extent >= 2 and extent % _row_tile(extent, max_rows) == 0
 

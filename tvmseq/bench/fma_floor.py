@@ -27,15 +27,6 @@ def node_macs(cell: str, hidden: int, batch: int, steps: int, input_size: int | 
     return directions * steps * batch * GATES[cell] * hidden * ((input_size or hidden) + hidden)
 
 
-def vector_lanes(target) -> int:
-    """float32 lanes of `target`'s vectors: 16 with AVX-512, 8 with AVX2 + FMA, 4 otherwise. The 16-lane kernel
-    on an AVX2 host kept 24 vectors in 16 registers and measured half the FMA rate (2-core Zen 3, 2026-11-28)."""
-    from ..kernels.recurrent.step_gemm import cpu_panel_size, panel_lanes
-
-    panel = cpu_panel_size(target)
-    return panel_lanes(panel) if panel else 4
-
-
 def peak_func(threads: int, lanes: int = LANES):
     """prim_func(out [threads x LANES] f32, iters): each thread runs `iters` rounds of MACS_PER_ROUND multiply-adds
     (LANES / lanes passes over ACCUMULATORS vectors of `lanes`) on its own accumulators and stores their sum (so
@@ -68,13 +59,17 @@ def peak_func(threads: int, lanes: int = LANES):
 
 
 def build(threads: int, target="llvm"):
-    """The peak kernel compiled for `target` in its vectors' width (TVM's compiler needed)."""
+    """The peak kernel compiled for `target` in its vectors' width (`schedule_cpu.vector_lanes`; TVM's compiler
+    needed). The 16-lane kernel on an AVX2 host kept 24 vectors in 16 registers and measured half the FMA rate
+    (2-core Zen 3, 2026-11-28)."""
     import tvm
 
-    from ..targets import resolve
+    from ..schedule_cpu import vector_lanes
+    from ..targets import resolve, with_vector_width
 
-    target = resolve(target)
-    return tvm.compile(tvm.IRModule({"fma_peak": peak_func(threads, vector_lanes(target))}), target=target)
+    target = with_vector_width(resolve(target))
+    return tvm.compile(tvm.IRModule({"fma_peak": peak_func(threads, vector_lanes(target, "float32"))}),
+                       target=target)
 
 
 def measure(module, threads: int, seconds: float = 0.05, reps: int = 5) -> float:

@@ -761,8 +761,8 @@ CPU_PACK_KB = 16
 # per step at batch 8 2.5/5/18/110, at batch 1 0/0.4/4.5/0-20, so packing pays from ~24 steps at batch 8
 # and ~150-190 at batch 1 (both sides scale with R's size: one threshold in rows x steps)
 CPU_PACK_MIN_ROW_STEPS = 192
-# R's rows below which nothing is packed: a panel of 64 rows would mostly compute lanes of zeros
-CPU_PACK_MIN_ROWS = 2 * CPU_PANEL
+# panels of R's rows below which nothing is packed: one panel would mostly compute lanes of zeros
+CPU_PACK_MIN_PANELS = 2
 # multiply-adds from which a panel GEMM step is split over threads (with fewer than CPU_MANY_CORES cores): its
 # steps are shorter than the k-in-lanes GEMM's, and split pays earlier. Measured on the 2-core Zen 4 at load ~1,
 # recurrences of 100 steps split / serial: GRU and LSTM hidden 256 batch 8 (1.6M, 2.1M) 1.57-1.59x faster;
@@ -1215,10 +1215,10 @@ class Panels:
 
 def cpu_pack_worthwhile(G: int, target=None) -> bool:
     """Whether a recurrence whose R has G rows gets the panel GEMM (when its call is long enough:
-    `cpu_pack_at_run_time`) on `target`: an x86 CPU with AVX-512 or AVX2 (`cpu_panel_size`), R of two panels
-    or more."""
+    `cpu_pack_at_run_time`) on `target`: an x86 CPU with AVX-512 or AVX2 (`cpu_panel_size`), R of
+    CPU_PACK_MIN_PANELS panels or more."""
     panel = cpu_panel_size(target)
-    return panel > 0 and G >= 2 * panel
+    return panel > 0 and G >= CPU_PACK_MIN_PANELS * panel
 
 
 def cpu_pack_at_run_time(seq, M):
