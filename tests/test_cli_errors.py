@@ -34,6 +34,8 @@ def one_line_error(capsys, argv) -> str:
     ("X=0,3,4", "every dimension must be a positive integer"),
     ("Q=5,3,4", "the model has no input named 'Q' (inputs: ['X'])"),
     ("W=6,18,4", "the model has no input named 'W'"),               # an initializer is not an input
+    ("X=5,3", "2 dims given, the model's input has 3"),
+    ("X=5,3-1,4", "expected name=d1,d2"),
 ])
 def test_compile_refuses_bad_shapes(tmp_path, capsys, gru_onnx, shape, message):
     out = tmp_path / "m.so"
@@ -112,6 +114,18 @@ def test_bench_builds_without_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(spmm, "run", lambda args: seen.append(args.build_only))
     assert main(["bench", "spmm", "--build-only", str(tmp_path / "k")]) == 0
     assert seen == [str(tmp_path / "k")]
+
+
+def test_a_named_dim_stays_symbolic(tmp_path, gru_onnx):
+    """--shape X=5,B,4 fixes the sequence and input size and leaves the batch symbolic: two batch sizes run."""
+    out = tmp_path / "m.so"
+    assert main(["compile", str(gru_onnx), "-o", str(out), "--target", "llvm", "--shape", "X=5,B,4"]) == 0
+    for batch in (2, 5):
+        x = np.random.default_rng(batch).standard_normal((5, batch, 4)).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        assert main(["run", str(out), "--input", f"X={tmp_path / 'x.npy'}", "--output-dir",
+                     str(tmp_path / f"o{batch}")]) == 0
+        assert np.load(tmp_path / f"o{batch}" / "Y.npy").shape[2] == batch
 
 
 def test_shapes_parse_as_before(tmp_path, gru_onnx):

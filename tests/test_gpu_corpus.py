@@ -55,7 +55,7 @@ def build(out: Path, ids: list[str]) -> None:
         if (ids and entry.id not in ids) or (not ids and entry.expect != "pass"):
             continue
         path = fetch(entry)
-        model = tvmseq.compile_onnx(str(path), target="cuda")
+        model = tvmseq.compile_onnx(str(path), target="cuda", shape_dict=entry.shapes or None)
         tvmseq.build.export(model, out / f"{entry.id}.so")
         sets = input_sets(entry, onnx.load(str(path), load_external_data=False))
         _save_inputs(out / f"{entry.id}.npz", sets)

@@ -12,23 +12,27 @@ BENCHMARKS = ("gru", "persistent_gru", "persistent_rnn", "persistent_lstm", "gru
 
 
 def _parse_shapes(items) -> dict:
+    """--shape NAME=D1,D2,...: each dim a positive integer, or a name that keeps it symbolic (X=1,T,64)."""
     shapes = {}
     for item in items or []:
         name, sep, dims = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            shapes[name] = [int(d) for d in dims.replace("x", ",").split(",")]
-        except ValueError:
-            raise TvmseqError(f"--shape {item!r}: expected name=d1,d2,... (e.g. X=100,8,64)") from None
-        if any(d < 1 for d in shapes[name]):
-            raise TvmseqError(f"--shape {item!r}: every dimension must be a positive integer")
+        parts = [d.strip() for d in dims.split(",")] if "," in dims else dims.split("x")
+        if not sep or not all(_is_int(p) or p.isidentifier() for p in parts):
+            raise TvmseqError(f"--shape {item!r}: expected name=d1,d2,... (e.g. X=100,8,64, or X=1,T,64 where T "
+                              f"stays symbolic)")
+        shapes[name] = [int(p) if _is_int(p) else p for p in parts]
+        if any(isinstance(d, int) and d < 1 for d in shapes[name]):
+            raise TvmseqError(f"--shape {item!r}: every dimension must be a positive integer or a name")
     return shapes
 
 
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
 def _check_shape_names(model_path: str, shapes: dict) -> None:
-    """--shape names must be graph inputs of the model (checked before compiling; a model that does not load is
-    left to the compiler, which reports it)."""
+    """--shape names must be graph inputs of the model, each with as many dims as the input has (checked before
+    compiling; a model that does not load is left to the compiler, which reports it)."""
     if not shapes:
         return
     import onnx
@@ -42,6 +46,11 @@ def _check_shape_names(model_path: str, shapes: dict) -> None:
     unknown = [name for name in shapes if name not in inputs]
     if unknown:
         raise TvmseqError(f"--shape {unknown[0]}: the model has no input named {unknown[0]!r} (inputs: {inputs})")
+    for value in graph.input:
+        tensor = value.type.tensor_type
+        if value.name in shapes and tensor.HasField("shape") and len(tensor.shape.dim) != len(shapes[value.name]):
+            raise TvmseqError(f"--shape {value.name}: {len(shapes[value.name])} dims given, the model's input has "
+                              f"{len(tensor.shape.dim)}")
 
 
 def _check_writable_file(path: str, flag: str) -> None:

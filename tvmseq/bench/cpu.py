@@ -140,11 +140,11 @@ def compare(model, feeds: dict, reps: int, threads: int | None = None, target="l
     return _compare_compiled(build_case(model, target), _ort_session(model.SerializeToString(), threads), feeds, reps)
 
 
-def build_case(model, target="llvm"):
-    """tvmseq's model compiled for an llvm target (a `tvmseq.runtime.Model`)."""
+def build_case(model, target="llvm", shapes: dict | None = None):
+    """tvmseq's model compiled for an llvm target (a `tvmseq.runtime.Model`), `shapes` its shape_dict."""
     from ..build import compile_onnx
 
-    return compile_onnx(model, target=target)
+    return compile_onnx(model, target=target, shape_dict=shapes)
 
 
 def _ort_session(model_bytes: bytes, threads: int | None):
@@ -252,6 +252,7 @@ class Case:
     min_reps: int = 0              # timed runs at least (the denoiser's and the corpus's: 15)
     onnx_stem: str | None = None   # one ONNX file for several cases (the grid's batches, `_batch_symbolic`)
     source: Path | None = None     # the ONNX file it came from (a corpus model: copied as it is)
+    shapes: dict | None = None     # dims fixed at compile time (a corpus entry's `shapes`)
 
 
 def _corpus_cases(args, max_mb: float | None = None):
@@ -281,7 +282,7 @@ def _corpus_cases(args, max_mb: float | None = None):
         runs = [({"case": "corpus", "model": entry.id, "shapes": " ".join(f"{k}{list(v.shape)}" for k, v in
                                                                       feeds.items() if v.ndim)}, feeds)
                 for feeds in test_corpus.input_sets(entry, model)[:CORPUS_RUNS]]
-        yield Case("corpus", f"corpus_{entry.id}", model, runs, 15, source=path)
+        yield Case("corpus", f"corpus_{entry.id}", model, runs, 15, source=path, shapes=entry.shapes or None)
 
 
 def denoiser_model(frames: int = DENOISER_FRAMES, seed: int = 0):
@@ -373,7 +374,7 @@ def _run_case(case: Case, args, target) -> list[dict]:
     """Compile one case here, then its rows (`_time_row`)."""
     compiled = sess = error = None
     try:
-        compiled = build_case(case.model, target)
+        compiled = build_case(case.model, target, case.shapes)
         sess = _ort_session(case.model.SerializeToString(), getattr(args, "threads", None))
     except Exception as err:  # noqa: BLE001 - a model the CPU build cannot take yet: recorded, the rest stays
         error = _error_line(err)
@@ -469,7 +470,7 @@ def _build_case(case: Case, out: Path, target, export) -> dict:
         np.savez_compressed(out / f"{case.stem}_in{i}.npz", **feeds)
         entry["runs"].append({"row": stub, "feeds": f"{case.stem}_in{i}.npz"})
     try:
-        export(build_case(case.model, target), out / f"{case.stem}.so")
+        export(build_case(case.model, target, case.shapes), out / f"{case.stem}.so")
         entry["so"] = f"{case.stem}.so"
     except Exception as err:  # noqa: BLE001 - recorded; the run half reports it as the row's error
         entry["error"] = _error_line(err)

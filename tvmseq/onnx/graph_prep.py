@@ -227,8 +227,8 @@ def _fold_graph(graph: onnx.GraphProto, values: _ShapeValues) -> bool:
 
 
 def pin_input_dims(graph: onnx.GraphProto, shape_dict: dict | None) -> None:
-    """The static sizes a caller gives (`--shape`) written into the graph inputs, so shape inference and
-    folding see them as the importer will."""
+    """The sizes a caller gives (`--shape`) written into the graph inputs, so shape inference and folding see
+    them as the importer will: an int a static size, a name a symbolic one of that name."""
     for value in graph.input:
         dims = (shape_dict or {}).get(value.name)
         if dims is None or not value.type.tensor_type.HasField("shape") \
@@ -238,6 +238,9 @@ def pin_input_dims(graph: onnx.GraphProto, shape_dict: dict | None) -> None:
             if isinstance(size, (int, np.integer)) and size > 0:
                 dim.Clear()
                 dim.dim_value = int(size)
+            elif isinstance(size, str) and size:
+                dim.Clear()
+                dim.dim_param = size
 
 
 def prepare(model: onnx.ModelProto, options: dict | None = None, shape_dict: dict | None = None) -> onnx.ModelProto:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import onnx
 import tvm
 from tvm import relax
@@ -494,6 +495,10 @@ def from_onnx(model, shape_dict: dict | None = None, dtype_dict=None, target=Non
     model = graph_prep.prepare(model, options, shape_dict)
     model = fuse_gru_stacks(model, options)   # GRU -> Squeeze -> GRU chains -> one pipelinable node
     options[ARTIFACTS_OPTION] = resolve_artifacts_root(options["target"], artifacts)
+    # an input with a named (symbolic) dim keeps the dims pin_input_dims wrote into the graph: TVM's importer
+    # takes a shape_dict entry as ints
+    shape_dict = {k: v for k, v in (shape_dict or {}).items()
+                  if all(isinstance(d, (int, np.integer)) for d in v)} or None
     importer = TvmseqGraphImporter(shape_dict, dtype_dict if dtype_dict is not None else {}, options=options,
                                    value_shapes=graph_prep.value_shapes(model))
     try:

@@ -78,9 +78,9 @@ class Pad(OnnxOpConverter):
         if static_pads is not None and (axes is None or _as_int_list(axes) is not None):
             # sizes known at import: TVM's converter (it reads pads as a constant)
             inputs = list(inputs)
-            inputs[1] = relax.const(np.array(static_pads, "int64"))
+            inputs[1] = relax.const(np.array(static_pads, "int64"), "int64")
             if axes is not None:
-                inputs[3] = relax.const(np.array(_as_int_list(axes), "int64"))
+                inputs[3] = relax.const(np.array(_as_int_list(axes), "int64"), "int64")
             return stock(bb, _tvm.onnx_input(inputs), attr, params)
         if mode not in _PAD_MODES:
             raise ValueError(f"mode {mode!r} with computed pads is not supported (supported: "
@@ -136,9 +136,18 @@ class Squeeze(OnnxOpConverter):
     def _squeeze(cls, bb, inputs, attr, params, axes, version):
         data = inputs[0]
         ty = getattr(data, "ty", None)
-        if axes is None or not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
             return _tvm.Squeeze.get_converter(version)(bb, inputs, attr, params)
         dims = list(ty.shape.values)
+        if axes is None:
+            symbolic = [str(d) for d in dims if not isinstance(d, tvm.tirx.IntImm)]
+            if symbolic:
+                # every axis of size 1 goes: with a symbolic size, the output's rank would be known only at run
+                # time (a later op then fails on a tensor of unknown rank, far from the cause)
+                raise ValueError(f"no axes given and its input's dims {', '.join(symbolic)} are symbolic: which "
+                                 f"of them are 1 (and the output's rank) is known only at run time; fix those "
+                                 f"sizes (--shape / shape_dict)")
+            return _tvm.Squeeze.get_converter(version)(bb, inputs, attr, params)
         axes = [a + len(dims) if a < 0 else a for a in axes]
         symbolic = [a for a in axes if not isinstance(dims[a], tvm.tirx.IntImm)]
         if not symbolic:
@@ -186,7 +195,7 @@ def _forward_bounds(start: int, end: int, step: int, dim):
 
 @register_converter("Slice")
 class Slice(OnnxOpConverter):
-    """ONNX Slice (opset 10+). Where a constant start or end is +-INT64_MAX or INT64_MIN (what PyTorch
+    """ONNX Slice (opset 1+: attributes up to opset 9, inputs from 10). Where a constant start or end is +-INT64_MAX or INT64_MIN (what PyTorch
     exports for `x[a:]` and `x.flip(d)`) on an axis of symbolic size, the bounds are clamped here as
     ONNX says, so the extent is written in the axis size: TVM's converter keeps the literal, the extent
     reads `min(9223372036854775806, n)` and the static memory planner, bounding the allocation by that
@@ -196,7 +205,19 @@ class Slice(OnnxOpConverter):
     takes_shape_expr = True
 
     @classmethod
-    def _impl_v13(cls, bb, inputs, attr, params):
+    def _impl_v1(cls, bb, inputs, attr, params):
+        # opsets 1-9: starts, ends and axes are attributes (TVM's converter reads only the inputs of opset 10+,
+        # and took an opset-9 Slice for one without starts)
+        if "starts" not in attr or "ends" not in attr:
+            raise ValueError("a Slice of opset < 10 needs the attributes starts and ends")
+        # int64 named: relax.const makes an int64 array int32 otherwise (INT64_MAX, PyTorch's "to the end", -> -1)
+        as_input = [relax.const(np.asarray(attr[k], "int64"), "int64") if k in attr else None
+                    for k in ("starts", "ends", "axes")]
+        return cls._impl_v10(bb, [inputs[0], *as_input, None], {}, params)
+
+    @classmethod
+    def _impl_v10(cls, bb, inputs, attr, params):
+        inputs = list(inputs) + [None] * (5 - len(inputs))
         sliced = cls._to_axis_size(bb, inputs, params)
         return sliced if sliced is not None else _tvm.Slice._impl_v13(bb, inputs, attr, params)
 
@@ -244,3 +265,65 @@ class Slice(OnnxOpConverter):
         return relax.op.strided_slice(data, list(axes), [relax.prim_value(v) for v in begins],
                                       [relax.prim_value(v) for v in stops], [relax.prim_value(v) for v in strides],
                                       assume_inbound=True)
+
+
+@register_converter("Reshape")
+class Reshape(OnnxOpConverter):
+    """ONNX Reshape. A constant target with a -1 over an input of symbolic dims gets that dim as the input's dims
+    over the target's other dims with their common factors cancelled: TVM's reshape divides the two products and
+    its simplifier leaves (64 (T - 6)) // (T - 6) as it is (PLCMOS's GRU after a Reshape to [T, B, -1] then has
+    a symbolic input size). Every other Reshape goes to TVM's converter."""
+
+    takes_shape_expr = True
+
+    @classmethod
+    def _impl_v5(cls, bb, inputs, attr, params):
+        target = cls._cancelled_target(inputs, attr, params)
+        if target is not None:
+            return relax.op.reshape(inputs[0], relax.ShapeExpr(target))
+        return _tvm.Reshape._impl_v13(bb, inputs, attr, params)
+
+    @classmethod
+    def _cancelled_target(cls, inputs, attr, params):
+        data = inputs[0]
+        ty = getattr(data, "ty", None)
+        if isinstance(data, relax.ShapeExpr) or not isinstance(ty, relax.TensorType) \
+                or not isinstance(ty.shape, relax.ShapeExpr):
+            return None
+        dims = list(ty.shape.values)
+        values = _as_int_list(_tvm.get_constant(inputs[1], params)) if len(inputs) > 1 else None
+        if values is None or values.count(-1) != 1 or all(isinstance(d, tvm.tirx.IntImm) for d in dims) \
+                or (attr.get("allowzero", 0) and 0 in values) or any(v < -1 for v in values) \
+                or any(v == 0 and i >= len(dims) for i, v in enumerate(values)):
+            return None
+        target = [dims[i] if v == 0 else tvm.tirx.IntImm("int64", v) for i, v in enumerate(values)]
+        inferred = _quotient(dims, [t for i, t in enumerate(target) if values[i] != -1])
+        if inferred is None:
+            return None
+        target[values.index(-1)] = inferred
+        return target
+
+
+def _quotient(numerator: list, denominator: list):
+    """prod(numerator) / prod(denominator) with equal factors cancelled first, or None where a symbolic factor of
+    the denominator is left or the static parts do not divide."""
+    analyzer = tvm.sym.Analyzer()
+    left, static_den = list(numerator), 1
+    for factor in denominator:
+        match = next((i for i, d in enumerate(left) if analyzer.can_prove_equal(d, factor)), None)
+        if match is not None:
+            left.pop(match)
+        elif isinstance(factor, tvm.tirx.IntImm):
+            static_den *= int(factor)
+        else:
+            return None
+    static_num = 1
+    for d in left:
+        static_num *= int(d) if isinstance(d, tvm.tirx.IntImm) else 1
+    if static_den == 0 or static_num % static_den:
+        return None
+    result = tvm.tirx.IntImm("int64", static_num // static_den)
+    for d in left:
+        if not isinstance(d, tvm.tirx.IntImm):
+            result = result * d
+    return analyzer.simplify(result)
