@@ -154,6 +154,17 @@ def test_padded_static_width_conv_is_vectorized_along_channels():
     assert int(schedule_cpu._contiguous_axis(block, anchor, 8).dom) == cout
 
 
+@pytest.mark.parametrize("name", ["3x3-24ch-silu-symW", "3x3-32ch-silu-staticW-symH", "3x3-s21-33ch-relu-symHW"])
+def test_conv2d_padding_is_a_pass_of_its_own(name):
+    """The padded input is written once (`schedule_cpu._is_pad`), and the multiply-adds read it with no bounds
+    check (inlined, every multiply-add of the tile tested the pad's four bounds)."""
+    cin, cout, kernel, strides, pads, group, epilogue, dims, _ = CASES[name]
+    text = _scheduled_conv(_conv_model(cin, cout, kernel, strides, pads, group, epilogue, dims)[0]).script()
+    updates = [line for line in text.splitlines() if re.match(r"\s*conv2d_nchw\w* *\[.*\] = conv2d_nchw", line)]
+    assert updates and not any("if_then_else" in line for line in updates)
+    assert re.search(r"pad_temp\[.*\] = T\.if_then_else", text)
+
+
 @pytest.mark.parametrize("name", ["3x3-24ch-silu-symW", "1x1-40ch-symBHW"])
 def test_symbolic_rows_are_not_checked_in_the_reduction(name):
     """A register tile over a symbolic number of rows (the image width) has no bounds check on its rows inside
