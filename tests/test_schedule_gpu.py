@@ -188,3 +188,46 @@ def test_small_reduction_leaves_larger_sums_and_two_reductions():
         assert rule.apply(matmul, cuda, False) is None        # 65 products an output: dlight's Matmul
         assert rule.apply(small, cuda, False) is not None     # 64
         assert all(rule.apply(f, cuda, False) is None for f in softmax)   # max, then sum: two reductions
+
+
+# PLCMOS's first pool as TVM legalizes it: max 1 x 4, stride 1 x 4 over [1, 32, frames - 2, 257] (a dilated conv's
+# output height: an expression of the symbolic frame count)
+POOL_OVER_AN_EXPRESSION = """
+@T.prim_func(private=True, s_tir=True)
+def main(lv3: T.Buffer((T.int64(1), T.int64(32), "frames - T.int64(2)", T.int64(257)), "float32"), frames: T.int64,
+         pool_max: T.Buffer((T.int64(1), T.int64(32), frames - T.int64(2), T.int64(64)), "float32")):
+    T.func_attr({"op_pattern": 4, "tirx.noalias": True})
+    for ax0, ax1, ax2, ax3, rv0, rv1 in T.grid(T.int64(1), T.int64(32), frames - T.int64(2), T.int64(64),
+                                               T.int64(1), T.int64(4)):
+        with T.sblock("pool_max"):
+            v_ax0, v_ax1, v_ax2, v_ax3, v_rv0, v_rv1 = T.axis.remap("SSSSRR", [ax0, ax1, ax2, ax3, rv0, rv1])
+            T.reads(lv3[v_ax0, v_ax1, v_ax2 + v_rv0, v_ax3 * T.int64(4) + v_rv1])
+            T.writes(pool_max[v_ax0, v_ax1, v_ax2, v_ax3])
+            with T.init():
+                pool_max[v_ax0, v_ax1, v_ax2, v_ax3] = T.float32(-3.4e38)
+            pool_max[v_ax0, v_ax1, v_ax2, v_ax3] = T.max(pool_max[v_ax0, v_ax1, v_ax2, v_ax3],
+                                                         lv3[v_ax0, v_ax1, v_ax2 + v_rv0, v_ax3 * T.int64(4) + v_rv1])
+"""
+
+
+def test_pool_over_a_symbolic_expression_gets_a_grid():
+    """dlight's Fallback raises on that pool (its fuse cannot prove a split of (64 frames - 128) x 64 divisible),
+    and the last resort ran it on one GPU thread (12 ms of PLCMOS's call): UnfusedSpatial gives it 32 x (frames - 2)
+    blocks, each thread reducing its own output."""
+    cuda = targets.resolve("cuda")
+    func = tvm.script.from_source(POOL_OVER_AN_EXPRESSION)
+    with cuda:
+        with pytest.raises(Exception, match="divisible"):
+            tvm.s_tir.dlight.gpu.Fallback().apply(func, cuda, False)
+        sch = schedule_gpu.UnfusedSpatial().apply(func, cuda, False)
+    assert sch is not None
+    text = sch.mod["main"].script()
+    assert re.search(r'T\.thread_binding\(T\.int64\(32\), thread="blockIdx\.y"\)', text)
+    assert schedule_gpu.lowering_error(sch.mod["main"].with_attr("tirx.is_scheduled", True), cuda) is None
+    serial = tvm.script.from_source(re.sub(r'T\.thread_binding\((.*?), thread="[^"]+"\)', r"T.serial(\1)", text))
+    run = tvm.compile(tvm.IRModule({"main": serial.with_attr("global_symbol", "main")}), target="llvm")["main"]
+    for frames in (7, 12):
+        x = np.random.default_rng(frames).standard_normal((1, 32, frames - 2, 257)).astype("float32")
+        out = tvm.runtime.tensor(np.zeros((1, 32, frames - 2, 64), "float32"))
+        run(tvm.runtime.tensor(x), frames, out)
+        np.testing.assert_array_equal(out.numpy(), x[..., :256].reshape(1, 32, frames - 2, 64, 4).max(-1))
