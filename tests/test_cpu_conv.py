@@ -81,7 +81,8 @@ CASES = {
     "depthwise-12ch-symW": (12, 12, (3, 3), (1, 1), (1, 1, 1, 1), 12, "none", (1, 5, "W"), [(1, 5, 10), (1, 5, 17)]),
     "7ch-below-half-vector-symW": (3, 7, (3, 3), (1, 1), (0, 1, 2, 1), 1, "none", (1, 6, "W"), [(1, 6, 8), (1, 6, 21)]),
     # AECMOS: padded along a static width, the height symbolic (`schedule_cpu._padded_along`)
-    "3x3-32ch-silu-staticW-symH": (5, 32, (3, 3), (1, 1), (1, 1, 1, 1), 1, "silu", (1, "H", 40), [(1, 5, 40), (1, 9, 40)]),
+    "3x3-32ch-silu-staticW-symH": (5, 32, (3, 3), (1, 1), (1, 1, 1, 1), 1, "silu", (1, "H", 40),
+                                   [(1, 5, 40), (1, 9, 40)]),
 }
 
 

@@ -7,8 +7,10 @@ products, `dlight.cpu.Reduction` for softmax/norm-like chains) and no rule for m
 elementwise ops. `schedule_pass` applies, to every PrimFunc not yet marked `tirx.is_scheduled` (tvmseq's
 kernels are, and so are functions a MetaSchedule database scheduled):
 
-- `Contraction`: one reduction block (matmul, batch matmul, conv1d/2d with its pad inlined) whose output's
-  last axis reads every input contiguously or not at all: a register tile of `rows x 2 vectors` accumulated
+- `Contraction`: one reduction block (matmul, batch matmul, conv1d with its pad inlined, conv2d after its pad
+  as a pass of its own) whose output's last axis reads every input contiguously or not at all (a conv's image
+  axis read through its window, or bounds-checked, gives way to its output channels): a register tile of
+  `rows x 2 vectors` accumulated
   in a local buffer over the whole reduction, the tile's epilogue (bias, ReLU, sigmoid, BatchNorm) fused
   into its write-back, the row tiles split over threads, full column tiles apart from the tail
   (`pragma_loop_partition_hint`) so they vectorize;
@@ -466,7 +468,8 @@ def _is_pad(sch, info) -> bool:
         return False
     value = getattr(sch.get(info.block_rv).body, "value", None)
     return isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") == "prim.if_then_else" \
-        and isinstance(value.args[2], (tirx.FloatImm, tirx.IntImm)) and isinstance(value.args[1], tvm.ir.expr.TensorLoad)
+        and isinstance(value.args[2], (tirx.FloatImm, tirx.IntImm)) \
+        and isinstance(value.args[1], tvm.ir.expr.TensorLoad)
 
 
 def _tile_contraction(sch, anchor, epilogues, vec_iter, width: int, lanes: int, padded: bool) -> None:

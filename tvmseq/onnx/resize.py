@@ -10,7 +10,7 @@ not the node's), with onnxruntime's semantics:
   - the source coordinate of output pixel x is x / scale ("asymmetric");
   - nearest: onnxruntime's "simple" rounding, the source pixel floor(x / scale) where an axis grows and
     ceil(x / scale) where it shrinks (so one rounding for all the axes resized: up, or down);
-  - linear: between the two source pixels around min(x / scale, size - 1), on the last two axes.
+  - linear: between the two source pixels around min(x / scale, size - 1) on every axis resized (n-linear).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _constant_scales(value, params) -> list[float]:
     return [float(v) for v in scales.value.numpy().reshape(-1)]
 
 
-def _as_resize(bb, data, scales: list[float], attr, params):
+def _resized(bb, data, scales: list[float], attr, params):
     """`data` resized by constant `scales` with Upsample's semantics (module doc)."""
     mode = attr.get("mode", b"nearest")
     mode = mode.decode() if isinstance(mode, bytes) else mode
@@ -118,7 +118,7 @@ class Upsample(OnnxOpConverter):
     def _upsample(cls, bb, data, scales, attr, params):
         if min(scales) < 1:
             raise ValueError(f"Upsample's scales must be at least 1, got {scales} (Resize shrinks)")
-        return _as_resize(bb, data, scales, attr, params)
+        return _resized(bb, data, scales, attr, params)
 
 
 @register_converter("Resize")
@@ -127,7 +127,7 @@ class Resize(OnnxOpConverter):
 
     @classmethod
     def _impl_v10(cls, bb, inputs, attr, params):
-        return _as_resize(bb, inputs[0], _constant_scales(inputs[1], params), attr, params)
+        return _resized(bb, inputs[0], _constant_scales(inputs[1], params), attr, params)
 
     @classmethod
     def _impl_v11(cls, bb, inputs, attr, params):

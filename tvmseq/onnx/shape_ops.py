@@ -21,6 +21,16 @@ def _static_rank(data) -> int:
     return ty.ndim
 
 
+def _known_dims(data):
+    """The dims of a tensor value whose shape the importer knows (PrimExprs), else None (a shape value, a rank
+    unknown at import)."""
+    ty = getattr(data, "ty", None)
+    if isinstance(data, relax.ShapeExpr) or not isinstance(ty, relax.TensorType) \
+            or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return list(ty.shape.values)
+
+
 def _as_int_list(value):
     """The ints of a constant or all-static shape value, else None."""
     if isinstance(value, tvm.ir.GenericConst):
@@ -195,8 +205,9 @@ def _forward_bounds(start: int, end: int, step: int, dim):
 
 @register_converter("Slice")
 class Slice(OnnxOpConverter):
-    """ONNX Slice (opset 1+: attributes up to opset 9, inputs from 10). Where a constant start or end is +-INT64_MAX or INT64_MIN (what PyTorch
-    exports for `x[a:]` and `x.flip(d)`) on an axis of symbolic size, the bounds are clamped here as
+    """ONNX Slice (starts / ends / axes attributes up to opset 9, inputs from 10). Where a constant start or end is
+    +-INT64_MAX or INT64_MIN (what PyTorch exports for `x[a:]` and `x.flip(d)`) on an axis of symbolic size, the
+    bounds are clamped here as
     ONNX says, so the extent is written in the axis size: TVM's converter keeps the literal, the extent
     reads `min(9223372036854775806, n)` and the static memory planner, bounding the allocation by that
     literal times the element size, overflows int64. A negative step becomes a `flip` and a slice with
@@ -228,11 +239,9 @@ class Slice(OnnxOpConverter):
         if len(inputs) < 3 or inputs[1] is None or inputs[2] is None:
             return None
         data = inputs[0]
-        ty = getattr(data, "ty", None)
-        if isinstance(data, relax.ShapeExpr) or not isinstance(ty, relax.TensorType) \
-                or not isinstance(ty.shape, relax.ShapeExpr):
+        dims = _known_dims(data)
+        if dims is None:
             return None
-        dims = list(ty.shape.values)
         starts, ends = (_as_int_list(_tvm.get_constant(inputs[i], params)) for i in (1, 2))
         optional = [inputs[i] if len(inputs) > i else None for i in (3, 4)]
         axes, steps = (None if v is None else _as_int_list(_tvm.get_constant(v, params)) for v in optional)
@@ -285,12 +294,9 @@ class Reshape(OnnxOpConverter):
 
     @classmethod
     def _cancelled_target(cls, inputs, attr, params):
-        data = inputs[0]
-        ty = getattr(data, "ty", None)
-        if isinstance(data, relax.ShapeExpr) or not isinstance(ty, relax.TensorType) \
-                or not isinstance(ty.shape, relax.ShapeExpr):
+        dims = _known_dims(inputs[0])
+        if dims is None:
             return None
-        dims = list(ty.shape.values)
         values = _as_int_list(_tvm.get_constant(inputs[1], params)) if len(inputs) > 1 else None
         if values is None or values.count(-1) != 1 or all(isinstance(d, tvm.tirx.IntImm) for d in dims) \
                 or (attr.get("allowzero", 0) and 0 in values) or any(v < -1 for v in values) \
