@@ -18,14 +18,12 @@ Inputs with a meaning random data cannot have (a sample rate, a token id) are gi
 An output matches when |tvmseq - ort| <= atol + rtol * |ort| everywhere (numpy's allclose), shapes and
 dtypes agree, and NaNs sit at the same places. Tolerances by dtype: TOLERANCES (rtol/atol override).
 Reported max rel error: max |tvmseq - ort| / max(|ort|, atol). Times: median of `repeats` runs after
-one warm-up, numpy in and out for both.
+one warm-up, numpy in and out for both, the two timed in alternating bursts with pauses (`time_both`).
 """
 from __future__ import annotations
 
 import json
 import re
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -197,16 +195,6 @@ def make_feeds(specs: list[InputSpec], sizes: dict, given: dict | None, seed: in
 # ---------------------------------------------------------------------------------------------------
 # Running and comparing
 # ---------------------------------------------------------------------------------------------------
-def _timed(fn, repeats: int):
-    result = fn()                                    # warm-up (and the result)
-    times = []
-    for _ in range(max(repeats, 1)):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return result, statistics.median(times)
-
-
 def ort_session(proto):
     try:
         import onnxruntime as ort
@@ -218,21 +206,32 @@ def ort_session(proto):
         raise TvmseqError(f"onnxruntime cannot load the model: {str(err).splitlines()[0]}") from None
 
 
-def run_ort(session, feeds: dict, repeats: int):
+def run_ort(session, feeds: dict) -> dict:
     names = [o.name for o in session.get_outputs()]
     try:
-        outs, ms = _timed(lambda: session.run(None, feeds), repeats)
+        outs = session.run(None, feeds)
     except Exception as err:  # noqa: BLE001
         raise TvmseqError(f"onnxruntime failed on the inputs: {str(err).splitlines()[0]}") from None
-    return dict(zip(names, outs)), ms
+    return dict(zip(names, outs))
 
 
-def run_tvmseq(model, feeds: dict, names: list[str], repeats: int):
-    outs, ms = _timed(lambda: model(dict(feeds)), repeats)
+def run_tvmseq(model, feeds: dict, names: list[str]) -> dict:
+    outs = model(dict(feeds))
     outs = outs if isinstance(outs, tuple) else (outs,)
     if len(outs) != len(names):
         raise TvmseqError(f"tvmseq's model returned {len(outs)} outputs, onnxruntime {len(names)}")
-    return dict(zip(names, outs)), ms
+    return dict(zip(names, outs))
+
+
+def time_both(model, session, feeds: dict, repeats: int) -> tuple[float, float]:
+    """(tvmseq ms, onnxruntime ms): medians of `repeats` runs each, in alternating bursts with pauses between
+    them (`bench.cpu.alternate`). Each runtime's idle pool threads spin for a while after a run; timed right
+    after onnxruntime, a CPU model waited for a core (flashvad-stream at batch 7: 3.97 ms, 0.12 settled)."""
+    from .bench.cpu import alternate
+
+    tvm_ms, ort_ms, _, _ = alternate(lambda: model(dict(feeds)), lambda: session.run(None, feeds),
+                                     reps=max(repeats, 1), warmup=1)
+    return tvm_ms, ort_ms
 
 
 def tolerance(dtype: str, rtol: float | None, atol: float | None) -> tuple[float, float]:
@@ -312,8 +311,9 @@ def check(model, *, target=None, shapes: dict | None = None, inputs: dict | None
     report = CheckReport(str(model) if not hasattr(model, "graph") else model.graph.name, tvm_model.target_kind)
     for index, sizes in enumerate(size_cases(symbolic_dims(specs), lengths)):
         feeds = make_feeds(specs, sizes, inputs, seed + index)
-        want, ort_ms = run_ort(session, feeds, repeats)
-        got, tvm_ms = run_tvmseq(tvm_model, feeds, list(want), repeats)
+        want = run_ort(session, feeds)
+        got = run_tvmseq(tvm_model, feeds, list(want))
+        tvm_ms, ort_ms = time_both(tvm_model, session, feeds, repeats)
         outputs = [compare(name, got[name], want[name], rtol, atol) for name in want]
         report.cases.append(CaseResult(sizes, outputs, tvm_ms, ort_ms))
     return report
