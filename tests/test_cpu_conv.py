@@ -80,7 +80,7 @@ CASES = {
     "grouped2-18ch-symW": (6, 18, (3, 3), (1, 1), (1, 1, 1, 1), 2, "relu", (1, 6, "W"), [(1, 6, 11), (1, 6, 30)]),
     "depthwise-12ch-symW": (12, 12, (3, 3), (1, 1), (1, 1, 1, 1), 12, "none", (1, 5, "W"), [(1, 5, 10), (1, 5, 17)]),
     "7ch-below-half-vector-symW": (3, 7, (3, 3), (1, 1), (0, 1, 2, 1), 1, "none", (1, 6, "W"), [(1, 6, 8), (1, 6, 21)]),
-    # AECMOS: padded along a static width, the height symbolic (`schedule_cpu._padded_along`)
+    # AECMOS: padded along a static width, the height symbolic (`schedule_cpu._windowed`)
     "3x3-32ch-silu-staticW-symH": (5, 32, (3, 3), (1, 1), (1, 1, 1, 1), 1, "silu", (1, "H", 40),
                                    [(1, 5, 40), (1, 9, 40)]),
 }
@@ -151,7 +151,7 @@ def test_padded_static_width_conv_is_vectorized_along_channels():
     block = sch.get(anchor.block_rv)
     width = next(it for it in anchor.iters if it.kind == "S" and isinstance(it.dom, (int, tvm.tirx.IntImm))
                  and int(it.dom) == dims[2])
-    assert schedule_cpu._read_contiguously(block, width.var) and schedule_cpu._padded_along(block, width.var)
+    assert schedule_cpu._read_contiguously(block, width.var) and schedule_cpu._windowed(block, anchor, width.var)
     assert int(schedule_cpu._contiguous_axis(block, anchor, 8).dom) == cout
 
 

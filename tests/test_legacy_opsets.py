@@ -5,6 +5,8 @@ nearest values at opset 7, a failed import at 9 and 10). Also a Reshape's -1 ove
 and a Squeeze without axes over a symbolic one."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -195,3 +197,44 @@ def test_if_on_a_static_dim_read_through_shape_gather_is_decided_at_import():
              helper.make_node("Conv", ["sq", "w"], ["y"], kernel_shape=[3])]
     model = _model(nodes, [("x", (1, "n"))], 13, inits)
     _matches_onnxruntime(model, [{"x": _x(1, n)} for n in (5, 9)], exact=False)
+
+
+def _contrib(nodes, inputs, inits=()):
+    model = _model(nodes, inputs, 13, inits)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+_SCALES = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+_W = numpy_helper.from_array(_x(2, 3, 1, 1), "w")
+# (model, what the one-line error says): each guard of the converters above meets its bad input
+UNSUPPORTED = {
+    "slice_without_ends": (_model([helper.make_node("Slice", ["x"], ["y"], name="n", starts=[0])],
+                                  [("x", (2, 3))], 9), "needs the attributes starts and ends"),
+    "upsample_without_scales": (_model([helper.make_node("Upsample", ["x"], ["y"], name="n")],
+                                       [("x", (1, 1, 2, 2))], 7), "scales attribute is missing"),
+    "upsample_cubic": (_model([helper.make_node("Upsample", ["x", "scales"], ["y"], name="n", mode="cubic")],
+                              [("x", (1, 1, 2, 2))], 9, [_SCALES]), "mode 'cubic' is not supported"),
+    "resize_scales_of_another_rank": (_model([helper.make_node("Resize", ["x", "scales"], ["y"], name="n")],
+                                             [("x", (1, 2, 2))], 10, [_SCALES]), "4 scales for an input of rank 3"),
+    "resize_zero_scale": (_model([helper.make_node("Resize", ["x", "scales"], ["y"], name="n")], [("x", (1, 1, 2, 2))],
+                                 10, [numpy_helper.from_array(np.array([1, 1, 0, 2], np.float32), "scales")]),
+                          "scales must be positive"),
+    "resize_computed_scales": (_model([helper.make_node("Resize", ["x", "s"], ["y"], name="n")],
+                                      [("x", (1, 1, 2, 2)), ("s", (4,))], 10), "scales computed in the graph"),
+    "fused_conv_activation": (_contrib([helper.make_node("FusedConv", ["x", "w"], ["y"], name="n",
+                                                         domain="com.microsoft", kernel_shape=[1, 1],
+                                                         activation="Elu")],
+                                       [("x", (1, 3, 2, 2))], [_W]), "activation 'Elu' is not supported"),
+    "fused_matmul_trans_batch": (_contrib([helper.make_node("FusedMatMul", ["a", "b"], ["y"], name="n",
+                                                            domain="com.microsoft", transBatchA=1)],
+                                          [("a", (2, 3, 4)), ("b", (4, 5))]), "transBatchA / transBatchB"),
+}
+
+
+@pytest.mark.parametrize("case", UNSUPPORTED)
+def test_unsupported_forms_are_one_line(case):
+    model, message = UNSUPPORTED[case]
+    with pytest.raises(tvmseq.TvmseqError, match=rf"^ONNX node 'n' \(\w+\): .*{re.escape(message)}") as err:
+        tvmseq.compile_onnx(model.SerializeToString(), target="llvm")
+    assert "\n" not in str(err.value)

@@ -9,7 +9,7 @@ kernels are, and so are functions a MetaSchedule database scheduled):
 
 - `Contraction`: one reduction block (matmul, batch matmul, conv1d with its pad inlined, conv2d after its pad
   as a pass of its own) whose output's last axis reads every input contiguously or not at all (a conv's image
-  axis read through its window, or bounds-checked, gives way to its output channels): a register tile of
+  axis read through its window gives way to its output channels): a register tile of
   `rows x 2 vectors` accumulated
   in a local buffer over the whole reduction, the tile's epilogue (bias, ReLU, sigmoid, BatchNorm) fused
   into its write-back, the row tiles split over threads, full column tiles apart from the tail
@@ -688,9 +688,9 @@ def _below(sch, loop, ancestor) -> bool:
 def _contiguous_axis(block, anchor, lanes: int = 0):
     """The spatial iter that indexes the output's last axis alone, provided every read either ignores it or
     uses it only in its last index with coefficient 1 (stride 1 along the vector); else None. With `lanes`,
-    when that last axis is symbolic, read through a conv's window (`_windowed`) or bounds-checked
-    (`_padded_along`): another output axis of at least half a vector that qualifies (a conv's output channels with
-    its weight in HWIO, tvmseq.cpu_layout: the stores are strided, the loads are not)."""
+    when that last axis is symbolic or read through a conv's window (`_windowed`): another output axis of at least
+    half a vector that qualifies (a conv's output channels with its weight in HWIO, tvmseq.cpu_layout: the stores
+    are strided, the loads are not)."""
     if not block.writes[0].region:      # a rank-0 result (a full reduction): no axis to vectorize along
         return None
     region = block.writes[0].region
@@ -702,8 +702,7 @@ def _contiguous_axis(block, anchor, lanes: int = 0):
     last = alone(region[-1].min)
     if last is None:
         return None
-    if lanes and (not isinstance(last.dom, (int, tirx.IntImm)) or _padded_along(block, last.var)
-                  or _windowed(block, anchor, last.var)):
+    if lanes and (not isinstance(last.dom, (int, tirx.IntImm)) or _windowed(block, anchor, last.var)):
         for rng in reversed(region[:-1]):
             it = alone(rng.min)
             if it is not None and isinstance(it.dom, (int, tirx.IntImm)) and 2 * int(it.dom) >= lanes \
@@ -712,33 +711,13 @@ def _contiguous_axis(block, anchor, lanes: int = 0):
     return last if _read_contiguously(block, last.var) else None
 
 
-def _padded_along(block, var) -> bool:
-    """Whether the block's value holds a bounds check on `var` (an inlined pad's if_then_else: a conv's window
-    x[w + kw - pad] at the edges). Along such an axis the check varies from lane to lane, and VectorizeLoop
-    scalarizes the tile (a 3 x 3 conv over a static width of 80 at 2.7 GMAC/s)."""
-    found = []
-
-    def walk(expr):
-        if found or expr is None or isinstance(expr, (int, float, str)):
-            return
-        if isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", "") == "prim.if_then_else":
-            if _uses(expr.args[0], var):
-                found.append(expr)
-                return
-        for field in ("a", "b", "value", "condition", "true_value", "false_value", "body"):
-            walk(getattr(expr, field, None))
-        for child in getattr(expr, "args", None) or getattr(expr, "indices", None) or ():
-            walk(child)
-
-    walk(getattr(block.body, "value", None))
-    return bool(found)
-
-
 def _windowed(block, anchor, var) -> bool:
     """Whether a read indexes along `var` through a reduction iter too, of more than one step (a conv's window,
     x[w + kw]): vectors along such an axis load a vector shifted by one element at every tap, where vectors of
     output channels load the weight's contiguous rows (PLCMOS's convs after their pads became passes of their own:
-    along the padded width of 257, 0.4 -> 4.4 ms; along the channels 0.34)."""
+    along the padded width of 257, 0.4 -> 4.4 ms; along the channels 0.34). With the pad inlined (conv1d), the
+    bounds check along the window's axis also differs from lane to lane, and VectorizeLoop scalarized the tile (a
+    3 x 3 conv over a static width of 80 at 2.7 GMAC/s)."""
     reduce = [it.var for it in anchor.iters if it.kind == "R" and not (isinstance(it.dom, (int, tirx.IntImm))
                                                                        and int(it.dom) == 1)]
     return any(_uses(rng.min, var) and any(_uses(rng.min, r) for r in reduce)

@@ -145,10 +145,9 @@ class Squeeze(OnnxOpConverter):
     @classmethod
     def _squeeze(cls, bb, inputs, attr, params, axes, version):
         data = inputs[0]
-        ty = getattr(data, "ty", None)
-        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        dims = _known_dims(data)
+        if dims is None:
             return _tvm.Squeeze.get_converter(version)(bb, inputs, attr, params)
-        dims = list(ty.shape.values)
         if axes is None:
             symbolic = [str(d) for d in dims if not isinstance(d, tvm.tirx.IntImm)]
             if symbolic:
@@ -164,7 +163,7 @@ class Squeeze(OnnxOpConverter):
             return _tvm.Squeeze.get_converter(version)(bb, inputs, attr, params)
         for a in symbolic:
             dims[a] = tvm.tirx.IntImm("int64", 1)
-        data = bb.match_cast(data, relax.TensorType(dims, ty.dtype))    # fails at run time unless 1
+        data = bb.match_cast(data, relax.TensorType(dims, data.ty.dtype))    # fails at run time unless 1
         return relax.op.squeeze(data, axes)
 
 
