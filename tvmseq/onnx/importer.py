@@ -223,7 +223,15 @@ _STATIC_OPS = {"relax.equal": np.equal, "relax.not_equal": np.not_equal, "relax.
                "relax.less_equal": np.less_equal, "relax.greater": np.greater,
                "relax.greater_equal": np.greater_equal, "relax.logical_and": np.logical_and,
                "relax.logical_or": np.logical_or, "relax.logical_not": np.logical_not, "relax.where": np.where,
-               "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply}
+               "relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
+               "relax.divide": lambda a, b: _divide(a, b)}
+
+
+def _divide(a, b):
+    """ONNX / TVM division: integers truncate toward zero (numpy's // floors)."""
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return (np.abs(a) // np.abs(b) * np.sign(a) * np.sign(b)).astype(np.result_type(a, b))
+    return np.divide(a, b)
 
 
 def _static_value(bb, expr, depth: int = 0):
@@ -242,6 +250,9 @@ def _static_value(bb, expr, depth: int = 0):
         return np.array(dims, "int64") if None not in dims else np.array(dims, object)
     if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
         return None
+    if expr.op.name == "relax.shape_of":     # the shape its operand's type knows, whatever its values
+        shape = getattr(getattr(expr.args[0], "ty", None), "shape", None)
+        return _static_value(bb, shape, depth + 1) if isinstance(shape, relax.ShapeExpr) else None
     if expr.op.name == "relax.where":      # the branch a static condition takes (a Gather's negative-index fix)
         cond = _static_value(bb, expr.args[0], depth + 1)
         if cond is not None and cond.dtype != object and (cond.all() or not cond.any()):

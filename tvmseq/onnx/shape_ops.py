@@ -9,7 +9,7 @@ import tvm
 from tvm import relax, topi
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 
-from .importer import OnnxOpConverter, register_converter
+from .importer import OnnxOpConverter, _static_value, register_converter
 
 _PAD_MODES = {"constant", "reflect", "edge"}
 
@@ -228,6 +228,7 @@ class Slice(OnnxOpConverter):
     @classmethod
     def _impl_v10(cls, bb, inputs, attr, params):
         inputs = list(inputs) + [None] * (5 - len(inputs))
+        inputs[1:] = [_as_constant(bb, v) for v in inputs[1:]]
         sliced = cls._to_axis_size(bb, inputs, params)
         return sliced if sliced is not None else _tvm.Slice._impl_v13(bb, inputs, attr, params)
 
@@ -273,6 +274,16 @@ class Slice(OnnxOpConverter):
         return relax.op.strided_slice(data, list(axes), [relax.prim_value(v) for v in begins],
                                       [relax.prim_value(v) for v in stops], [relax.prim_value(v) for v in strides],
                                       assume_inbound=True)
+
+
+def _as_constant(bb, bound):
+    """A Slice bound computed in the graph from static dims (silero v3's `channels // 3 * k`, taken from a shape
+    whose other dims are symbolic) as the constant it is: TVM's converter gives a computed bound to its dynamic
+    slice, which fills its bound vectors with scatter_elements, a TIR function no GPU schedule takes."""
+    if bound is None or isinstance(bound, tvm.ir.GenericConst):
+        return bound
+    value = _static_value(bb, bound)
+    return bound if value is None or value.dtype == object else relax.const(np.asarray(value, "int64"), "int64")
 
 
 @register_converter("Reshape")
