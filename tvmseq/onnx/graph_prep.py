@@ -180,6 +180,21 @@ class _ShapeValues:
             return np.asarray(np.logical_not(args[0]) if op == "Not" else _ELEMENTWISE[op](*args))
         return None
 
+    def evaluate_all(self, node):
+        """Every output of a multi-output node whose inputs are all small constants (onnx's reference
+        implementation), else None."""
+        ins = [i for i in node.input if i]
+        if not ins or any(i not in self.known for i in ins) or node.domain not in ("", "ai.onnx") \
+                or any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
+            return None
+        from onnx.reference import ReferenceEvaluator
+
+        try:
+            results = [np.asarray(r) for r in ReferenceEvaluator(node).run(None, {i: self.known[i] for i in ins})]
+        except Exception:  # noqa: BLE001 - an op it cannot evaluate stays in the graph
+            return None
+        return results if all(r.size <= 64 for r in results) else None
+
     def _vector(self, node, values, rank):
         if all(isinstance(v, (int, bool)) for v in values):
             return np.array(values if rank else values[0], dtype=np.int64)
@@ -203,11 +218,20 @@ def _fold_graph(graph: onnx.GraphProto, values: _ShapeValues) -> bool:
     for init in graph.initializer:
         if int(np.prod(init.dims)) <= 64:
             values.known.setdefault(init.name, numpy_helper.to_array(init))
+    split_up = {}                         # index -> the Constant nodes of a multi-output node's outputs
     for index, node in enumerate(graph.node):
         for attr in node.attribute:       # branches see the values of the scope around them
             if attr.type == onnx.AttributeProto.GRAPH:
                 changed |= _fold_graph(attr.g, values)
-        if len(node.output) != 1 or node.op_type == "Constant":
+        if len(node.output) > 1:          # a Split of a shape (tf2onnx's frame arithmetic)
+            outputs = values.evaluate_all(node)
+            if outputs is not None:
+                values.known.update(zip(node.output, outputs))
+                split_up[index] = [onnx.helper.make_node("Constant", [], [name], name=f"{node.name}_{k}",
+                                                         value=numpy_helper.from_array(value))
+                                   for k, (name, value) in enumerate(zip(node.output, outputs))]
+            continue
+        if node.op_type == "Constant":
             if node.op_type == "Constant":
                 value = values.evaluate(node)
                 if value is not None and value.size <= 64:
@@ -223,7 +247,11 @@ def _fold_graph(graph: onnx.GraphProto, values: _ShapeValues) -> bool:
         graph.node[index].CopyFrom(onnx.helper.make_node(
             "Constant", [], [node.output[0]], name=node.name, value=numpy_helper.from_array(value)))
         changed = True
-    return changed
+    if split_up:
+        nodes = [n for index, node in enumerate(graph.node) for n in split_up.get(index, [node])]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return changed or bool(split_up)
 
 
 def pin_input_dims(graph: onnx.GraphProto, shape_dict: dict | None) -> None:

@@ -33,6 +33,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
 from ..errors import TvmseqError, UnsupportedOnnxError
 from . import graph_prep
+from .loop import LoopConverter, with_dims
 
 # op_type -> converter class (an OnnxOpConverter subclass); filled by `register_converter`.
 CONVERTERS: dict[str, type] = {}
@@ -320,7 +321,7 @@ class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
         missing = sorted({(f"{n.domain}::" if n.domain not in ("", "ai.onnx") else "") + n.op_type
                           for n in _walk_nodes(graph)
                           if n.op_type not in CONVERTERS and n.op_type not in stock
-                          and n.op_type not in ("If", "Constant")})
+                          and n.op_type not in ("If", "Loop", "Constant")})
         if missing:
             raise TvmseqError("the model uses ONNX operators that neither tvmseq nor TVM's Relax "
                               f"frontend supports: {', '.join(missing)}")
@@ -342,6 +343,11 @@ class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
         try:
             if node.op_type == "If":
                 self._convert_if(node, name)
+            elif node.op_type == "Loop":
+                results = LoopConverter(self, node, name).convert()
+                for out, value in zip(node.output, results):     # dims from ONNX's inference, else fresh ones
+                    value = self._with_inferred_shape(out, value)
+                    self._nodes[out] = with_dims(self.bb, value, "".join(c if c.isalnum() else "_" for c in out))
             else:
                 self._convert_plain(node, name)
         except TvmseqError:

