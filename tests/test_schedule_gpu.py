@@ -231,3 +231,104 @@ def test_pool_over_a_symbolic_expression_gets_a_grid():
         out = tvm.runtime.tensor(np.zeros((1, 32, frames - 2, 64), "float32"))
         run(tvm.runtime.tensor(x), frames, out)
         np.testing.assert_array_equal(out.numpy(), x[..., :256].reshape(1, 32, frames - 2, 64, 4).max(-1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# SerialReduction: the reductions dlight's GEMM and reduction rules leave, one thread an output, sum in a register
+# ---------------------------------------------------------------------------------------------------
+def _conv1d_module(length, w_shape, stride):
+    """Relax: conv1d(x [1, in, length], W constant, stride), `length` a function of the symbolic T."""
+    rng = np.random.default_rng(4)
+    bb = relax.BlockBuilder()
+    t = tvm.tirx.Var("T", "int64")
+    x = relax.Var("x", relax.TensorType([1, w_shape[1], length(t)], "float32"))
+    w = rng.standard_normal(w_shape).astype("float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.conv1d(x, relax.const(w), strides=stride)))
+        bb.emit_func_output(out)
+    return bb.get(), w
+
+
+def _run_serial(func, args):
+    """A scheduled PrimFunc run on the CPU with its thread bindings serial, thread-local buffers global."""
+    text = re.sub(r'T\.thread_binding\((.*?), thread="[^"]+"\)', r"T.serial(\1)", func.script())
+    text = text.replace('scope="local"', 'scope="global"')
+    run = tvm.compile(tvm.IRModule({"main": tvm.script.from_source(text).with_attr("global_symbol", "main")}),
+                      target="llvm")["main"]
+    run(*args)
+
+
+@pytest.mark.parametrize("length,w_shape,stride", [
+    (lambda t: t + 256, [19, 1, 256], 64),      # silero v3's STFT (258 channels there), after its reflection pad
+    (lambda t: t, [5, 3, 96], 3),
+])
+def test_serial_reduction_sums_each_output_in_a_register(length, w_shape, stride):
+    """A conv1d of many taps over a run-time length: SmallReduction leaves it (more than 64 products, a run-time
+    inner axis). In silero v3 dlight's Matmul tile did not lower (a thread-local buffer of symbolic size) and its
+    Fallback, next, summed into global memory: the output read and written once a product. SerialReduction's
+    sum is a thread-local buffer of one value, stored once, and computes the conv (run serially on the CPU)."""
+    cuda = targets.resolve("cuda")
+    mod, w = _conv1d_module(length, w_shape, stride)
+    (conv,) = _fused_prim_funcs(mod)
+    with cuda:
+        assert schedule_gpu.SmallReduction().apply(conv, cuda, False) is None
+        sch = schedule_gpu.SerialReduction().apply(conv, cuda, False)
+        fallback = tvm.s_tir.dlight.gpu.Fallback().apply(conv, cuda, False)
+    scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    assert schedule_gpu.lowering_error(scheduled, cuda) is None
+    assert re.search(r'alloc_buffer\(.*scope="local"\)', scheduled.script())
+    assert 'scope="local"' not in fallback.mod["main"].script()
+    for t in (300, 1000):
+        x = np.random.default_rng(t).standard_normal((1, w_shape[1], int(length(t)))).astype("float32")
+        frames = (x.shape[2] - w_shape[2]) // stride + 1
+        out = tvm.runtime.tensor(np.zeros((1, w_shape[0], frames), "float32"))
+        sizes = [t] if len(scheduled.params) == 4 else []        # T a parameter where no buffer's dim is T alone
+        _run_serial(scheduled, [tvm.runtime.tensor(x), tvm.runtime.tensor(w), *sizes, out])
+        windows = np.stack([x[0, :, f * stride:f * stride + w_shape[2]] for f in range(frames)])   # [F, in, taps]
+        want = np.einsum("fit,oit->of", windows.astype(np.float64), w.astype(np.float64))[None]
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_serial_reduction_comes_before_dlights_fallback():
+    names = [type(rule).__name__ for rule in schedule_gpu.default_rules()]
+    assert names.index("SerialReduction") < names.index("Fallback")
+    assert names.index("GeneralReduction") < names.index("SerialReduction")
+
+
+def _if_then_elementwise():
+    """x -> If(constant true: x + 1, else x - 1) -> * 2 -> Relu -> Sigmoid: the If decided at import."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    then = helper.make_graph([helper.make_node("Add", ["x", "one"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Sub", ["x", "one"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("If", ["yes"], ["r"], then_branch=then, else_branch=other),
+             helper.make_node("Mul", ["r", "two"], ["m"]), helper.make_node("Relu", ["m"], ["a"]),
+             helper.make_node("Sigmoid", ["a"], ["y"])]
+    inits = [numpy_helper.from_array(np.float32(1), "one"), numpy_helper.from_array(np.float32(2), "two"),
+             numpy_helper.from_array(np.array(True), "yes")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, "n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_ops_of_a_graph_with_an_if_fuse_on_cuda():
+    """TVM's importer builds `main` without a dataflow block when the graph has an If, even one the importer
+    decides and inlines (silero v3's, on a static dim; here the ONNX-level folding that would remove it first
+    is off), and FuseOps fuses only inside one: the four elementwise ops were four kernels (silero v3: 351
+    launches a call)."""
+    import tvmseq
+
+    cuda = targets.resolve("cuda")
+    mod = tvmseq.from_onnx(_if_then_elementwise(), target=cuda, fold=False)
+    assert "R.dataflow" not in mod["main"].script()
+    with cuda:
+        lowered = tvm.transform.Sequential(schedule_gpu.legalize_passes(cuda))(mod)
+    assert lowered["main"].script().count("R.call_tir") == 1
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype("float32")
+    np.testing.assert_allclose(blocks.emulate_cuda_module(mod, {"x": x}), 1 / (1 + np.exp(-np.maximum(2 * (x + 1), 0))),
+                               rtol=1e-6)

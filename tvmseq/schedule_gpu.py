@@ -40,11 +40,12 @@ _STOCK = {"on": False}     # `stock_pipeline()`: TVM's own pipeline, to show its
 
 
 def default_rules():
-    """dlight's GPU rules, in the order of TVM's default CUDA pipeline, then tvmseq's two last resorts."""
+    """dlight's GPU rules, in the order of TVM's default CUDA pipeline, with tvmseq's rules for the reductions
+    they leave before dlight's Fallback, then tvmseq's two last resorts."""
     from tvm.s_tir import dlight as dl
 
     return [SmallReduction(), SmallRowsMatmul(), Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-            dl.gpu.GeneralReduction(), dl.gpu.Fallback(), UnfusedSpatial(), OneThread()]
+            dl.gpu.GeneralReduction(), SerialReduction(), dl.gpu.Fallback(), UnfusedSpatial(), OneThread()]
 
 
 class Matmul(DlightMatmul):
@@ -185,6 +186,7 @@ class SmallReduction:
 
     MAX_PRODUCTS = 64
     THREADS = 256
+    SYMBOLIC_INNER = False
 
     def apply(self, func, target, _tunable):
         from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -205,17 +207,24 @@ class SmallReduction:
             return None
         spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
         reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
-        if not all(isinstance(sch.get(lp).extent, tirx.IntImm) for lp in spatial[1:]):
+        static_inner = all(isinstance(sch.get(lp).extent, tirx.IntImm) for lp in spatial[1:])
+        if not self.SYMBOLIC_INNER and not static_inner:
             return None
         sch.reorder(*spatial, *reduce)
-        block_x, thread_x = sch.split(sch.fuse(*spatial), [None, self.THREADS])
-        sch.bind(block_x, "blockIdx.x")
+        if static_inner:            # one fused output index: its divisions by constants
+            block_x, thread_x = sch.split(sch.fuse(*spatial), [None, self.THREADS])
+            sch.bind(block_x, "blockIdx.x")
+        else:                       # no division by a run-time extent: the innermost over the threads
+            block_x, thread_x = sch.split(spatial[-1], [None, self.THREADS])
+            _bind_blocks(sch, [*spatial[:-1], block_x])
         sch.bind(thread_x, "threadIdx.x")
         if len(infos) == 2:
             sch.reverse_compute_at(infos[1].block_rv, thread_x, preserve_unit_loops=True)
             sch.set_scope(main, 0, "local")
+        else:           # the sum in a register, one store
+            sch.reverse_compute_at(sch.cache_write(main, 0, "local"), thread_x, preserve_unit_loops=True)
         sch.decompose_reduction(main, reduce[0])
-        sch.annotate(reduce[0], "pragma_auto_unroll_max_step", self.MAX_PRODUCTS)
+        sch.annotate(reduce[0], "pragma_auto_unroll_max_step", self.MAX_PRODUCTS or SmallReduction.MAX_PRODUCTS)
         sch.annotate(reduce[0], "pragma_unroll_explicit", 1)
         return sch
 
@@ -227,7 +236,18 @@ class SmallReduction:
                 if not isinstance(extent, tirx.IntImm):
                     return False
                 products *= int(extent)
-        return products <= self.MAX_PRODUCTS
+        return self.MAX_PRODUCTS is None or products <= self.MAX_PRODUCTS
+
+
+class SerialReduction(SmallReduction):
+    """What none of dlight's GEMM / reduction rules took (they come first): one thread an output, its sum in a
+    register over any static number of products, inner output extents known at run time too (their index
+    divisions are paid once for the whole sum). dlight's Fallback, which came next, kept each sum in global
+    memory: a read-modify-write of the output per product, one after another (silero v3's STFT as a conv1d of
+    256 taps into 258 channels: 95 us a call on the H200; the next six conv1d 12-50 us each)."""
+
+    MAX_PRODUCTS = None
+    SYMBOLIC_INNER = True
 
 
 def _spatial(sch, block) -> bool:
@@ -365,11 +385,15 @@ def pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
 
 
 def legalize_passes(target: tvm.target.Target) -> list:
-    """TVM's CUDA legalization passes (legalize, fuse) with `schedule_each` in place of ApplyDefaultSchedule."""
+    """TVM's CUDA legalization passes (legalize, fuse) with `schedule_each` in place of ApplyDefaultSchedule,
+    after ConvertToDataflow: TVM's importer builds `main` without a dataflow block when the graph has an If
+    (even one the import decides and inlines), and the importer's If branches and Loop functions are built
+    outside one too; FuseOps fuses only inside dataflow blocks, so every op of those was a kernel of its own
+    (silero v3 on the H200: 351 launches, ~3 ms a call against 1.2 ms of kernel time)."""
     from tvm.relax.backend.cuda import pipeline as cuda
 
     passes = [p for p in cuda.legalize_passes(target) if p.info.name != "ApplyDefaultSchedule"]
-    return passes + [schedule_each(target)]
+    return [relax.transform.ConvertToDataflow()] + passes + [schedule_each(target)]
 
 
 def schedule_each(target: tvm.target.Target, rules=None) -> tvm.transform.Pass:
