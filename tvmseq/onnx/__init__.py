@@ -7,4 +7,5 @@ from . import resize  # noqa: F401,E402  (Upsample, Resize of opset 10: scales, 
 from . import scatter  # noqa: F401,E402  (ScatterND: one thread an updated element on a GPU)
 from . import quantized  # noqa: F401,E402  (int8 dynamic quantization: DynamicQuantizeLSTM, ConvInteger, ...)
 from . import contrib  # noqa: F401,E402  (onnxruntime's fused ops: FusedConv, FusedMatMul)
+from . import dft  # noqa: F401,E402  (DFT as matmuls with constant cosine / sine matrices)
 from . import batch_dispatch, expose_state  # noqa: F401,E402  (their *_OPTION names: checks.importer_option_names)
