@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # its sibling host_cpu under `python -m tests.blocks` too
+
 OPSET = 17
 
 

