@@ -48,7 +48,8 @@ def test_block_on_gpu_matches_onnxruntime(name):
         pytest.skip(f"no prebuilt blocks in {ROOT} (python -m tests.blocks build {ROOT})")
     index = json.loads((ROOT / "index.json").read_text()).get(name)
     if index is None:
-        pytest.skip(f"{name} was not built (see the build's output: {blocks.needs(name) or 'not in the index'})")
+        # (not blocks.needs(name): it imports tvmseq's importer, which the runtime-only GPU machine lacks)
+        pytest.skip(f"{name} was not built here (the build's output says why)")
     assert "error" not in index, f"{name} did not build for CUDA: {index.get('error')}"
     data = np.load(ROOT / f"{name}.npz")
     want = _expected(name, index, data)
