@@ -6,11 +6,11 @@ at two sizes of each dynamic axis, so the dims stay symbolic."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tvmseq
+from tests.ort_compare import matches_onnxruntime
 
 ort = pytest.importorskip("onnxruntime")
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -29,16 +29,7 @@ def make(nodes, inputs, outputs, inits=(), opset=18):
 
 def check(model, feeds_list, **options):
     """Compile once (llvm), run every feed, compare all outputs with onnxruntime."""
-    compiled = tvmseq.compile_onnx(model, target="llvm", **options)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for feeds in feeds_list:
-        want = session.run(None, feeds)
-        got = compiled(**feeds)
-        got = got if isinstance(got, tuple) else (got,)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape, {k: v.shape for k, v in feeds.items()}
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-    return compiled
+    return matches_onnxruntime(model, feeds_list, **options)
 
 
 def rand(*shape, seed=0):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tvmseq
+from tests.ort_compare import matches_onnxruntime
 from tvmseq.onnx import from_onnx
 
 ort = pytest.importorskip("onnxruntime")
@@ -30,20 +30,7 @@ def _model(nodes, inputs, opset, inits=(), outputs=("y",)):
 
 
 def _matches_onnxruntime(model, feeds_list, shape_dict=None, exact=True):
-    compiled = tvmseq.compile_onnx(model.SerializeToString(), target="llvm", shape_dict=shape_dict)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3          # onnxruntime warns about every model of opset < 7
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    for feeds in feeds_list:
-        want = session.run(None, feeds)
-        got = compiled(**feeds)
-        got = got if isinstance(got, tuple) else (got,)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape, f"{ {k: v.shape for k, v in feeds.items()} }: {g.shape} != {w.shape}"
-            if exact:
-                np.testing.assert_array_equal(g, w)
-            else:
-                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    return matches_onnxruntime(model, feeds_list, exact=exact, shape_dict=shape_dict)
 
 
 def _x(*shape, seed=0):
@@ -138,7 +125,6 @@ def test_reshape_minus_one_over_an_expression_of_a_symbolic_dim():
 def test_squeeze_without_axes_of_a_symbolic_dim_is_one_line_and_a_fixed_shape_takes_it():
     """Squeeze with no axes drops every axis of size 1: over a symbolic dim the output's rank is known only at run
     time. The error names the dim; fixing it (--shape x=2,t,3: the time axis kept symbolic by name) compiles."""
-    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
     model = _model([helper.make_node("ReduceMax", ["x"], ["m"], axes=[1], keepdims=1),
                     helper.make_node("Squeeze", ["m"], ["y"], name="squeeze_all")], [("x", ("b", "t", 3))], 11)
     with pytest.raises(tvmseq.TvmseqError, match=r"^ONNX node 'squeeze_all' \(Squeeze\): no axes given .* dims b are"):

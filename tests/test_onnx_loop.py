@@ -5,15 +5,13 @@ the one-line errors. TVM's Relax frontend has no Loop converter at all."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tvmseq
+from tests.ort_compare import matches_onnxruntime
 
 ort = pytest.importorskip("onnxruntime")
-
-F32 = dict(rtol=1e-5, atol=1e-6)
 
 
 def _x(*shape, seed=0):
@@ -29,19 +27,6 @@ def _model(nodes, inputs, outputs, inits=(), opset=13):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return model
-
-
-def _matches_onnxruntime(model, feeds_list, target="llvm", **options):
-    compiled = tvmseq.compile_onnx(model.SerializeToString(), target=target, **options)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for feeds in feeds_list:
-        want = session.run(None, feeds)
-        got = compiled(**feeds)
-        got = got if isinstance(got, tuple) else (got,)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape, f"{ {k: v.shape for k, v in feeds.items()} }: {g.shape} != {w.shape}"
-            np.testing.assert_allclose(g, w, **F32)
-    return compiled
 
 
 def _map_over_batch():
@@ -70,12 +55,12 @@ def _map_over_batch():
 
 @pytest.mark.parametrize("batch", [1, 3, 6])
 def test_map_over_a_run_time_batch(batch):
-    _matches_onnxruntime(_map_over_batch(), [{"x": _x(batch, 7, seed=batch)}])
+    matches_onnxruntime(_map_over_batch(), [{"x": _x(batch, 7, seed=batch)}])
 
 
 def test_zero_iterations_give_the_initial_values_and_empty_scans():
     """A batch of 0: the carried value as it came in, the scan output of 0 rows with the body's row shape."""
-    compiled = _matches_onnxruntime(_map_over_batch(), [{"x": np.zeros((0, 7), np.float32)}])
+    compiled = matches_onnxruntime(_map_over_batch(), [{"x": np.zeros((0, 7), np.float32)}])
     assert compiled(x=np.zeros((0, 7), np.float32))[1].shape == (0, 1, 5)
 
 
@@ -104,7 +89,7 @@ def _growing_cache():
 
 def test_a_value_that_grows_every_iteration():
     feeds = [{"steps": np.array(n, np.int64), "state0": _x(1, 1, 4, seed=n)} for n in (1, 5, 9)]
-    _matches_onnxruntime(_growing_cache(), feeds)
+    matches_onnxruntime(_growing_cache(), feeds)
 
 
 def _until_converged(with_trip_count: bool):
@@ -138,7 +123,7 @@ def test_a_condition_computed_from_data_ends_the_loop(with_trip_count):
         if with_trip_count:
             feed["max_steps"] = np.array(4, np.int64)
         feeds.append(feed)
-    _matches_onnxruntime(_until_converged(with_trip_count), feeds)
+    matches_onnxruntime(_until_converged(with_trip_count), feeds)
 
 
 def _loop_backend_cases():

@@ -14,7 +14,8 @@ A scan output's element shape is known only once the body has run, so a loop wit
 iteration before `step` (`start`), and with zero iterations returns scans of zero rows. The trip count and the
 condition are decided at run time, so tf2onnx's while loops (a batch `map_fn`, a decoder run until end of
 sequence) keep their dynamic trip counts; a loop-carried value may change shape between iterations (a decoder's
-growing key/value cache): where the body returns a different shape for it, the loop carries it with its rank only.
+growing key/value cache): where the body returns it in another shape, the loop carries it with a fresh symbolic
+dim where it changes.
 Each iteration is a few calls of the Relax VM and reads the condition on the host: a loop is as slow as its trip
 count, not fused."""
 from __future__ import annotations
@@ -202,9 +203,11 @@ class LoopConverter:
         bb._begin_binding_block()
         try:
             result = build()
-            if ret_ty is not None and isinstance(result, relax.Tuple):   # each field as declared: a
-                result = relax.Tuple([f if _same_type(bb.normalize(f).ty, t) else bb.match_cast(f, t)  # narrower
-                                      for f, t in zip(result.fields, ret_ty.fields)])  # return type wins else
+            if ret_ty is not None and isinstance(result, relax.Tuple):
+                # each field cast to its declared type: a function's body narrower than its declared return type
+                # makes the function's type the narrower one
+                result = relax.Tuple([f if _same_type(bb.normalize(f).ty, t) else bb.match_cast(f, t)
+                                      for f, t in zip(result.fields, ret_ty.fields)])
             result = bb.emit(result)
         finally:
             block = bb._end_block()
@@ -266,11 +269,12 @@ class LoopConverter:
         bb.update_func(step, relax.utils.copy_with_new_vars(func))
         return step
 
-    def _empty_scans(self, scan_types):
+    @staticmethod
+    def _empty_scans(element_types):
         """Zero iterations: each scan output with zero rows (its other dims where the body's type knows them,
         else 0)."""
         empties = []
-        for t in scan_types:
+        for t in element_types:
             dims = list(t.shape.values) if isinstance(t.shape, relax.ShapeExpr) else [0] * t.ndim
             dims = [d if isinstance(d, (int, tvm.tirx.IntImm)) else 0 for d in dims]
             empties.append(relax.op.zeros([0, *dims], t.dtype))
