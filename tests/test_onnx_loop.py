@@ -170,3 +170,38 @@ def test_a_carried_value_that_changes_rank_is_one_line():
             as err:
         tvmseq.compile_onnx(model.SerializeToString(), target="llvm")
     assert "\n" not in str(err.value)
+
+
+def _nested():
+    """A Loop in a Loop's body, the inner trip count the outer iteration number, and an If in the inner body: the
+    outer loop sums, for i in 0..n-1, x * (sum over j < i of (j if j even else -j)), as scan rows and a total."""
+    inner_body = helper.make_graph(
+        [helper.make_node("Mod", ["j", "two"], ["parity"]), helper.make_node("Equal", ["parity", "zero_i"], ["even"]),
+         helper.make_node("Cast", ["j"], ["fj"], to=TensorProto.FLOAT),
+         helper.make_node("If", ["even"], ["signed"],
+                          then_branch=helper.make_graph([helper.make_node("Identity", ["fj"], ["pos"])], "pos", [],
+                                                        [_tensor("pos", TensorProto.FLOAT, None)]),
+                          else_branch=helper.make_graph([helper.make_node("Neg", ["fj"], ["neg"])], "neg", [],
+                                                        [_tensor("neg", TensorProto.FLOAT, None)])),
+         helper.make_node("Add", ["acc_in", "signed"], ["acc_out"]), helper.make_node("Identity", ["c"], ["c_out"])],
+        "inner", [_tensor("j", TensorProto.INT64, []), _tensor("c", TensorProto.BOOL, []),
+                  _tensor("acc_in", TensorProto.FLOAT, [])],
+        [_tensor("c_out", TensorProto.BOOL, []), _tensor("acc_out", TensorProto.FLOAT, [])])
+    outer_body = helper.make_graph(
+        [helper.make_node("Loop", ["i", "", "zero_f"], ["acc"], body=inner_body),
+         helper.make_node("Mul", ["x", "acc"], ["row"]), helper.make_node("Add", ["total_in", "row"], ["total_out"]),
+         helper.make_node("Identity", ["cond"], ["cond_out"])],
+        "outer", [_tensor("i", TensorProto.INT64, []), _tensor("cond", TensorProto.BOOL, []),
+                  _tensor("total_in", TensorProto.FLOAT, None)],
+        [_tensor("cond_out", TensorProto.BOOL, []), _tensor("total_out", TensorProto.FLOAT, None),
+         _tensor("row", TensorProto.FLOAT, None)])
+    inits = [numpy_helper.from_array(np.array(2, np.int64), "two"), numpy_helper.from_array(np.array(0, np.int64), "zero_i"),
+             numpy_helper.from_array(np.float32(0), "zero_f"), numpy_helper.from_array(np.zeros(4, np.float32), "total0")]
+    return _model([helper.make_node("Loop", ["n", "", "total0"], ["total", "rows"], body=outer_body)],
+                  [_tensor("n", TensorProto.INT64, []), _tensor("x", TensorProto.FLOAT, [4])],
+                  [_tensor("total", TensorProto.FLOAT, None), _tensor("rows", TensorProto.FLOAT, None)], inits)
+
+
+def test_a_loop_in_a_loop_with_an_if_inside():
+    feeds = [{"n": np.array(n, np.int64), "x": _x(4, seed=n)} for n in (1, 3, 6)]
+    matches_onnxruntime(_nested(), feeds)
