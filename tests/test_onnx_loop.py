@@ -205,3 +205,23 @@ def _nested():
 def test_a_loop_in_a_loop_with_an_if_inside():
     feeds = [{"n": np.array(n, np.int64), "x": _x(4, seed=n)} for n in (1, 3, 6)]
     matches_onnxruntime(_nested(), feeds)
+
+
+def test_an_exported_loop_with_an_empty_initial_cache_loads(tmp_path):
+    """The cache starts as a constant of shape [1, 0, 4]: TVM writes constants into the exported library and could
+    not read one of 0 bytes back (tvmseq.empty_constants makes it an allocation). Exported, loaded, run against
+    onnxruntime. With zero steps the scan output has the element shape the body's types give ([0, 1, 1, 4]), where
+    onnxruntime, whose graph does not declare it, gives [0]."""
+    model = _growing_cache()
+    tvmseq.build.export(tvmseq.compile_onnx(model.SerializeToString(), target="llvm"), tmp_path / "cache.so")
+    loaded = tvmseq.load(tmp_path / "cache.so")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for steps in (1, 5):
+        feeds = {"steps": np.array(steps, np.int64), "state0": _x(1, 1, 4, seed=steps)}
+        for g, w in zip(loaded(**feeds), session.run(None, feeds)):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    state0 = _x(1, 1, 4, seed=9)
+    state, cache, sums = loaded(steps=np.array(0, np.int64), state0=state0)
+    np.testing.assert_array_equal(state, state0)
+    assert cache.shape == (1, 0, 4) and sums.shape == (0, 1, 1, 4)

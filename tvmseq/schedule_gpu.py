@@ -32,7 +32,7 @@ from tvm import relax, s_tir, tirx
 from tvm.s_tir.dlight.base.utils import get_extent
 from tvm.s_tir.dlight.gpu import Matmul as DlightMatmul
 
-from . import targets
+from . import empty_constants, targets
 from .errors import TvmseqError
 
 log = logging.getLogger(__name__)
@@ -379,7 +379,8 @@ def pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         with target:
             return tvm.transform.Sequential(cuda.library_dispatch_passes(target) + legalize_passes(target)
-                                            + cuda.dataflow_lower_passes(target) + cuda.finalize_passes(target))(mod)
+                                            + cuda.dataflow_lower_passes(target) + [empty_constants.pass_()]
+                                            + cuda.finalize_passes(target))(mod)
 
     return _pipeline
 

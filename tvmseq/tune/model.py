@@ -44,7 +44,7 @@ def relax_pipeline(target, tuned=None):
     directory (None: no database). GPU targets without a database: tvmseq.schedule_gpu's pipeline as is."""
     import tvm
 
-    from .. import schedule_gpu, targets
+    from .. import empty_constants, schedule_gpu, targets
 
     database = _database_dir(tuned) if tuned is not None else None
     gpu = targets.is_gpu(target)
@@ -60,7 +60,8 @@ def relax_pipeline(target, tuned=None):
         stock = _backend(target)
         with target:
             passes = list(stock.library_dispatch_passes(target)) + _legalize_passes(target, database)
-            passes += list(stock.dataflow_lower_passes(target)) + list(stock.finalize_passes(target))
+            passes += list(stock.dataflow_lower_passes(target)) + [empty_constants.pass_()]
+            passes += list(stock.finalize_passes(target))
             return tvm.transform.Sequential(passes)(mod)
 
     return _pipeline
