@@ -53,8 +53,8 @@ class Activation:
 
         f32 = lambda v: T.float32(v)  # noqa: E731
         a, b, n = self.alpha, self.beta, self.name
-        if n == "Relu":          # a select, not max: NaN stays NaN, as onnxruntime's (LLVM's maxnum returns 0)
-            return T.Select(x < f32(0), f32(0), x)
+        if n == "Relu":
+            return T.max(x, f32(0))
         if n == "Tanh":
             return f32(2) * fast_sigmoid(f32(2) * x) - f32(1) if fast else T.tanh(x)
         if n == "Sigmoid":

@@ -178,12 +178,6 @@ def _let(value, body):
     return tirx.Let(var, value, body(var))
 
 
-def _within(x, low, high):
-    """x clamped to [low, high] by selects: a NaN stays NaN (min / max lower to LLVM's minnum / maxnum, which return
-    the number: sigmoid(NaN) came out 1 where onnxruntime gives NaN); the same value as min / max otherwise."""
-    return _let(x, lambda v: tirx.Select(v > high, high, tirx.Select(v < low, low, v)))   # x used once: it may hold lets
-
-
 def fast_exp(x):
     """exp(x) for float32 TIR expressions, from arithmetic only (vectorizes); inputs clamped into the range
     where the result is a normal float32."""
@@ -202,7 +196,7 @@ def fast_exp(x):
 
         return _let(T.floor(xc * f(_LOG2E) + f(0.5)), poly)
 
-    return _let(_within(x, f(_EXP_MIN), f(_EXP_MAX)), reduced)        # a NaN stays NaN
+    return _let(T.max(T.min(x, f(_EXP_MAX)), f(_EXP_MIN)), reduced)
 
 
 # Sigmoid and Tanh as rational functions of x^2 (the minimax fits of Eigen's float tanh and of onnxruntime's MLAS
@@ -232,9 +226,9 @@ def _rational(bound: float, num: tuple, den: tuple, offset: float, low: float):
         return p
 
     def on_clamped(xc):
-        return _let(xc * xc, lambda x2: _within(f(offset) + xc * horner(num, x2) / horner(den, x2), f(low), f(1)))
+        return _let(xc * xc, lambda x2: T.max(T.min(f(offset) + xc * horner(num, x2) / horner(den, x2), f(1)), f(low)))
 
-    return lambda x: _let(_within(x, f(-bound), f(bound)), on_clamped)
+    return lambda x: _let(T.max(T.min(x, f(bound)), f(-bound)), on_clamped)
 
 
 def cpu_activation(act: Activation):
