@@ -1,8 +1,9 @@
-"""One comparison for the importer tests: an ONNX model compiled once for the CPU and run on each set of inputs
-beside onnxruntime, every output's shape and values compared."""
+"""The importer tests' two checks: an ONNX model compiled once for the CPU and run on each set of inputs beside
+onnxruntime, every output's shape and values compared; and a model refused with one line."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tvmseq
 
@@ -28,3 +29,11 @@ def matches_onnxruntime(model, feeds_list, exact: bool = False, **options):
             else:
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     return compiled
+
+
+def refused_in_one_line(model, pattern: str) -> None:
+    """Compiling `model` for the CPU raises a TvmseqError matching `pattern`, in one line."""
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    with pytest.raises(tvmseq.TvmseqError, match=pattern) as err:
+        tvmseq.compile_onnx(data, target="llvm")
+    assert "\n" not in str(err.value)

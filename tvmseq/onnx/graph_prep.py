@@ -233,7 +233,7 @@ def _fold_graph(graph: onnx.GraphProto, values: _ShapeValues) -> bool:
                                                          value=numpy_helper.from_array(value))
                                    for k, (name, value) in enumerate(zip(node.output, outputs))]
             continue
-        if node.op_type == "Constant":
+        if len(node.output) != 1 or node.op_type == "Constant":
             if node.op_type == "Constant":
                 value = values.evaluate(node)
                 if value is not None and value.size <= 64:
@@ -304,14 +304,13 @@ def count_nonzeros(model: onnx.ModelProto, ranks: dict[str, int]) -> None:
             user.op_type, user.input[0] = "Identity", f"{node.output[0]}_shape"
             del user.attribute[:]
             if start != 0 or end is not None:
-                nodes.append(None)      # placeholder: rewritten below
                 user.op_type = "Slice"
                 bounds = [np.array([start], np.int64), np.array([end if end is not None else 2], np.int64)]
                 names = [f"{user.name or user.output[0]}_{part}" for part in ("starts", "ends")]
                 graph.initializer.extend(numpy_helper.from_array(b, n) for b, n in zip(bounds, names))
                 user.input.extend(names)
     del graph.node[:]
-    graph.node.extend(n for n in nodes if n is not None)
+    graph.node.extend(nodes)
 
 
 def _nonzero_shape(node, rank: int, graph) -> list:
@@ -335,9 +334,10 @@ def prepare(model: onnx.ModelProto, options: dict | None = None, shape_dict: dic
     pin_input_dims(prepared.graph, shape_dict)
     name_unknown_input_dims(prepared.graph)
     forget_declared_shapes(prepared.graph)
-    ranks = value_ranks(prepared)
-    scans_to_loops(prepared, ranks)
-    count_nonzeros(prepared, ranks)
+    if any(n.op_type in ("Scan", "NonZero") for n in prepared.graph.node):    # a shape inference pass: only then
+        ranks = value_ranks(prepared)
+        scans_to_loops(prepared, ranks)
+        count_nonzeros(prepared, ranks)
     if not options.get(FOLD_OPTION, True) or _has_sparse(prepared):
         return infer_shapes(prepared)
     for _ in range(2):       # a folded If can expose more shape arithmetic: a second round takes it

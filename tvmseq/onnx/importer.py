@@ -33,7 +33,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm_onnx
 
 from ..errors import TvmseqError, UnsupportedOnnxError
 from . import graph_prep
-from .loop import LoopConverter, with_dims
+from .loop import LoopConverter, with_dims, with_sizes
 
 # op_type -> converter class (an OnnxOpConverter subclass); filled by `register_converter`.
 CONVERTERS: dict[str, type] = {}
@@ -451,15 +451,8 @@ class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
         return self._as_call(relax.SeqExpr([block], body), hint)
 
     def _as_call(self, seq: relax.SeqExpr, hint: str):
-        params = list(relax.analysis.free_vars(seq))
-        args = list(params)
-        # symbolic sizes the branch uses that its parameters' shapes do not define travel as a shape
-        scratch = relax.Function(params, seq, seq.body.ty, is_pure=False)
-        defined = {v for p in params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
-        sizes = [v for v in relax.analysis.free_symbolic_vars(scratch) if v not in defined]
-        if sizes:
-            params.append(relax.Var("sizes", relax.ShapeType(sizes)))
-            args.append(relax.ShapeExpr(sizes))
+        free = list(relax.analysis.free_vars(seq))
+        params, args = with_sizes(free, list(free), seq)
         func = relax.utils.copy_with_new_vars(relax.Function(params, seq, seq.body.ty, is_pure=True))
         return relax.Call(self.bb.add_func(func, hint), args)
 

@@ -53,6 +53,17 @@ def with_dims(bb, value, prefix: str):
     return bb.match_cast(value, relax.TensorType(dims, ty.dtype))
 
 
+def with_sizes(params, args, seq):
+    """(params, args) of a function made of `seq`, with the symbolic sizes it uses that its parameters' types do not
+    define added as one shape parameter (If branches, a Loop's functions)."""
+    scratch = relax.Function(params, seq, seq.body.ty, is_pure=False)
+    defined = {v for p in params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
+    sizes = [v for v in relax.analysis.free_symbolic_vars(scratch) if v not in defined]
+    if sizes:
+        return params + [relax.Var("sizes", relax.ShapeType(sizes))], args + [relax.ShapeExpr(sizes)]
+    return params, args
+
+
 def _prim_to_tensor(bb, value):
     """A PrimValue (a dim read from a shape) as a rank-0 int64 tensor."""
     while bb.lookup_binding(value) is not None:        # TVM 0.27: a PrimValue is the PrimExpr itself
@@ -131,7 +142,7 @@ class LoopConverter:
             imp._nodes = outer
         seq = bb.normalize(relax.SeqExpr([block], result))
         free = [v for v in relax.analysis.free_vars(seq) if not any(v.same_as(p) for p in params)]
-        func_params, args = self._with_sizes(params + free, list(free), seq)
+        func_params, args = with_sizes(params + free, list(free), seq)
         func = relax.utils.copy_with_new_vars(relax.Function(func_params, seq, seq.ty, is_pure=True))
         return func, args, list(seq.ty.fields)       # in the caller's symbolic vars (the copy has its own)
 
@@ -161,17 +172,6 @@ class LoopConverter:
         dims = [c if tvm_ffi.structural_equal(c, w) else tvm.tirx.Var(f"carried_{k}", "int64")
                 for k, (c, w) in enumerate(zip(came.shape.values, went.shape.values))]
         return relax.TensorType(dims, came.dtype)
-
-    @staticmethod
-    def _with_sizes(params, args, seq):
-        """Symbolic sizes the function uses that its parameters' types do not define travel as a shape
-        parameter (as the importer's If branches do)."""
-        scratch = relax.Function(params, seq, seq.body.ty, is_pure=False)
-        defined = {v for p in params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
-        sizes = [v for v in relax.analysis.free_symbolic_vars(scratch) if v not in defined]
-        if sizes:
-            return params + [relax.Var("sizes", relax.ShapeType(sizes))], args + [relax.ShapeExpr(sizes)]
-        return params, args
 
     def _settled_body(self, carried):
         """The body function with loop-carried types that its results keep: each value the body returns in
@@ -213,7 +213,7 @@ class LoopConverter:
             block = bb._end_block()
         seq = bb.normalize(relax.SeqExpr([block], result))
         free = list(relax.analysis.free_vars(seq))
-        func_params, args = self._with_sizes(free, list(free), seq)
+        func_params, args = with_sizes(free, list(free), seq)
         func = relax.utils.copy_with_new_vars(relax.Function(func_params, seq, ret_ty or seq.ty, is_pure=True))
         return relax.Call(bb.add_func(func, hint), args)
 
