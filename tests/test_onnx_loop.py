@@ -4,6 +4,8 @@ cache), a loop that ends on a condition computed from data, zero iterations, abs
 the one-line errors. TVM's Relax frontend has no Loop converter at all."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -222,3 +224,82 @@ def test_an_exported_loop_with_an_empty_initial_cache_loads(tmp_path):
     state, cache, sums = loaded(steps=np.array(0, np.int64), state0=state0)
     np.testing.assert_array_equal(state, state0)
     assert cache.shape == (1, 0, 4) and sums.shape == (0, 1, 1, 4)
+
+
+def _identity_loop(body_inputs, body_outputs, loop_outputs=("y",), extra_nodes=()):
+    """A Loop over `v` [2] named 'lp' whose body passes the condition and `v_in` through (`v_out`), with the
+    inputs and outputs given."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"]), helper.make_node("Identity", ["v_in"], ["v_out"]),
+         *extra_nodes], "body", body_inputs, body_outputs)
+    return _model([helper.make_node("Loop", ["n", "", "v"], list(loop_outputs), body=body, name="lp")],
+                  [_tensor("n", TensorProto.INT64, []), _tensor("v", TensorProto.FLOAT, [2])],
+                  [_tensor(o, TensorProto.FLOAT, None) for o in loop_outputs])
+
+
+_I, _C = _tensor("i", TensorProto.INT64, []), _tensor("c", TensorProto.BOOL, [])
+_V_IN, _C_OUT, _V_OUT = (_tensor("v_in", TensorProto.FLOAT, None), _tensor("c_out", TensorProto.BOOL, []),
+                         _tensor("v_out", TensorProto.FLOAT, None))
+BODY_COUNTS = {
+    "an_input_too_many": (_identity_loop([_I, _C, _V_IN, _tensor("extra", TensorProto.FLOAT, None)],
+                                         [_C_OUT, _V_OUT]),
+                          "its body takes 4 inputs, 3 expected (iteration number, condition, the 1 loop-carried"),
+    "an_input_too_few": (_identity_loop([_I, _V_IN], [_C_OUT, _V_OUT], extra_nodes=[
+                             helper.make_node("Constant", [], ["c"], value=helper.make_tensor("t", TensorProto.BOOL,
+                                                                                              [], [True]))]),
+                         "its body takes 2 inputs, 3 expected"),
+    "no_output_for_the_carried_value": (_identity_loop([_I, _C, _V_IN], [_C_OUT]),
+                                        "its body returns 1 outputs, at least 2 expected (condition, the 1 "),
+    "more_loop_outputs_than_the_body_gives": (_identity_loop([_I, _C, _V_IN], [_C_OUT, _V_OUT], ("y", "z")),
+                                              "it has 2 outputs, its body gives 1 (the 1 loop-carried value and "
+                                              "0 scan outputs)"),
+}
+
+
+@pytest.mark.parametrize("case", BODY_COUNTS)
+def test_a_body_with_the_wrong_number_of_inputs_or_outputs_is_one_line(case):
+    model, message = BODY_COUNTS[case]
+    refused_in_one_line(model, rf"^ONNX node 'lp' \(Loop\): {re.escape(message)}")
+
+
+def _sequence_loop(where: str):
+    """A Loop named 'lp' with a sequence where ONNX allows one and tvmseq does not: the loop-carried value's
+    initial value, the body's loop-carried result, or a scan output of the body."""
+    seq = helper.make_tensor_sequence_value_info
+    nodes, body_nodes = [], [helper.make_node("Identity", ["c"], ["c_out"])]
+    if where == "initial":
+        nodes.append(helper.make_node("SequenceEmpty", [], ["v0"], dtype=TensorProto.FLOAT))
+        body_nodes.append(helper.make_node("SequenceInsert", ["v_in", "x"], ["v_out"]))
+        carried_in, carried_out = seq("v_in", TensorProto.FLOAT, None), seq("v_out", TensorProto.FLOAT, None)
+        outputs, after = ["v"], [helper.make_node("ConcatFromSequence", ["v"], ["y"], axis=0)]
+    else:
+        body_nodes.append(helper.make_node("SequenceConstruct", ["v_in"], ["v_out"]) if where == "carried" else
+                          helper.make_node("Identity", ["v_in"], ["v_out"]))
+        carried_in = _tensor("v_in", TensorProto.FLOAT, None)
+        carried_out = (seq if where == "carried" else _tensor)("v_out", TensorProto.FLOAT, None)
+        outputs, after = (["y"], []) if where == "carried" else (["y", "rows"], [])
+    body_outputs = [_tensor("c_out", TensorProto.BOOL, []), carried_out]
+    if where == "scan":
+        body_nodes.append(helper.make_node("SequenceConstruct", ["x"], ["row"]))
+        body_outputs.append(seq("row", TensorProto.FLOAT, None))
+    body = helper.make_graph(body_nodes, "body", [_tensor("i", TensorProto.INT64, []),
+                                                  _tensor("c", TensorProto.BOOL, []), carried_in], body_outputs)
+    nodes += [helper.make_node("Loop", ["n", "", "v0" if where == "initial" else "x"], outputs, body=body,
+                               name="lp"), *after]
+    graph_outputs = [_tensor("y", TensorProto.FLOAT, None)]
+    if where == "scan":
+        graph_outputs.append(seq("rows", TensorProto.FLOAT, None))
+    return _model(nodes, [_tensor("n", TensorProto.INT64, []), _tensor("x", TensorProto.FLOAT, [2])], graph_outputs)
+
+
+NOT_TENSORS = {
+    "initial": "loop-carried value 'v0' is not a tensor (sequences and optionals are not supported)",
+    "carried": "body output 'v_out' is not a tensor",
+    "scan": "body output 'row' is not a tensor",
+}
+
+
+@pytest.mark.parametrize("where", NOT_TENSORS)
+def test_a_sequence_carried_or_returned_by_the_body_is_one_line(where):
+    message = NOT_TENSORS[where]
+    refused_in_one_line(_sequence_loop(where), rf"^ONNX node 'lp' \(Loop\): {re.escape(message)}$")

@@ -92,9 +92,18 @@ class LoopConverter:
         self.body = importer._parse_attr(node.attribute)["body"]
         self.n_carried = len(node.input) - 2
         self.n_scans = len(self.body.output) - 1 - self.n_carried
-        if self.n_carried < 0 or self.n_scans < 0 or len(self.body.input) != 2 + self.n_carried:
-            raise ValueError(f"its body takes {len(self.body.input)} inputs and returns {len(self.body.output)} "
-                             f"outputs for {max(self.n_carried, 0)} loop-carried values")
+        if self.n_carried < 0:
+            raise ValueError(f"it has {len(node.input)} inputs, at least 2 (trip count, condition) expected")
+        values = f"the {self.n_carried} loop-carried value{'s' if self.n_carried != 1 else ''}"
+        if len(self.body.input) != 2 + self.n_carried:
+            raise ValueError(f"its body takes {len(self.body.input)} inputs, {2 + self.n_carried} expected "
+                             f"(iteration number, condition, {values})")
+        if self.n_scans < 0:
+            raise ValueError(f"its body returns {len(self.body.output)} outputs, at least {1 + self.n_carried} "
+                             f"expected (condition, {values})")
+        if len(node.output) > self.n_carried + self.n_scans:
+            raise ValueError(f"it has {len(node.output)} outputs, its body gives {self.n_carried + self.n_scans} "
+                             f"({values} and {self.n_scans} scan output{'s' if self.n_scans != 1 else ''})")
 
     # -- the values the loop starts from ----------------------------------------------------------------
     def _initial(self):
