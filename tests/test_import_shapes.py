@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tvmseq
-from tests.ort_compare import matches_onnxruntime
+from tests.ort_compare import matches_onnxruntime, refused_in_one_line
 
 ort = pytest.importorskip("onnxruntime")
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -243,6 +243,17 @@ def test_max_pool_with_same_padding_over_a_symbolic_batch(auto_pad):
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 7, 9])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     check(model, [{"x": rand(n, 2, 7, 9)} for n in (1, 3)])
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_max_pool_with_same_padding_over_symbolic_image_dims_is_one_line(auto_pad):
+    """SAME pads depend on the image dims, and TVM's max_pool2d takes its pads as ints: refused before compiling."""
+    model = make([helper.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[3, 2], strides=[2, 2],
+                                   auto_pad=auto_pad)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "H", 9])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    refused_in_one_line(model, rf"^ONNX node 'pool' \(MaxPool\): auto_pad {auto_pad} over image dims \[H, 9\] that "
+                        "are not all static$")
 
 
 def test_onnx_backend_maxpool_node_tests():

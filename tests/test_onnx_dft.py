@@ -144,6 +144,10 @@ ERRORS = {
     "three_parts": (dft_model((1, 8, 3), 17, 1, False, False, None), "the last dim is 3"),
     "axis_on_the_parts": (dft_model((1, 8, 1), 17, 2, False, False, None), "axis 2 is outside [-3, 1]"),
     "too_long": (dft_model((1, 9000, 1), 17, 1, False, False, None), "length 9000 is not in 1..8192"),
+    "run_time_signal_length": (dft_model((1, "n", 1), 17, 1, False, False, None),
+                               "the signal length (dim 1 of the input: n) is not static and no dft_length is given"),
+    "run_time_half_spectrum_length": (dft_model((2, 3, "bins", 2), 20, -2, True, True, None),
+                                      "the signal length (dim 2 of the input: bins) is not static and no dft_length"),
 }
 
 

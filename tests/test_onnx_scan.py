@@ -83,3 +83,35 @@ def test_scan_of_opset_8_is_one_line():
 
     (case,) = [c for c in _NodeTestCases if c.name == "test_scan_sum"]
     refused_in_one_line(case.model, r"\(Scan\): Scan of opset 8 .* is not supported")
+
+
+def _scan_of_unknown_rank(along: str):
+    """A Scan named 'scan' summing rows into a state, where ONNX shape inference cannot tell a rank the rewrite needs:
+    the scan input (`along` "input": taken along axis 1) or the body's scan output (`along` "output": stacked along
+    axis 1) is a Reshape to a run-time shape of run-time length."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    body_nodes = [helper.make_node("Add", ["h_in", "x_t"], ["h_out"])]
+    body_nodes.append(helper.make_node("Reshape", ["h_out", "shape"], ["y_t"]) if along == "output" else
+                      helper.make_node("Identity", ["h_out"], ["y_t"]))
+    body = helper.make_graph(body_nodes, "body", [helper.make_tensor_value_info("h_in", f, [3]),
+                                                  helper.make_tensor_value_info("x_t", f, [3])],
+                             [helper.make_tensor_value_info("h_out", f, [3]),
+                              helper.make_tensor_value_info("y_t", f, None)])
+    axes = {"scan_input_axes": [1]} if along == "input" else {"scan_output_axes": [1]}
+    scan = helper.make_node("Scan", ["h0", "xs" if along == "input" else "x"], ["h", "ys"], name="scan", body=body,
+                            num_scan_inputs=1, **axes)
+    nodes = ([helper.make_node("Reshape", ["x", "shape"], ["xs"])] if along == "input" else []) + [scan]
+    graph = helper.make_graph(nodes, "scan", [helper.make_tensor_value_info("h0", f, [3]),
+                                              helper.make_tensor_value_info("x", f, ["T", 3]),
+                                              helper.make_tensor_value_info("shape", i64, ["k"])],
+                              [helper.make_tensor_value_info("h", f, None),
+                               helper.make_tensor_value_info("ys", f, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("along,value", [("input", "xs"), ("output", "y_t")])
+def test_a_scan_axis_of_a_value_of_unknown_rank_is_one_line(along, value):
+    refused_in_one_line(_scan_of_unknown_rank(along), rf"^ONNX node 'scan' \(Scan\): a scan {along} axis needs the "
+                        rf"rank of '{value}', which shape inference does not know$")

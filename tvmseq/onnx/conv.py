@@ -178,7 +178,8 @@ class MaxPool(_tvm_onnx.MaxPool):
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             spatial = list(inputs[0].ty.shape)[2:]
             if not all(isinstance(d, (int, tirx.IntImm)) for d in spatial):
-                raise ValueError(f"auto_pad {auto_pad} over image dims {spatial} that are not all static")
+                shown = ", ".join(str(int(d)) if isinstance(d, (int, tirx.IntImm)) else str(d) for d in spatial)
+                raise ValueError(f"auto_pad {auto_pad} over image dims [{shown}] that are not all static")
             kernel = attr["kernel_shape"]
             strides = attr.get("strides", [1] * len(kernel))
             dilations = attr.get("dilations", [1] * len(kernel))

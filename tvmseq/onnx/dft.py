@@ -64,7 +64,8 @@ def _dft(bb, data, length: int | None, axis: int, inverse: bool, onesided: bool)
     if length is None and signal is not None:
         length = 2 * (signal - 1) if half_spectrum else signal
     if length is None:
-        raise ValueError("the signal length is not static and no dft_length is given")
+        raise ValueError(f"the signal length (dim {axis} of the input: {dims[axis]}) is not static and no dft_length "
+                         "is given")
     if not 0 < length <= MAX_LENGTH:
         raise ValueError(f"length {length} is not in 1..{MAX_LENGTH} (the transform is a matmul here, not an FFT)")
     used = length // 2 + 1 if half_spectrum else length            # input samples the transform reads
