@@ -12,11 +12,12 @@ from tvm import relax
 
 from .conv import Conv
 from .importer import OnnxOpConverter, register_converter
+from .shape_ops import nan_keeping_relu
 
 
 def _activation(x, name: str, params: list[float]):
-    if name == "Relu":
-        return relax.op.nn.relu(x)
+    if name == "Relu":          # NaN stays NaN, as onnxruntime's
+        return nan_keeping_relu(x)
     if name == "Sigmoid":
         return relax.op.sigmoid(x)
     if name == "Tanh":

@@ -368,3 +368,45 @@ class Pow(OnnxOpConverter):
             return relax.op.power(base, exponent)
         wide = relax.op.power(relax.op.astype(base, "float64"), relax.op.astype(exponent, "float64"))
         return relax.op.astype(wide, dtype)
+
+
+def nan_keeping_relu(x):
+    """max(x, 0) that keeps a NaN NaN, as onnxruntime's activations do (TVM's relu and maximum lower to LLVM's
+    maxnum, which returns the number: NaN became 0)."""
+    zero = relax.const(0, str(x.ty.dtype))
+    return relax.op.where(relax.op.less(x, zero), zero, x)
+
+
+@register_converter("Relu")
+class Relu(OnnxOpConverter):
+    """ONNX Relu, NaN kept (`nan_keeping_relu`)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return nan_keeping_relu(inputs[0])
+
+
+@register_converter("Elu")
+class Elu(OnnxOpConverter):
+    """ONNX Elu as where(x <= 0, alpha (exp(x) - 1), x): NaN kept (TVM's is written with two relus; NaN <= 0 is
+    false, so a NaN takes x, not exp(NaN), which the CPU's clamped polynomial exp makes a number)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        dtype = str(x.ty.dtype)
+        alpha = relax.const(float(attr.get("alpha", 1.0)), dtype)
+        negative = relax.op.multiply(alpha, relax.op.subtract(relax.op.exp(x), relax.const(1.0, dtype)))
+        return relax.op.where(relax.op.less_equal(x, relax.const(0.0, dtype)), negative, x)
+
+
+@register_converter("Softplus")
+class Softplus(OnnxOpConverter):
+    """ONNX Softplus as TVM writes it, max(x, 0) + log(1 + exp(-|x|)), with the max keeping NaN."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        dtype = str(x.ty.dtype)
+        tail = relax.op.log(relax.op.add(relax.const(1, dtype), relax.op.exp(relax.op.negative(relax.op.abs(x)))))
+        return relax.op.add(nan_keeping_relu(x), tail)
