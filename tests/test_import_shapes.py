@@ -172,6 +172,44 @@ def test_shape_arithmetic_into_reshape_and_constant_of_shape():
     assert compiled.signature["inputs"][0]["shape"][:2] == ["batch", "time"]
 
 
+def int32_shape_arithmetic_model(target: str):
+    """tf2onnx's Tensordot on x [b, t, 4]: MatMul over x reshaped to [-1, 4], reshaped back to a target computed in
+    int32: Shape -> Cast(int32) -> Gather([0, 1]) -> Concat([5]) -> Cast(int64) ("tensordot"), or
+    Concat(b * t, -1) in int32 ("product") or x itself to Concat(0, t * 4) ("zero": a 0 copies the dim)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+             helper.make_node("Reshape", ["x", "flat"], ["x2"]),
+             helper.make_node("MatMul", ["x2", "w"], ["y2"])]
+    if target == "tensordot":
+        nodes += [helper.make_node("Gather", ["s32", "free"], ["bt"], axis=0),
+                  helper.make_node("Concat", ["bt", "units"], ["target32"], axis=0)]
+    elif target == "product":
+        nodes += [helper.make_node("Gather", ["s32", "i0"], ["b"], axis=0),
+                  helper.make_node("Gather", ["s32", "i1"], ["t"], axis=0),
+                  helper.make_node("Mul", ["b", "t"], ["bt"]),
+                  helper.make_node("Concat", ["bt", "minus_one"], ["target32"], axis=0)]
+    else:
+        nodes += [helper.make_node("Gather", ["s32", "i1"], ["t"], axis=0),
+                  helper.make_node("Gather", ["s32", "i2"], ["c"], axis=0),
+                  helper.make_node("Mul", ["t", "c"], ["tc"]),
+                  helper.make_node("Concat", ["zero", "tc"], ["target32"], axis=0)]
+    nodes += [helper.make_node("Cast", ["target32"], ["target"], to=TensorProto.INT64),
+              helper.make_node("Reshape", ["x" if target == "zero" else "y2", "target"], ["y"], name="tensordot")]
+    inits = [const("free", [0, 1]), const("i0", [0]), const("i1", [1]), const("i2", [2]), const("units", [5], np.int32),
+             const("minus_one", [-1], np.int32), const("zero", [0], np.int32), const("flat", [-1, 4]),
+             const("w", rand(4, 5), np.float32)]
+    return make(nodes, [helper.make_tensor_value_info("x", F, ["b", "t", 4])],
+                [helper.make_tensor_value_info("y", F, None)], inits, opset=14)
+
+
+@pytest.mark.parametrize("target", ["tensordot", "product", "zero"])
+def test_reshape_to_a_target_computed_in_int32(target):
+    """TVM's frontend keeps shape arithmetic through a Cast to int32 as a tensor, which its Reshape refused (the g2p-id
+    decoder's Dense over an LSTM's output); batch and time stay symbolic."""
+    compiled = check(int32_shape_arithmetic_model(target), [{"x": rand(2, 3, 4)}, {"x": rand(3, 7, 4)}])
+    assert compiled.signature["inputs"][0]["shape"][:2] == ["b", "t"]
+
+
 def test_unnamed_input_dims_are_independent():
     """Input dims with neither a value nor a name (or -1) are separate symbolic sizes."""
     x = helper.make_tensor_value_info("x", F, [None, None])

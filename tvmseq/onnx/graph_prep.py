@@ -120,8 +120,14 @@ class _ShapeValues:
                 return [v.item() for v in value.reshape(-1)], value.ndim
             return None, None
         if name in self.partial:
-            return self.partial[name]
+            return self.partial[name][:2]
         return None, None
+
+    def dtype(self, name):
+        """The numpy dtype of a known or partial value (int64 when neither)."""
+        if name in self.known:
+            return self.known[name].dtype
+        return self.partial[name][2] if name in self.partial else np.dtype(np.int64)
 
     def evaluate(self, node):
         """The node's single output as a numpy constant when decided; records partial vectors."""
@@ -142,7 +148,7 @@ class _ShapeValues:
             if dims is None:
                 return None
             dims = dims[_attr(node, "start", 0):_attr(node, "end", len(dims))]
-            return self._vector(node, dims, 1)
+            return self._vector(node, dims, 1, np.int64)
         if op == "Size":
             dims = self.shapes.get(ins[0])
             return np.array(int(np.prod(dims)), np.int64) if dims and all(isinstance(d, int) for d in dims) else None
@@ -152,7 +158,7 @@ class _ShapeValues:
             if values is None or index is None or index.ndim > 1:
                 return None
             picked = [values[int(i)] for i in index.reshape(-1)]
-            return self._vector(node, picked, index.ndim)
+            return self._vector(node, picked, index.ndim, self.dtype(ins[0]))
         if op == "Reshape" and (ins[1] not in self.known or self.known[ins[1]].size != 1):
             return None                   # only a reshape to 1-D keeps a vector a vector
         if op in ("Unsqueeze", "Squeeze", "Identity", "Cast", "Reshape"):
@@ -161,12 +167,13 @@ class _ShapeValues:
                                                                              onnx.TensorProto.INT32)):
                 return None
             out_rank = 1 if op == "Unsqueeze" else 0 if op == "Squeeze" and len(values) == 1 else rank
-            return self._vector(node, values, out_rank)
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(_attr(node, "to")) if op == "Cast" else self.dtype(ins[0])
+            return self._vector(node, values, out_rank, dtype)
         if op == "Concat":
             parts = [self.vector(i)[0] for i in ins]
             if any(p is None for p in parts):
                 return None
-            return self._vector(node, [v for p in parts for v in p], 1)
+            return self._vector(node, [v for p in parts for v in p], 1, self.dtype(ins[0]))
         if op == "Slice":
             values, _ = self.vector(ins[0])
             bounds = [self.known.get(i) if i else None for i in ins[1:]] + [None] * (5 - len(ins))
@@ -174,7 +181,7 @@ class _ShapeValues:
                 return None
             step = int(bounds[3][0]) if bounds[3] is not None else 1
             return self._vector(node, values[slice(int(bounds[0][0]), int(max(min(bounds[1][0], 2**62), -2**62)),
-                                                   step)], 1)
+                                                   step)], 1, self.dtype(ins[0]))
         if op in _ELEMENTWISE or op == "Not":
             args = [self.known.get(i) for i in ins]
             if any(a is None for a in args):
@@ -197,10 +204,12 @@ class _ShapeValues:
             return None
         return results if all(r.size <= 64 for r in results) else None
 
-    def _vector(self, node, values, rank):
+    def _vector(self, node, values, rank, dtype):
+        """A decided vector as a constant of the value's ONNX type (int32 after a Cast to int32), else
+        recorded as partial."""
         if all(isinstance(v, (int, bool)) for v in values):
-            return np.array(values if rank else values[0], dtype=np.int64)
-        self.partial[node.output[0]] = (values, rank)
+            return np.array(values if rank else values[0], dtype=dtype)
+        self.partial[node.output[0]] = (values, rank, np.dtype(dtype))
         return None
 
 

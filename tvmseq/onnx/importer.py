@@ -275,6 +275,80 @@ def _static_value(bb, expr, depth: int = 0):
     return _STATIC_OPS[name](*args) if name in _STATIC_OPS else None
 
 
+_SYMBOLIC_OPS = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
+                 "relax.divide": np.vectorize(lambda a, b: tvm.tirx.truncdiv(a, b), otypes=[object]),
+                 "relax.floor_divide": np.vectorize(lambda a, b: tvm.tirx.floordiv(a, b), otypes=[object]),
+                 "relax.maximum": np.vectorize(lambda a, b: tvm.tirx.max(a, b), otypes=[object]),
+                 "relax.minimum": np.vectorize(lambda a, b: tvm.tirx.min(a, b), otypes=[object])}
+_INT_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+
+
+def _symbolic_value(bb, expr, depth: int = 0):
+    """The elements of a small integer value of shape arithmetic as int64 PrimExprs (an object array of rank 0
+    or 1) where they follow from dims, symbolic or static, and constants: shape_of / shape_to_tensor of a shape,
+    casts between integer types (a dim's value is the same in int32: tf2onnx computes shapes so), take at
+    constant indices, concat, reshapes, add / subtract / multiply / divide (truncating) / max / min. Else None."""
+    if depth > 64:
+        return None
+    if isinstance(expr, relax.Var):
+        bound = bb.lookup_binding(expr)
+        if bound is None:
+            shape = getattr(expr, "ty", None)
+            return np.array(list(shape.values), object) if isinstance(shape, relax.ShapeType) \
+                and shape.values is not None else None
+        return _symbolic_value(bb, bound, depth + 1)
+    if isinstance(expr, tvm.ir.GenericConst):
+        value = expr.value.numpy()
+        if value.dtype.kind not in "iub" or value.ndim > 1 or value.size > 64:
+            return None
+        return np.array([tvm.tirx.IntImm("int64", int(v)) for v in value.reshape(-1)], object).reshape(value.shape)
+    if isinstance(expr, relax.ShapeExpr):
+        return np.array(list(expr.values), object)
+    if isinstance(expr, relax.Tuple):
+        return None
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return None
+    name = expr.op.name
+    if name == "relax.shape_of":
+        shape = getattr(getattr(expr.args[0], "ty", None), "shape", None)
+        return np.array(list(shape.values), object) if isinstance(shape, relax.ShapeExpr) else None
+    if name == "relax.concat":
+        fields = expr.args[0].fields if isinstance(expr.args[0], relax.Tuple) else None
+        if fields is None and isinstance(expr.args[0], relax.Var):
+            bound = bb.lookup_binding(expr.args[0])
+            fields = bound.fields if isinstance(bound, relax.Tuple) else None
+        parts = [_symbolic_value(bb, f, depth + 1) for f in fields or [None]]
+        if any(p is None or p.ndim != 1 for p in parts):
+            return None
+        return np.concatenate(parts).astype(object)
+    value = _symbolic_value(bb, expr.args[0], depth + 1) if expr.args else None
+    if value is None:
+        return None
+    if name in ("relax.shape_to_tensor", "relax.tensor_to_shape"):
+        return value
+    if name == "relax.astype":
+        return value if str(expr.attrs.dtype) in _INT_DTYPES else None
+    if name in ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten"):
+        shape = getattr(expr.ty, "shape", None)
+        if not isinstance(shape, relax.ShapeExpr) or len(shape.values) > 1 \
+                or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
+            return None
+        return value.reshape([int(d) for d in shape.values])
+    if name == "relax.take":
+        index = _static_value(bb, expr.args[1])
+        if index is None or index.dtype == object or value.ndim != 1 or index.ndim > 1:
+            return None
+        return np.take(value, index.astype("int64")).astype(object)
+    if name in _SYMBOLIC_OPS:
+        other = _symbolic_value(bb, expr.args[1], depth + 1)
+        if other is None:
+            return None
+        analyzer = tvm.sym.Analyzer()
+        result = np.asarray(_SYMBOLIC_OPS[name](value, other), object)
+        return np.vectorize(analyzer.simplify, otypes=[object])(result) if result.size else result
+    return None
+
+
 def one_line(err: BaseException) -> str:
     """The gist of an exception from TVM or a converter, on one line (no IR, no C++ backtrace)."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]

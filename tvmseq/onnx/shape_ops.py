@@ -9,7 +9,7 @@ import tvm
 from tvm import relax, topi
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 
-from .importer import OnnxOpConverter, _static_value, register_converter
+from .importer import OnnxOpConverter, _static_value, _symbolic_value, register_converter
 
 _PAD_MODES = {"constant", "reflect", "edge"}
 
@@ -298,9 +298,43 @@ class Reshape(OnnxOpConverter):
     @classmethod
     def _impl_v5(cls, bb, inputs, attr, params):
         target = cls._cancelled_target(inputs, attr, params)
+        if target is None:
+            target = cls._computed_target(bb, inputs, attr, params)
         if target is not None:
             return relax.op.reshape(inputs[0], relax.ShapeExpr(target))
         return _tvm.Reshape._impl_v13(bb, inputs, attr, params)
+
+    @classmethod
+    def _computed_target(cls, bb, inputs, attr, params):
+        """A target tensor computed from dims (tf2onnx's Tensordot: Shape -> Cast(int32) -> Gather -> Concat ->
+        Cast(int64), which TVM's frontend keeps as a tensor) as the dims it holds: a 0 copies the input's dim
+        (without allowzero), a -1 is inferred as Relax does."""
+        shape = inputs[1] if len(inputs) > 1 else None
+        if shape is None or isinstance(shape, (relax.ShapeExpr, tvm.ir.GenericConst)) \
+                or isinstance(getattr(shape, "ty", None), relax.ShapeType) \
+                or isinstance(_tvm.get_constant(shape, params), tvm.ir.GenericConst):
+            return None
+        values = _symbolic_value(bb, shape)
+        if values is None or values.ndim != 1:
+            return None
+        dims = _known_dims(inputs[0])
+        target = []
+        for i, v in enumerate(values):
+            if isinstance(v, tvm.tirx.IntImm) and int(v) == 0 and not attr.get("allowzero", 0):
+                if dims is None or i >= len(dims):
+                    return None
+                v = dims[i]
+            elif isinstance(v, tvm.tirx.IntImm) and int(v) < -1:
+                return None
+            target.append(v)
+        minus = [i for i, v in enumerate(target) if isinstance(v, tvm.tirx.IntImm) and int(v) == -1]
+        if len(minus) > 1:
+            return None
+        if minus and dims is not None:
+            inferred = _quotient(dims, [t for i, t in enumerate(target) if i != minus[0]])
+            if inferred is not None:
+                target[minus[0]] = inferred
+        return target
 
     @classmethod
     def _cancelled_target(cls, inputs, attr, params):
