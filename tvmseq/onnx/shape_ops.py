@@ -1,7 +1,8 @@
 """Converters for shape ops whose sizes real exports compute in the graph, where TVM's frontend wants
 constants: `Pad` with pads from `Shape` arithmetic (constant, reflect, edge), `Squeeze` of an axis whose
 size is symbolic, `Slice` to "the end" (a start or end of INT64_MAX, -INT64_MAX, INT64_MIN) over an axis
-whose size is symbolic. All fall back to TVM's converter where they have nothing to do."""
+whose size is symbolic, `Reshape` to a target computed through int32 casts. All fall back to TVM's converter where
+they have nothing to do. Also `ReverseSequence`, which TVM's frontend lacks."""
 from __future__ import annotations
 
 import numpy as np
@@ -444,3 +445,56 @@ class Softplus(OnnxOpConverter):
         dtype = str(x.ty.dtype)
         tail = relax.op.log(relax.op.add(relax.const(1, dtype), relax.op.exp(relax.op.negative(relax.op.abs(x)))))
         return relax.op.add(nan_keeping_relu(x), tail)
+
+
+@register_converter("ReverseSequence")
+class ReverseSequence(OnnxOpConverter):
+    """ONNX ReverseSequence (opset 10): row b of the batch axis has its first sequence_lens[b] steps along the time
+    axis reversed, the rest kept (the backward half of tf2onnx's Bidirectional LSTM as a Loop). The lengths are
+    refused outside [0, the time axis' size] as onnxruntime refuses them (TVM's kernel would clamp them)."""
+
+    @classmethod
+    def _impl_v10(cls, bb, inputs, attr, params):
+        from .checks import checked_lengths
+        from .gru import _dim_str
+        from .importer import add_input_check
+
+        node, op = cls.node_name(attr), "ReverseSequence"
+        data, lens = inputs[0], inputs[1]
+        batch_axis, time_axis = int(attr.get("batch_axis", 1)), int(attr.get("time_axis", 0))
+        if {batch_axis, time_axis} != {0, 1}:
+            raise ValueError(f"batch_axis = {batch_axis} and time_axis = {time_axis}: one must be 0, the other 1")
+        rank = _static_rank(data)
+        if rank < 2:
+            raise ValueError(f"input 'input' has rank {rank}; it must be at least 2")
+        dims = _known_dims(data)
+        lens_dims = _known_dims(lens)
+        if dims is not None and lens_dims is not None:
+            analyzer = tvm.sym.Analyzer()
+            if len(lens_dims) != 1 or not analyzer.can_prove_equal(lens_dims[0], dims[batch_axis]) and \
+                    all(isinstance(d, tvm.tirx.IntImm) for d in (lens_dims[0], dims[batch_axis])):
+                raise ValueError(f"input 'sequence_lens' has shape {[_dim_str(d) for d in lens_dims]}, expected "
+                                 f"[{_dim_str(dims[batch_axis])}] (the input's batch axis {batch_axis})")
+        seq = dims[time_axis] if dims is not None else None
+        if seq is None:
+            raise ValueError("the input's shape is not known at import")
+        if isinstance(lens, relax.Var):      # a graph input: the runtime checks its values before running
+            add_input_check(attr, lens.name, {"kind": "range", "min": 0, "max": _dim_str(seq),
+                                              "what": f"sequence_lens of {op} node '{node}'"})
+        lens = checked_lengths(bb, attr, lens, seq, node, op)
+        return bb.emit_te(_reverse_sequence_te, data, lens, time_axis, batch_axis, primfunc_name_hint="reverse_sequence")
+
+
+def _reverse_sequence_te(x, lens, time_axis: int, batch_axis: int):
+    """out[.., t, .., b, ..] = x[.., lens[b] - 1 - t, .., b, ..] for t < lens[b], else x itself. (topi's
+    reverse_sequence logs an error for every symbolic batch it cannot read as an int.)"""
+    from tvm import te
+
+    def element(*index):
+        t, b = tvm.tirx.Cast("int64", index[time_axis]), index[batch_axis]
+        n = tvm.tirx.Cast("int64", lens[b])
+        source = list(index)
+        source[time_axis] = tvm.tirx.Select(t < n, n - 1 - t, t)
+        return x(*source)
+
+    return te.compute(x.shape, element, name="reverse_sequence")
