@@ -55,12 +55,16 @@ def mma_variants(D: int, B: int, H: int, dtype: str) -> list:
             continue
         for warps in (4, 8, 16):
             # float16 at batch <= 8: also 8-row chunks with the gate rows as the mma's M (gate_m)
-            for rows in ((8, 16, 32) if dtype == "float16" and B <= 8 else (16, 32)):
+            # float32 at batch <= 8: also the smallest chunk of 1-8 rows that holds the batch (the gate rows spread
+            # over the lanes: `mma.SIMT_SMALL_CHUNKS`)
+            small = [r for r in (1, 2, 4, 8) if r >= B][:1] if dtype == "float32" else []
+            for rows in ((8, 16, 32) if dtype == "float16" and B <= 8 else (*small, 16, 32)):
                 # float16: the warps may also split the gate rows (n_split; the check refuses what does not divide)
                 for n_split in ((1, 2, 4, 8) if dtype == "float16" else (1,)):
                     split = math.ceil(B / rows)
                     picks.append(pm.MmaConfig(units, warps, rows, batch_split=split, cluster=groups,
-                                              cluster_sync=True, dsmem=True, n_split=n_split, gate_m=rows == 8))
+                                              cluster_sync=True, dsmem=True, n_split=n_split,
+                                              gate_m=rows == 8 and dtype == "float16"))
     if dtype == "float16" and B <= 8:   # the grid-barrier picks with 8-row gate_m chunks
         picks += [dataclasses.replace(c, chunk_rows=8, gate_m=True) for c in picks[:1] if c and not c.dsmem]
     return [c for c in dict.fromkeys(picks) if fits(c) and D * math.ceil(H / c.units_per_block) * c.batch_split

@@ -57,10 +57,36 @@ SWEEP = {
 SEQ = 100
 
 
+def small_chunk_variants(D: int, B: int, H: int, cell: str = "gru") -> list:
+    """float32 dsmem configs whose chunk is the smallest of 1-8 rows that holds the batch (`mma.SIMT_SMALL_CHUNKS`:
+    the gate rows spread over the lanes), every units / warps pair whose unit groups make one cluster."""
+    import math
+
+    rows = next(r for r in (1, 2, 4, 8) if r >= B)
+    out = []
+    for units in (8, 16, 32):
+        groups = math.ceil(H / units)
+        if 2 <= groups <= 16:
+            out += [(units, warps, rows, 0, 1, 0, 0, 0, 0, 0, groups, 1, 1) for warps in (4, 8, 16)]
+    return out
+
+
+# sweep 18 (H200, 2026-11-29): float32 chunks of fewer than 16 rows, at the float32 cells of the benchmark models at
+# batch 1 and 8 (the ASR's bidirectional GRU 512, the denoiser's GRU 400) and the grid's float32 GRU / RNN at 256
+SMALL_CHUNK_KEYS = [(1, 1, 400, "float32"), (1, 8, 400, "float32"), (2, 1, 512, "float32"), (2, 8, 512, "float32"),
+                    (1, 1, 256, "float32"), (2, 8, 256, "float32"), (1, 1, 512, "float32"), (1, 8, 512, "float32"),
+                    (2, 1, 256, "float32", "rnn")]
+
+
 def sweep_key(key) -> tuple:
     """(D, B, H[, dtype[, cell]]) -> (D, B, H, dtype, cell), float16 GRU by default."""
     D, B, H, dtype, cell = (*key, "float16", "gru")[:5] if len(key) < 4 else (*key, "gru")[:5]
     return D, B, H, dtype, cell
+
+
+for _key in SMALL_CHUNK_KEYS:
+    _D, _B, _H, _dtype, _cell = sweep_key(_key)
+    SWEEP[_key] = SWEEP.get(_key, []) + small_chunk_variants(_D, _B, _H, _cell)
 
 
 def _name(D, B, H, cfg, dtype="float16", cell="gru"):
@@ -88,7 +114,10 @@ ENGINE_SWEEP = {key: [()] for key in [(1, 8, 256, "float32", "rnn"), (1, 1, 256,
                                       (1, 1, 256), (1, 8, 512),
                                       # sweep 17
                                       (1, 1, 512), (2, 1, 256), (2, 8, 256), (2, 8, 512), (2, 1, 512),
-                                      (1, 1, 256, "float32"), (2, 8, 256, "float32"), (2, 1, 256, "float32", "rnn")]}
+                                      (1, 1, 256, "float32"), (2, 8, 256, "float32"), (2, 1, 256, "float32", "rnn"),
+                                      # sweep 18
+                                      (1, 1, 400, "float32"), (1, 8, 400, "float32"), (2, 1, 512, "float32"),
+                                      (2, 8, 512, "float32"), (1, 1, 512, "float32"), (1, 8, 512, "float32")]}
 
 
 class _EngineFits:

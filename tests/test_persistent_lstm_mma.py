@@ -84,6 +84,9 @@ CPU_CASES = [
     # batch 1 in clusters (the measured database's picks at hidden 128-512, batch 1): 15 of 16 / 7 of 8 rows padding
     (1, 1, 45, "float16", "forward", None, None, True, 0, True, (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1, 4)),
     (2, 1, 45, "float16", "bidirectional", None, 0.9, True, 1, True, (16, 4, 8, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1, 2, 1)),
+    # float32 chunks of fewer than 16 rows (dsmem): batch 1, and 3 rows in a 4-row chunk
+    (1, 1, 45, "float32", "forward", None, None, True, 0, True, (16, 4, 1, 0, 1, 0, 0, 0, 0, 0, 3, 1, 1)),
+    (2, 3, 29, "float32", "bidirectional", None, 0.8, True, 1, False, (8, 2, 4, 0, 1, 0, 0, 0, 0, 0, 4, 1, 1)),
 ]
 
 

@@ -92,6 +92,34 @@ def test_float32_matches_numpy(direction, config):
 
 
 @needs_compiler
+@pytest.mark.parametrize("direction,B,H,cell,knobs", [
+    ("forward", 1, 45, "gru", (32, 8, 1, 0, 1, 0, 0, 0, 0, 0, 2, 1, 1)),
+    ("bidirectional", 3, 29, "gru", (16, 4, 4, 0, 1, 0, 0, 0, 0, 0, 2, 1, 1)),
+    ("reverse", 7, 29, "rnn", (8, 2, 8, 0, 1, 0, 0, 0, 0, 0, 4, 1, 1)),
+    ("forward", 2, 29, "gru", (16, 2, 2, 0, 1, 0, 0, 0, 0, 0, 2, 1, 1))])
+def test_float32_small_chunks_match_numpy(direction, B, H, cell, knobs):
+    """float32 chunks of 1-8 rows (the dsmem hand-off, a batch of at most 8): the CPU variant's chunk geometry (items,
+    padded rows, the bytes a slot expects) at odd sizes; the GPU product's lane layout runs in GPU_CASES."""
+    D, seq = (2 if direction == "bidirectional" else 1), 5
+    cfg = pm.MmaConfig.of(knobs)
+    if cell == "rnn":
+        inputs = rnn_problem(D, B, H, seq, seed=B, dtype="float32")
+        acts = [Activation.make("Tanh")] * D
+        rev = [direction == "reverse" or d == 1 for d in range(D)]
+        want = rnn_reference(inputs[0], inputs[1], inputs[3], inputs[4], rev, acts[0].numpy)
+    else:
+        inputs, ref_args = make_problem(D, B, H, seq, "float32", 1, seed=B)
+        acts = default_acts(D)
+        want = reference(ref_args, direction, 1, None, acts)
+    f = _compile_cpu(pm.persistent_mma_func(D, B, H, "float32", direction, list(acts), None, True, "llvm", cfg, cell))
+    Y = tvm.runtime.tensor(np.full((seq, D, B, H), np.nan, np.float32))
+    Yh = tvm.runtime.tensor(np.full((D, B, H), np.nan, np.float32))
+    f(*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs], Y, Yh)
+    np.testing.assert_allclose(Y.numpy(), want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(Yh.numpy(), want[1], rtol=1e-4, atol=1e-5)
+
+
+@needs_compiler
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_clip_activations_and_no_lengths(clip):
     D, B, H, seq = 2, 6, 24, 5
@@ -351,6 +379,13 @@ GPU_CASES = [
     # dsmem with the n split: k-groups of warps splitting the gate rows
     (1, 11, 250, "forward", "gru", None, None, True, (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 2)),  # 2 k-groups
     (2, 19, 250, "bidirectional", "gru", None, 0.9, True, (16, 8, 16, 0, 2, 0, 0, 0, 0, 0, 16, 1, 1, 2)),
+    # float32 chunks of fewer than 16 rows (dsmem): the gate rows spread over the lanes (1 row: 32 lane groups)
+    (1, 1, 400, "forward", "gru", None, None, False, (32, 8, 1, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1), "float32"),
+    (2, 1, 250, "bidirectional", "gru", None, 0.9, True, (32, 4, 1, 0, 1, 0, 0, 0, 0, 0, 8, 1, 1), "float32"),
+    (1, 3, 129, "reverse", "rnn", ("Relu",), None, True, (16, 4, 4, 0, 1, 0, 0, 0, 0, 0, 9, 1, 1), "float32"),
+    (1, 7, 300, "forward", "gru", None, None, True, (32, 8, 8, 0, 1, 0, 0, 0, 0, 0, 10, 1, 1), "float32"),
+    (2, 2, 200, "bidirectional", "gru", ("HardSigmoid", "Softsign"), None, True,
+     (16, 8, 2, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1), "float32"),
 ]
 TOL32 = dict(rtol=1e-4, atol=2e-5)
 
@@ -524,6 +559,13 @@ def test_geometry_and_argument_errors():
     h100 = rg.gpu_facts(resolve("cuda"))
     geo = lambda cfg, dtype="float32", H=256: pm.MmaGeometry(1, 64, H, 3, cfg, dtype).check(h100)  # noqa: E731
     assert "16 or 32 chunk rows" in geo(pm.MmaConfig(8, 8, 64))
+    # float32 chunks of 1-8 rows: with dsmem only (no staging copies), and 32 / rows lane groups over the gate rows
+    small = lambda ub, mc, **kw: pm.MmaGeometry(1, 1, 256, 3, pm.MmaConfig(  # noqa: E731
+        ub, 8, mc, cluster=256 // ub, cluster_sync=True, **kw), "float32").check(h100)
+    assert "only with dsmem" in small(16, 1)
+    assert "only with dsmem" in small(16, 1, dsmem=True)                 # 48 gate rows over 32 lanes
+    assert small(32, 1, dsmem=True) is None and small(16, 2, dsmem=True) is None
+    assert "chunk_rows of 16" in small(16, 3, dsmem=True)
     assert "half_stage is for float32" in geo(pm.MmaConfig(8, 8, 32, half_stage=True), "float16")
     assert "half_stage is for float32" in geo(pm.MmaConfig(8, 8, 32, pipeline=True, half_stage=True))
     assert "batch_split >= 1" in geo(pm.MmaConfig(8, 8, 32, batch_split=0))

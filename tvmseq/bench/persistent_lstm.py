@@ -105,6 +105,12 @@ MMA_TEST_CASES = [
     # batch 1 on the measured database's cluster configs (hidden 128 / 256 at batch 1), at hidden sizes they pad
     (1, 1, 120, "float16", "forward", None, None, True, 0, True, (16, 4, 16, 0, 1, 0, 0, 0, 0, 0, 8, 1, 1, 4)),
     (2, 1, 250, "float16", "bidirectional", None, 0.9, True, 1, True, (16, 4, 8, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 2, 1)),
+    # float32 chunks of fewer than 16 rows (dsmem): batch 1 (the VAD's LSTM), a ragged 8-row chunk, 4 rows
+    (1, 1, 128, "float32", "forward", None, None, True, 0, False, (16, 4, 1, 0, 1, 0, 0, 0, 0, 0, 8, 1, 1)),
+    (2, 1, 100, "float32", "bidirectional", None, 0.9, True, 1, True, (8, 4, 1, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1)),
+    (1, 5, 128, "float32", "reverse", None, None, True, 0, True, (16, 4, 8, 0, 1, 0, 0, 0, 0, 0, 8, 1, 1)),
+    (1, 3, 200, "float32", "forward", ("HardSigmoid", "Softsign", "Elu"), 1.5, True, 0, False,
+     (16, 8, 4, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1)),
 ]
 
 

@@ -159,6 +159,10 @@ CLUSTER_MAX_BLOCKS = {1: 1 << 30, 2: 128, 4: 64}
 # TVM runtime opts into for a launch above 8 (any size up to it: a cluster need not be a power of two)
 CLUSTER_SYNC_MAX = 16
 SIMT_UNROLL = 16          # float32 product: k4 loops up to this many steps are unrolled
+# float32 chunks of fewer than 16 rows (dsmem only): with 16 rows a lane each, a batch of 1 left 15 of 16 lanes
+# multiplying padding rows; these chunks spread the gate rows over the lanes instead (RL rows x 32 / RL gate-row
+# groups), so a batch-1 step issues 1/16 of the multiply-adds
+SIMT_SMALL_CHUNKS = (1, 2, 4, 8)
 _MAX_REGS = 224           # leave ptxas room under 255
 
 
@@ -282,7 +286,9 @@ class MmaGeometry:
     NN = property(lambda self: self.NGU // 8)                          # n8 tiles per block
     NNW = property(lambda self: self.NN // self.NS)                    # n8 tiles per warp
     GM = property(lambda self: self.cfg.gate_m)                        # gate rows as M, batch rows as N
-    RQ = property(lambda self: 8 if self.cfg.gate_m else 16)           # chunk row quantum (the batch's mma dim)
+    # chunk row quantum: the batch's mma dim (16; gate_m 8); float32 chunks of fewer rows (`SIMT_SMALL_CHUNKS`) as set
+    RQ = property(lambda self: 8 if self.cfg.gate_m else (
+        self.cfg.chunk_rows if self.dtype == "float32" and self.cfg.chunk_rows in SIMT_SMALL_CHUNKS else 16))
     MC = property(lambda self: min(self.cfg.chunk_rows, math.ceil(self.B / self.RQ) * self.RQ))
     MT = property(lambda self: self.MC // 16)                          # m16 tiles per chunk (batch as M)
     NB8 = property(lambda self: self.MC // 8)                          # n8 tiles per chunk (gate_m)
@@ -308,6 +314,10 @@ class MmaGeometry:
     SROW = property(lambda self: (self.KP if self.HALF or self.IMAGE else self.KW) + 16 // self.ESZ)
     REGION = property(lambda self: (self.PARTS if self.IMAGE else 1) * self.MC * self.SROW)
     CPL = property(lambda self: self.MC * self.NGU // 32)              # SIMT: sums a lane accumulates
+    # SIMT lanes: RL rows of the chunk (lane % RL) x 32 / RL groups of CW gate rows (lane / RL), RPL rows a lane
+    RL = property(lambda self: min(self.MC, 16))
+    RPL = property(lambda self: self.MC // self.RL)
+    CW = property(lambda self: self.NGU * self.RL // 32)
     # SIMT: W row stride in shared memory (floats). Hp is a multiple of 128, so unpadded, the two lane halves'
     # rows (j and NGU/2 + j) fall on the same banks: every 16-byte W read was a 2-way bank conflict
     WROW = property(lambda self: self.Hp + 4)
@@ -318,7 +328,7 @@ class MmaGeometry:
 
     def regs_estimate(self) -> int:
         if self.SIMT:   # accumulators, the state operands (4 a row) and the W operands (4 a gate row)
-            product = self.CPL + 4 * self.MC // 16 + 2 * self.NGU
+            product = self.CPL + 4 * self.RPL + 4 * self.CW
         else:           # B fragments (R), accumulators, the A fragment
             product = self.KTW * self.NNW * 2 + self.ACC + (8 if self.GM else 4)
         # LSTM: the cell state of each item beside h, the i, o, f peepholes of its unit and the gate math's
@@ -347,8 +357,11 @@ class MmaGeometry:
             return f"config {c}: n_split must divide the warps ({self.NW}) and the block's n8 tiles ({self.NN})"
         if c.n_split > 1 and (self.SIMT or not c.dsmem):
             return f"config {c}: n_split is for the float16 product with the state handed over in dsmem"
-        if self.SIMT and self.MC not in (16, 32):
-            return f"config {c}: the float32 product needs 16 or 32 chunk rows (lanes x rows)"
+        if self.SIMT and self.MC not in (16, 32) + SIMT_SMALL_CHUNKS:
+            return f"config {c}: the float32 product needs 1, 2, 4, 8, 16 or 32 chunk rows (lanes x rows)"
+        if self.SIMT and self.MC < 16 and not (c.dsmem and self.NGU * self.MC % 32 == 0):
+            return (f"config {c}: float32 chunks of fewer than 16 rows only with dsmem (the staging copies are whole "
+                    f"rounds of 16 rows) and 32 / rows dividing the {self.NGU} gate rows")
         if c.bulk and self.HALF:
             return f"config {c}: bulk staging copies whole k halves (no half_stage)"
         if c.image and not c.bulk:
@@ -380,7 +393,7 @@ class MmaGeometry:
             return f"{self.NT} threads x {per_sm} blocks per SM: too many"
         cap = min(_MAX_REGS, facts.regs_per_sm // (self.NT * per_sm))
         if self.regs_estimate() > cap:
-            what = (f"{self.CPL} accumulators, {2 * self.NGU} W operands" if self.SIMT else
+            what = (f"{self.CPL} accumulators, {4 * self.CW} W operands" if self.SIMT else
                     f"R fragments {self.KTW}x{self.NNW}, {self.ACC} accumulators")
             return f"~{self.regs_estimate()} registers per thread ({what}) > {cap} ({per_sm} block(s) per SM)"
         smem_cap = facts.smem_per_block if per_sm == 1 else (facts.smem_per_block + 1024) // per_sm - 1024
@@ -1078,15 +1091,16 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     red[(k_group(w) * MC + row) * NGU + red_col(row, col)] = chain_sum(
                         acc, (mt * NB8 + nb) * 4 + e)
 
-    RPL, CW = MC // 16, NGU // 2   # SIMT: a lane's rows (r, r + 16) and its half of the gate rows
+    # SIMT: a lane's rows (lane % RL + RL i, i < RPL) and its group of CW gate rows (lane / RL)
+    RL, RPL, CW = geo.RL, geo.RPL, geo.CW
 
     @T.macro
     def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase):
-        """float32: lane = (rows lane % 16 + 16 i for i < MC / 16, column half lane / 16), CW gate rows; k
-        walked in fours: one 16-byte state read per row and one 16-byte (broadcast) W read per gate row, each W
-        read used for every row the lane holds (8 FMAs a load at 32 chunk rows); per commit group as
-        product_gpu."""
-        cg = T.meta_var(lane // 16)
+        """float32: lane = (rows lane % RL + RL i for i < RPL, gate-row group lane / RL), CW gate rows (RL = 16:
+        two column halves; a chunk of fewer rows spreads the gate rows over more lanes); k walked in fours: one
+        16-byte state read per row and one 16-byte W read per gate row, each W read used for every row the lane
+        holds (8 FMAs a load at 32 chunk rows); per commit group as product_gpu."""
+        cg = T.meta_var(lane // RL)
         for v in unroll(RPL * CW):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
@@ -1100,7 +1114,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
             # unrolled, so the loads of step k4 + 1 can issue under the FMAs of step k4
             for k4 in (unroll if KP // 4 <= SIMT_UNROLL else T.serial)(KP // 4):
                 for rr in unroll(RPL):
-                    hv[T.ramp(rr * 4, 1, 4)] = stage[T.ramp(soff(slot, w, lane % 16 + 16 * rr, part) + k4 * 4, 1, 4)]
+                    hv[T.ramp(rr * 4, 1, 4)] = stage[T.ramp(soff(slot, w, lane % RL + RL * rr, part) + k4 * 4, 1, 4)]
                 for j in unroll(CW):
                     wv[T.ramp(j * 4, 1, 4)] = wsm[T.ramp((cg * CW + j) * WROW + w * KW + part * KP + k4 * 4, 1, 4)]
                 for j in unroll(CW):
@@ -1109,11 +1123,15 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                                             + hv[rr * 4 + 2] * wv[j * 4 + 2] + hv[rr * 4 + 3] * wv[j * 4 + 3])
         T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
         for rr in unroll(RPL):
-            for j4 in unroll(CW // 4):   # 16-byte stores (CW = NGU / 2 is a multiple of 4)
-                row = T.meta_var(lane % 16 + 16 * rr)
-                T.ptx["st.shared.v4.f32"](
-                    red.access_ptr("w", offset=(w * MC + row) * NGU + red_col(row, cg * CW + 4 * j4), extent=4),
-                    *[acc[rr * CW + 4 * j4 + e] for e in range(4)])
+            row = T.meta_var(lane % RL + RL * rr)
+            if CW % 4 == 0:
+                for j4 in unroll(CW // 4):   # 16-byte stores (red_col keeps 4-column chunks whole)
+                    T.ptx["st.shared.v4.f32"](
+                        red.access_ptr("w", offset=(w * MC + row) * NGU + red_col(row, cg * CW + 4 * j4), extent=4),
+                        *[acc[rr * CW + 4 * j4 + e] for e in range(4)])
+            else:   # a small chunk's few gate rows a lane: consecutive lanes, consecutive columns
+                for j in unroll(CW):
+                    red[(w * MC + row) * NGU + red_col(row, cg * CW + j)] = acc[rr * CW + j]
 
     @T.macro
     def product_cpu(hbuf, Rw, red, buf, d, g, c):
