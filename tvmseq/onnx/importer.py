@@ -287,7 +287,7 @@ def _symbolic_value(bb, expr, depth: int = 0):
     """The elements of a small integer value of shape arithmetic as int64 PrimExprs (an object array of rank 0
     or 1) where they follow from dims, symbolic or static, and constants: shape_of / shape_to_tensor of a shape,
     casts between integer types (a dim's value is the same in int32: tf2onnx computes shapes so), take at
-    constant indices, concat, reshapes, add / subtract / multiply / divide (truncating) / max / min. Else None."""
+    constant indices, slices of constant bounds, concat, reshapes, add / subtract / multiply / divide (truncating) / max / min. Else None."""
     if depth > 64:
         return None
     if isinstance(expr, relax.Var):
@@ -334,6 +334,11 @@ def _symbolic_value(bb, expr, depth: int = 0):
                 or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
             return None
         return value.reshape([int(d) for d in shape.values])
+    if name == "relax.strided_slice":
+        bounds = [_int_tuple(a) for a in expr.args[1:5]]
+        if value.ndim != 1 or any(b is None or len(b) != 1 for b in bounds) or bounds[0][0] != 0:
+            return None
+        return value[slice(bounds[1][0], bounds[2][0], bounds[3][0])]
     if name == "relax.take":
         index = _static_value(bb, expr.args[1])
         if index is None or index.dtype == object or value.ndim != 1 or index.ndim > 1:
@@ -347,6 +352,17 @@ def _symbolic_value(bb, expr, depth: int = 0):
         result = np.asarray(_SYMBOLIC_OPS[name](value, other), object)
         return np.vectorize(analyzer.simplify, otypes=[object])(result) if result.size else result
     return None
+
+
+def _int_tuple(expr):
+    """The ints of a ShapeExpr or a tuple of PrimValues (strided_slice's axes and bounds), else None."""
+    if isinstance(expr, relax.ShapeExpr):
+        values = list(expr.values)
+    elif isinstance(expr, relax.Tuple):
+        values = [f if isinstance(f, tvm.tirx.IntImm) else getattr(f, "value", None) for f in expr.fields]
+    else:
+        return None
+    return [int(v) for v in values] if all(isinstance(v, tvm.tirx.IntImm) for v in values) else None
 
 
 def one_line(err: BaseException) -> str:
