@@ -61,6 +61,17 @@ def test_lengths_computed_from_the_shape(batch_axis, time_axis):
                         [feed(time_axis, 1, 5, extra=(2, 3)), feed(time_axis, 3, 8, extra=(2, 3))], exact=True)
 
 
+def test_two_reversals_with_computed_lengths():
+    """tf2onnx's Bidirectional LSTM reverses the input and the backward output, each by lengths computed in the
+    graph: two run-time checked copies of lengths in one model (they had one global symbol: TVM refused to build)."""
+    m = model(1, 0, lens="computed")
+    again = helper.make_node("ReverseSequence", ["y", "lens"], ["z"], name="reverse_back", batch_axis=1, time_axis=0)
+    m.graph.node.extend([helper.make_node("Mul", ["x", "y"], ["xy"]), again])
+    del m.graph.output[:]
+    m.graph.output.extend([helper.make_tensor_value_info(n, F, None) for n in ("z", "xy")])
+    matches_onnxruntime(m, [feed(0, 1, 5), feed(0, 3, 8)], exact=True)
+
+
 def test_constant_lengths_rank_two():
     matches_onnxruntime(model(0, 1, lens="constant", extra_dims=()),
                         [feed(1, 2, 3, extra=()), feed(1, 2, 6, extra=())], exact=True)

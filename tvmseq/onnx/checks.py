@@ -180,7 +180,8 @@ def emit_checked_copy(bb, attr, tensor, lo, hi, bound, message: str):
     target = attr["tvm_custom"]["importer_options"]["target"]
     dtype = str(tensor.ty.dtype)
     gpu = target.kind.name == "cuda"
-    gv = bb.add_func(_checked_copy_func(dtype, message, gpu), "tvmseq_checked_copy")
+    # without its global symbol: a model with two checked copies would hold two functions of one symbol
+    gv = bb.add_func(_checked_copy_func(dtype, message, gpu).without_attr("global_symbol"), "tvmseq_checked_copy")
     args = [tensor, relax.prim_value(_int64(lo)), relax.prim_value(_int64(hi)), relax.prim_value(_int64(bound))]
     return bb.emit(relax.call_tir(gv, args, relax.TensorType(tensor.ty.shape.values, dtype)))
 
