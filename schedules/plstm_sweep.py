@@ -53,7 +53,8 @@ def mma_variants(D: int, B: int, H: int, dtype: str) -> list:
         groups = math.ceil(H / units)
         if not 2 <= groups <= pm.CLUSTER_SYNC_MAX:
             continue
-        for warps in (4, 8, 16):
+        # float32 at batch <= 8 also 1 and 2 warps: a step's partial sums and barrier over fewer warps
+        for warps in ((1, 2, 4, 8, 16) if dtype == "float32" and B <= 8 else (4, 8, 16)):
             # float16 at batch <= 8: also 8-row chunks with the gate rows as the mma's M (gate_m)
             # float32 at batch <= 8: also the smallest chunk of 1-8 rows that holds the batch (the gate rows spread
             # over the lanes: `mma.SIMT_SMALL_CHUNKS`)

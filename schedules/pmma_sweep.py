@@ -67,7 +67,7 @@ def small_chunk_variants(D: int, B: int, H: int, cell: str = "gru") -> list:
     for units in (8, 16, 32):
         groups = math.ceil(H / units)
         if 2 <= groups <= 16:
-            out += [(units, warps, rows, 0, 1, 0, 0, 0, 0, 0, groups, 1, 1) for warps in (4, 8, 16)]
+            out += [(units, warps, rows, 0, 1, 0, 0, 0, 0, 0, groups, 1, 1) for warps in (1, 2, 4, 8, 16)]
     return out
 
 
