@@ -210,6 +210,39 @@ def test_reshape_to_a_target_computed_in_int32(target):
     assert compiled.signature["inputs"][0]["shape"][:2] == ["b", "t"]
 
 
+def test_expand_to_a_shape_computed_in_int32_keeps_the_batch():
+    """tf2onnx's zero LSTM state: Expand(0, Cast(int64, Concat(Slice(Cast(int32, Shape(x)), 0:1), [H]))). Its dims
+    are read from the shape arithmetic, so the state's batch is x's: added to a slice of x, then a Sigmoid (TVM's
+    Expand gave fresh dims, the Add a result of unknown shape, which the Sigmoid's lowering refused)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+             helper.make_node("Slice", ["s32", "zero", "one"], ["b"]),
+             helper.make_node("Concat", ["b", "h"], ["shape32"], axis=0),
+             helper.make_node("Cast", ["shape32"], ["shape"], to=TensorProto.INT64),
+             helper.make_node("Expand", ["zero_f", "shape"], ["state"]),
+             helper.make_node("ConstantOfShape", ["shape"], ["half"],
+                              value=numpy_helper.from_array(np.array([0.5], np.float32))),
+             helper.make_node("ReduceSum", ["x", "one"], ["xs"], keepdims=0),
+             helper.make_node("Add", ["state", "xs"], ["sum"]),
+             helper.make_node("Add", ["sum", "half"], ["sum2"]),
+             helper.make_node("Sigmoid", ["sum2"], ["y"])]
+    inits = [const("zero", [0]), const("one", [1]), const("h", [4], np.int32), const("zero_f", 0.0, np.float32)]
+    model = make(nodes, [helper.make_tensor_value_info("x", F, ["b", "t", 4])],
+                 [helper.make_tensor_value_info("y", F, None)], inits, opset=14)
+    check(model, [{"x": rand(1, 3, 4)}, {"x": rand(3, 5, 4)}])
+
+
+def test_concat_of_inputs_whose_other_dims_are_other_symbols():
+    """Concat along axis 1 of x [a, 3] and y [b, 2] (ONNX requires a == b: checked at run time), then a Sigmoid:
+    Relax gave the concat no shape and its lowering failed (a Bidirectional LSTM's two Loop halves)."""
+    model = make([helper.make_node("Concat", ["x", "y"], ["c"], axis=1), helper.make_node("Sigmoid", ["c"], ["z"])],
+                 [helper.make_tensor_value_info("x", F, ["a", 3]), helper.make_tensor_value_info("y", F, ["b", 2])],
+                 [helper.make_tensor_value_info("z", F, None)])
+    compiled = check(model, [{"x": rand(2, 3), "y": rand(2, 2)}, {"x": rand(5, 3), "y": rand(5, 2)}])
+    with pytest.raises(Exception):
+        compiled(x=rand(2, 3), y=rand(3, 2))
+
+
 def test_unnamed_input_dims_are_independent():
     """Input dims with neither a value nor a name (or -1) are separate symbolic sizes."""
     x = helper.make_tensor_value_info("x", F, [None, None])

@@ -380,6 +380,72 @@ def _quotient(numerator: list, denominator: list):
     return analyzer.simplify(result)
 
 
+def _computed_shape(bb, shape, params):
+    """A shape input computed in the graph as a tensor (through int32 casts, which TVM's frontend does not keep as
+    a shape) as the ShapeExpr of the dims it holds, where `_symbolic_value` reads them; else as it is."""
+    if shape is None or isinstance(shape, (relax.ShapeExpr, tvm.ir.GenericConst)) \
+            or isinstance(getattr(shape, "ty", None), relax.ShapeType) \
+            or isinstance(_tvm.get_constant(shape, params), tvm.ir.GenericConst):
+        return shape
+    values = _symbolic_value(bb, shape)
+    return relax.ShapeExpr(list(values)) if values is not None and values.ndim == 1 else shape
+
+
+@register_converter("Expand")
+class Expand(OnnxOpConverter):
+    """ONNX Expand to a shape computed in the graph: its dims read as Reshape's (tf2onnx's zero LSTM states,
+    Expand(0, Cast(int64, Concat(Slice(Cast(int32, Shape(x))), [H])))), so the batch stays the input's symbolic
+    dim; then TVM's converter."""
+
+    takes_shape_expr = True
+
+    @classmethod
+    def _impl_v8(cls, bb, inputs, attr, params):
+        inputs[1] = _computed_shape(bb, inputs[1], params)
+        return _tvm.Expand._impl_v13(bb, inputs, attr, params)
+
+
+@register_converter("ConstantOfShape")
+class ConstantOfShape(OnnxOpConverter):
+    """ONNX ConstantOfShape of a shape computed in the graph, read as Expand's; then TVM's converter."""
+
+    takes_shape_expr = True
+
+    @classmethod
+    def _impl_v9(cls, bb, inputs, attr, params):
+        inputs[0] = _computed_shape(bb, inputs[0], params)
+        return _tvm.ConstantOfShape._impl_v9(bb, inputs, attr, params)
+
+
+@register_converter("Concat")
+class Concat(OnnxOpConverter):
+    """ONNX Concat of tensors whose other dims are symbolic and not the same vars (a Bidirectional LSTM's forward
+    and backward halves, each the scan output of a Loop): ONNX requires them equal, so each input after the first is
+    cast to the first's dims off the axis, checked at run time (else Relax gives the result no shape and leaves the
+    concat unlowered). Shapes and every other case go to TVM's converter."""
+
+    takes_shape_expr = True
+
+    @classmethod
+    def _impl_v4(cls, bb, inputs, attr, params):
+        dims = [_known_dims(x) if isinstance(x, relax.Expr) else None for x in inputs]
+        if len(inputs) > 1 and all(d is not None for d in dims) and len({len(d) for d in dims}) == 1:
+            rank = len(dims[0])
+            axis = attr.get("axis", 0)
+            axis = axis + rank if axis < 0 else axis
+            analyzer = tvm.sym.Analyzer()
+            differ = [i for i in range(rank) if i != axis and not all(
+                analyzer.can_prove_equal(d[i], dims[0][i]) for d in dims[1:])]
+            if 0 <= axis < rank and differ:
+                # every input cast to fresh dims where they differ (the first cast binds them, the others are
+                # checked): a cast to dims bound before is dropped by TVM's canonicalization (loop.py's _grow)
+                common = {i: tvm.tirx.Var(f"concat_{i}", "int64") for i in differ}
+                for k in range(len(inputs)):
+                    want = [common.get(i, d) for i, d in enumerate(dims[k])]
+                    inputs[k] = bb.match_cast(inputs[k], relax.TensorType(want, inputs[k].ty.dtype))
+        return _tvm.Concat._impl_v13(bb, inputs, attr, params)
+
+
 @register_converter("Pow")
 class Pow(OnnxOpConverter):
     """ONNX Pow with its types: the result has the base's type, the exponent may have another (TVM's converter
