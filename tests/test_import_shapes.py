@@ -243,6 +243,14 @@ def test_concat_of_inputs_whose_other_dims_are_other_symbols():
         compiled(x=rand(2, 3), y=rand(3, 2))
 
 
+def test_concat_of_unequal_static_dims_is_one_line():
+    """Unequal static dims off the axis (x [2, a], y [4, b] along axis 1) stay refused at import, not cast."""
+    model = make([helper.make_node("Concat", ["x", "y"], ["c"], name="cat", axis=1)],
+                 [helper.make_tensor_value_info("x", F, [2, "a"]), helper.make_tensor_value_info("y", F, [4, "b"])],
+                 [helper.make_tensor_value_info("c", F, None)])
+    refused_in_one_line(model, r"^ONNX node 'cat' \(Concat\): Concat expects the input tensors to have the same shape")
+
+
 def test_unnamed_input_dims_are_independent():
     """Input dims with neither a value nor a name (or -1) are separate symbolic sizes."""
     x = helper.make_tensor_value_info("x", F, [None, None])

@@ -435,7 +435,8 @@ class Concat(OnnxOpConverter):
             axis = axis + rank if axis < 0 else axis
             analyzer = tvm.sym.Analyzer()
             differ = [i for i in range(rank) if i != axis and not all(
-                analyzer.can_prove_equal(d[i], dims[0][i]) for d in dims[1:])]
+                analyzer.can_prove_equal(d[i], dims[0][i]) for d in dims[1:])
+                and not all(isinstance(d[i], tvm.tirx.IntImm) for d in dims)]     # static ones: TVM's message
             if 0 <= axis < rank and differ:
                 # every input cast to fresh dims where they differ (the first cast binds them, the others are
                 # checked): a cast to dims bound before is dropped by TVM's canonicalization (loop.py's _grow)
