@@ -216,6 +216,8 @@ class OnnxOpConverter(_tvm_onnx.OnnxOpConverter):
 # op gets such an input as an int64 tensor
 _SHAPE_COMPATIBLE_OPS = {"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand",
                          "Concat", "Equal", "Where", "Cast", "CastLike", "Squeeze"}
+# float16 ops computed in float32 on the CPU (TvmseqGraphImporter._float16_in_float32)
+_FLOAT32_ON_CPU = {"MatMul", "Gemm", "Conv"}
 _TUPLE_RESULT_OPS = {"Optional", "OptionalGetElement", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
                      "SequenceInsert", "ConcatFromSequence", "SplitToSequence"}
 
@@ -460,7 +462,10 @@ class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
         attr = self._parse_attr(node.attribute)
         inputs = self._node_inputs(node, node.op_type)
         attr["tvm_custom"] = {"name": node.name, "num_outputs": len(node.output)}
+        half = self._float16_in_float32(node, inputs, attr)
         op = self._convert_operator(node.op_type, inputs, attr, self.opset)
+        if half:
+            op = self.bb.normalize(relax.op.astype(self.bb.emit(op), "float16"))
         if node.op_type in _TUPLE_RESULT_OPS:
             results = [op]
         elif isinstance(op, relax.Tuple):
@@ -473,6 +478,29 @@ class TvmseqGraphImporter(_tvm_onnx.ONNXGraphImporter):
             raise ValueError(f"the converter returned {len(results)} outputs, the node has {len(node.output)}")
         for out, value in zip(node.output, results):
             self._nodes[out] = self._with_inferred_shape(out, value)
+
+    def _float16_in_float32(self, node, inputs, attr) -> bool:
+        """On the CPU, a float16 MatMul / Gemm / Conv computed in float32 and its result rounded to float16, as
+        onnxruntime's CPU provider computes it (it casts around the float16 ops it has no kernel for): summed in
+        float16, a Keras mixed-precision CRNN's 1280-long products drifted by 0.05 from onnxruntime's logits (mk8dx's
+        number recognition model). Rewrites `inputs` in place (constants converted here, so the CPU weight layouts
+        still see constants); True where it did. A product with a sparse operand stays on tvmseq's float16 kernels."""
+        from .sparse import _sparse_operands
+
+        target = self.options.get("target")
+        values = [v for v in inputs if isinstance(v, relax.Expr)]
+        if node.op_type not in _FLOAT32_ON_CPU or target is None or target.kind.name != "llvm" or not values \
+                or not all(isinstance(v.ty, relax.TensorType) and str(v.ty.dtype) == "float16" for v in values):
+            return False
+        probe = {"tvm_custom": {**attr["tvm_custom"], "importer_options": self.options}}
+        if node.op_type != "Conv" and _sparse_operands(inputs, probe, node.op_type):
+            return False
+        for k, v in enumerate(inputs):
+            if isinstance(v, tvm.ir.GenericConst):
+                inputs[k] = relax.const(v.value.numpy().astype(np.float32))
+            elif isinstance(v, relax.Expr):
+                inputs[k] = self.bb.normalize(relax.op.astype(v, "float32"))
+        return True
 
     # -- If ---------------------------------------------------------------------------------------
     def _constant_condition(self, cond):
