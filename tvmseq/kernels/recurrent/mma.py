@@ -318,6 +318,9 @@ class MmaGeometry:
     RL = property(lambda self: min(self.MC, 16))
     RPL = property(lambda self: self.MC // self.RL)
     CW = property(lambda self: self.NGU * self.RL // 32)
+    # SIMT accumulator sets a lane alternates over the k steps: a small chunk's lane holds 1-3 sums, each one long
+    # chain of dependent FMAs over its k-slice; with KC sets the chains are KC times shorter (summed at the end)
+    KC = property(lambda self: max(1, 4 // (self.RPL * self.CW)) if self.SIMT and self.MC < 16 else 1)
     # SIMT: W row stride in shared memory (floats). Hp is a multiple of 128, so unpadded, the two lane halves'
     # rows (j and NGU/2 + j) fall on the same banks: every 16-byte W read was a 2-way bank conflict
     WROW = property(lambda self: self.Hp + 4)
@@ -328,7 +331,7 @@ class MmaGeometry:
 
     def regs_estimate(self) -> int:
         if self.SIMT:   # accumulators, the state operands (4 a row) and the W operands (4 a gate row)
-            product = self.CPL + 4 * self.RPL + 4 * self.CW
+            product = self.CPL * self.KC + 4 * self.RPL + 4 * self.CW
         else:           # B fragments (R), accumulators, the A fragment
             product = self.KTW * self.NNW * 2 + self.ACC + (8 if self.GM else 4)
         # LSTM: the cell state of each item beside h, the i, o, f peepholes of its unit and the gate math's
@@ -1092,7 +1095,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                         acc, (mt * NB8 + nb) * 4 + e)
 
     # SIMT: a lane's rows (lane % RL + RL i, i < RPL) and its group of CW gate rows (lane / RL)
-    RL, RPL, CW = geo.RL, geo.RPL, geo.CW
+    RL, RPL, CW, KC = geo.RL, geo.RPL, geo.CW, geo.KC
 
     @T.macro
     def product_simt(hbuf, stage, mbar, wsm, hv, wv, acc, red, buf, d, c, slot, w, lane, rank, phase):
@@ -1101,7 +1104,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
         16-byte state read per row and one 16-byte W read per gate row, each W read used for every row the lane
         holds (8 FMAs a load at 32 chunk rows); per commit group as product_gpu."""
         cg = T.meta_var(lane // RL)
-        for v in unroll(RPL * CW):
+        for v in unroll(RPL * CW * KC):
             acc[v] = T.float32(0)
         for part in unroll(PARTS):
             if HALF and part > 0:   # the region is free once this warp's product of the first half is done
@@ -1119,8 +1122,12 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                     wv[T.ramp(j * 4, 1, 4)] = wsm[T.ramp((cg * CW + j) * WROW + w * KW + part * KP + k4 * 4, 1, 4)]
                 for j in unroll(CW):
                     for rr in unroll(RPL):
-                        acc[rr * CW + j] = (acc[rr * CW + j] + hv[rr * 4] * wv[j * 4] + hv[rr * 4 + 1] * wv[j * 4 + 1]
-                                            + hv[rr * 4 + 2] * wv[j * 4 + 2] + hv[rr * 4 + 3] * wv[j * 4 + 3])
+                        at = T.meta_var((k4 % KC) * RPL * CW + rr * CW + j)
+                        acc[at] = (acc[at] + hv[rr * 4] * wv[j * 4] + hv[rr * 4 + 1] * wv[j * 4 + 1]
+                                   + hv[rr * 4 + 2] * wv[j * 4 + 2] + hv[rr * 4 + 3] * wv[j * 4 + 3])
+        for kc in unroll(1, KC):   # the chains' sums into the first set
+            for v in unroll(RPL * CW):
+                acc[v] = acc[v] + acc[kc * RPL * CW + v]
         T.evaluate(T.call_extern("void", "__syncwarp"))   # this slot is refilled two chunks later
         for rr in unroll(RPL):
             row = T.meta_var(lane % RL + RL * rr)
@@ -1241,7 +1248,7 @@ def persistent_mma_func(D: int, B: int, H: int, dtype: str, directions: str, act
                       stage = T.alloc_buffer((SLOTS * KG * REGION,), dtype, scope="shared.dyn")
                       red = T.alloc_buffer((KG * MC * NGU,), "float32", scope="shared.dyn")
                       hst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
-                      acc = T.alloc_buffer((CPL if SIMT else geo.ACC,), "float32", scope="local")
+                      acc = T.alloc_buffer((CPL * KC if SIMT else geo.ACC,), "float32", scope="local")
                       gi = T.alloc_buffer((FI * 4,), "float32", scope="local")
                       if LSTM:
                           cst = T.alloc_buffer((NCB * FI,), "float32", scope="local")
