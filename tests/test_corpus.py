@@ -108,7 +108,7 @@ def _compare(entry, compiled, session, feeds):
     shapes = {k: v.shape for k, v in feeds.items()}
     for out, g, w in zip(session.get_outputs(), got, want):
         assert g.shape == w.shape, f"{entry.id} {out.name} at {shapes}: shape {g.shape} != {w.shape}"
-        rtol, atol = TOLERANCE.get(w.dtype.type, (0, 0))
+        rtol, atol = entry.tolerance or TOLERANCE.get(w.dtype.type, (0, 0))
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol,
                                    err_msg=f"{entry.id} output {out.name} at input shapes {shapes}")
 
