@@ -172,7 +172,8 @@ class MmaConfig:
 
     units_per_block: hidden units a block owns (a multiple of 8: one n8 tile per gate per 8 units)
     num_warps:       warps per block; they split k (the hidden size), each holding its slice of R
-    chunk_rows:      batch rows per chunk (a multiple of 16); a step walks ceil(B / chunk_rows) chunks
+    chunk_rows:      batch rows per chunk (a multiple of 16; gate_m 8; float32 with dsmem also 1, 2, 4 or 8:
+                     `SIMT_SMALL_CHUNKS`); a step walks ceil(B / chunk_rows) chunks
     pipeline:        two staging buffers: chunk c+1's state copy is in flight during chunk c's product,
                      partial sums and gate math (twice the staging shared memory)
     batch_split:     blocks sharing a unit group, each taking every batch_split-th chunk (blocks of one SM
