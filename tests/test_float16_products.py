@@ -1,9 +1,10 @@
-"""float16 MatMul / Gemm / Conv on the CPU against onnxruntime: computed in float32 and rounded to float16 once, as
-onnxruntime's CPU provider computes them (it casts around the float16 ops it has no kernel for). Summed in float16,
+"""float16 MatMul / Gemm / Conv computed in float32 and rounded to float16 once: on the CPU against onnxruntime,
+as onnxruntime's CPU provider computes them (it casts around the float16 ops it has no kernel for). Summed in float16,
 long products drift by many units in the last place (a Keras mixed-precision CRNN, mk8dx-table-reader's number
 recognition model: 0.05 on its logits, 4 to 13 units of the largest value on these products); now they agree to one
 unit of the largest value (the two float32 sums, summed in other orders, round differently only near a float16
-midpoint). Batch symbolic, two sizes."""
+midpoint). Batch symbolic, two sizes. On CUDA the imported products are float32 too (cuBLAS / cuDNN accumulate float16
+products in float32)."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,3 +51,18 @@ def test_float16_products_are_summed_in_float32(op):
         unit = float(np.spacing(np.abs(want).max()))        # float16's unit at the largest value
         off = float(np.abs(got.astype(np.float32) - want.astype(np.float32)).max()) / unit
         assert off <= 1, f"{op} n={n}: off by {off} units"          # summed in float16: 4 to 13 units here
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Conv"])
+def test_float16_products_are_summed_in_float32_on_cuda(op):
+    """The same rule on CUDA (cuBLAS / cuDNN accumulate float16 products in float32; TVM's ops sum in float16): the
+    imported product is float32, its result rounded to float16 once (the GPU run is the mk8dx corpus model's)."""
+    from tvmseq import targets
+    from tvmseq.onnx import from_onnx
+
+    mod = from_onnx(_model(op), target=targets.resolve("cuda"))
+    bindings = [ln.strip() for ln in mod["main"].script().splitlines() if ": R.Tensor(" in ln and " = " in ln]
+    assert bindings
+    for line in bindings:       # every float16 value is the input's or a rounding of a float32 result
+        annotation, value = line.split(" = ", 1)
+        assert '"float16"' not in annotation or value.startswith("R.astype("), line
