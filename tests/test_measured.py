@@ -119,7 +119,10 @@ def _pick_rg():
 # (op, tuning script, committed measurements it was merged from[, then more (script, measurements) merged in order])
 SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep.json.gz",
             ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz"),
-            ("plstm_sweep", "artifacts/bench/plstm_b1_cluster_2026-11-28.json.gz")),
+            ("plstm_sweep", "artifacts/bench/plstm_b1_cluster_2026-11-28.json.gz"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_2026-11-29.json"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_warps_2026-11-29.json"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_chains_2026-11-29.json")),
            ("recurrent_gemm", "tune_recurrent_gemm", "artifacts/bench/recurrent_gemm.json"),
            ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json.gz",
             ("plstm_sweep", "artifacts/bench/plstm_tiles.json.gz")),
@@ -129,7 +132,11 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
             ("plstm_sweep", "artifacts/bench/plstm_sweep.json.gz"),
             ("plstm_sweep", "artifacts/bench/plstm_gate_m_2026-11-28.json.gz"),
             ("plstm_sweep", "artifacts/bench/plstm_b1_cluster_2026-11-28.json.gz"),
-            ("tune_persistent_mma", "artifacts/bench/pmma_b1_cluster_2026-11-28.json.gz")),
+            ("tune_persistent_mma", "artifacts/bench/pmma_b1_cluster_2026-11-28.json.gz"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_2026-11-29.json"),
+            ("tune_persistent_mma", "artifacts/bench/pmma_sweep_small_chunks_2026-11-29.json"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_warps_2026-11-29.json"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_chains_2026-11-29.json")),
            ("persistent_wgmma", "plstm_sweep", "artifacts/bench/plstm_wgmma_sweep_2026-11-28.json.gz")]
 
 

@@ -236,16 +236,15 @@ def test_gemm_takes_its_bias_and_a_weight_input_is_transposed_in_the_graph():
     assert "fc_input_projection_tf32x3" in names and "R.permute_dims" in text
 
 
-@pytest.mark.parametrize("case", ["odd_n", "float16", "sm80", "llvm", "trans_a", "alpha", "few_static_rows",
-                                  "batched_weight"])
+# (a float16 product is computed in float32 since 2026-11-29, on this projection where it applies:
+# tests/test_float16_products.py)
+@pytest.mark.parametrize("case", ["odd_n", "sm80", "llvm", "trans_a", "alpha", "few_static_rows", "batched_weight"])
 def test_other_products_stay_tvms(case):
     from onnx import TensorProto, helper
 
     target = {"sm80": tvm.target.Target("nvidia/nvidia-a100", host="llvm"), "llvm": LLVM}.get(case, H100)
     if case == "odd_n":
         model = _fc_model(["T", 4, 96], 96, 161)[0]
-    elif case == "float16":
-        model = _fc_model(["T", 4, 96], 96, 200, dtype=np.float16)[0]
     elif case in ("trans_a", "alpha"):
         attrs = dict(transA=1, transB=1) if case == "trans_a" else dict(transB=1, alpha=0.5)
         model = _fc_model([600, 64] if case == "alpha" else [64, 600], 64, 48, op="Gemm", **attrs)[0]
