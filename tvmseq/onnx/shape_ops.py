@@ -311,16 +311,12 @@ class Reshape(OnnxOpConverter):
         Cast(int64), which TVM's frontend keeps as a tensor) as the dims it holds: a 0 copies the input's dim
         (without allowzero), a -1 is inferred as Relax does."""
         shape = inputs[1] if len(inputs) > 1 else None
-        if shape is None or isinstance(shape, (relax.ShapeExpr, tvm.ir.GenericConst)) \
-                or isinstance(getattr(shape, "ty", None), relax.ShapeType) \
-                or isinstance(_tvm.get_constant(shape, params), tvm.ir.GenericConst):
-            return None
-        values = _symbolic_value(bb, shape)
-        if values is None or values.ndim != 1:
+        computed = _computed_shape(bb, shape, params)
+        if computed is shape:
             return None
         dims = _known_dims(inputs[0])
         target = []
-        for i, v in enumerate(values):
+        for i, v in enumerate(computed.values):
             if isinstance(v, tvm.tirx.IntImm) and int(v) == 0 and not attr.get("allowzero", 0):
                 if dims is None or i >= len(dims):
                     return None
