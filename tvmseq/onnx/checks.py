@@ -112,13 +112,19 @@ def _is_integer(dtype: str) -> bool:
 
 
 def checked_lengths(bb, attr, lens, seq, node: str, op: str):
-    """`sequence_lens` of a GRU/RNN/LSTM node as int32, its values refused outside [0, seq] as
+    """`sequence_lens` of a GRU/RNN/LSTM or ReverseSequence node as int32, its values refused outside [0, seq] as
     onnxruntime refuses them: a non-integer dtype and constants at import, values computed in the graph
-    at run time. (Graph inputs: the caller records a host check, `importer.add_input_check`.)"""
+    at run time, a graph input on the host before the model runs (`importer.add_input_check`)."""
+    from .gru import _dim_str
+    from .importer import add_input_check
+
     dtype = str(lens.ty.dtype)
     if not _is_integer(dtype):
         raise UnsupportedOnnxError(node, op, f"input 'sequence_lens' has dtype {dtype}; it must be int32 "
                                              "(lengths are not truncated from other types)")
+    if isinstance(lens, relax.Var):
+        add_input_check(attr, lens.name, {"kind": "range", "min": 0, "max": _dim_str(seq),
+                                          "what": f"sequence_lens of {op} node '{node}'"})
     where = f"ONNX node '{node}' ({op}): input 'sequence_lens'"
     static_seq = int(seq) if isinstance(seq, (int, tirx.IntImm)) else None
     if isinstance(lens, tvm.ir.GenericConst):
@@ -133,7 +139,7 @@ def checked_lengths(bb, attr, lens, seq, node: str, op: str):
             lo, hi = emit_value_range(bb, lens)
             lens = emit_checked_copy(bb, attr, lens, lo, hi, seq,
                                      f"{where} holds {int(values.max())}, more than X's sequence length")
-    elif not isinstance(lens, relax.Var):   # (a graph input: prepare_common has tvmseq.runtime check it)
+    elif not isinstance(lens, relax.Var):   # (a graph input: checked on the host, above)
         lo, hi = emit_value_range(bb, lens)
         lens = emit_checked_copy(bb, attr, lens, lo, hi, seq,
                                  f"{where} (computed in the graph) has values outside [0, X's sequence length]; "

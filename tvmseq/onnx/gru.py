@@ -11,7 +11,7 @@ from tvm import relax, tirx
 from ..errors import TvmseqError, UnsupportedOnnxError
 from ..kernels.activations import parse_onnx_activations
 from ..kernels.recurrent import gru as gru_kernels
-from .importer import OnnxOpConverter, add_input_check, register_converter
+from .importer import OnnxOpConverter, register_converter
 
 # output_sequence (opset 1 only) merely says whether Y is wanted; tvmseq always computes Y
 _SUPPORTED_ATTRS = {"hidden_size", "direction", "linear_before_reset", "layout", "clip", "activations",
@@ -531,10 +531,7 @@ def prepare_common(bb, inputs, attr, node, op, gates, supported=_SUPPORTED_ATTRS
         elif len(l_dims) != 1 or not _same_dim(l_dims[0], batch):
             raise UnsupportedOnnxError(node, op, f"input 'sequence_lens' has shape {[_dim_str(d) for d in l_dims]}, "
                                                  f"expected [{_dim_str(batch)}] (X's batch)")
-        if isinstance(lens, relax.Var):  # a graph input: the runtime checks its values before running
-            add_input_check(attr, lens.name, {"kind": "range", "min": 0, "max": _dim_str(seq),
-                                              "what": f"sequence_lens of {op} node '{node}'"})
-        lens = checked_lengths(bb, attr, lens, seq, node, op)   # int32; constants and computed values checked
+        lens = checked_lengths(bb, attr, lens, seq, node, op)   # int32; its values checked where they are known
     h0 = inputs[5] if len(inputs) > 5 else None
     if h0 is not None:
         want_h = [D, batch, hidden] if layout == 0 else [batch, D, hidden]

@@ -520,7 +520,6 @@ class ReverseSequence(OnnxOpConverter):
     def _impl_v10(cls, bb, inputs, attr, params):
         from .checks import checked_lengths
         from .gru import _dim_str
-        from .importer import add_input_check
 
         node, op = cls.node_name(attr), "ReverseSequence"
         data, lens = inputs[0], inputs[1]
@@ -541,9 +540,6 @@ class ReverseSequence(OnnxOpConverter):
         seq = dims[time_axis] if dims is not None else None
         if seq is None:
             raise ValueError("the input's shape is not known at import")
-        if isinstance(lens, relax.Var):      # a graph input: the runtime checks its values before running
-            add_input_check(attr, lens.name, {"kind": "range", "min": 0, "max": _dim_str(seq),
-                                              "what": f"sequence_lens of {op} node '{node}'"})
         lens = checked_lengths(bb, attr, lens, seq, node, op)
         return bb.emit_te(_reverse_sequence_te, data, lens, time_axis, batch_axis, primfunc_name_hint="reverse_sequence")
 
