@@ -120,6 +120,7 @@ def contrib_output_shapes(model: onnx.ModelProto) -> bool:
     target computed from Shape(Y) of a DynamicQuantizeLSTM) is inferred and folded; True if any was added."""
     graph = model.graph
     known = {v.name: v for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    outputs = {o.name for o in graph.output}     # declared by the model: left as they are
 
     def dims_of(name):
         value = known.get(name)
@@ -130,11 +131,9 @@ def contrib_output_shapes(model: onnx.ModelProto) -> bool:
         rule = _CONTRIB_SHAPES.get(node.op_type) if node.domain == "com.microsoft" else None
         shapes = rule(node, dims_of) if rule else None
         for name, dims in zip(node.output, shapes or []):
-            if not name or dims_of(name) is not None:
+            if not name or name in outputs or dims_of(name) is not None:
                 continue
             value = onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, dims)
-            if name in {o.name for o in graph.output}:
-                continue
             graph.value_info.append(value)
             known[name] = value
             added = True
