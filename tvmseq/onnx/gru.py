@@ -203,7 +203,7 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
             return _tf32x3_projection(bb, cell, spec, c_, bias_, proj, target, rows_out)
         if constant_value(c["w"]) is None:   # a graph-input W split here, in `main`: lifted to load time
             c = dict(c, ws=_tf32x3_weight(bb, cell, spec, c, target))
-        if static_seq is None:
+        if static_seq is None and not c.get("rows_dispatched"):
             dispatched = _projection_by_rows(bb, cell, c, bias_i, D, G, int(B), I,
                                              lambda c_, b_: split_projection(c_, b_, True), rows_out=True)
             if dispatched is not None:
@@ -263,7 +263,8 @@ def _tf32x3_weight(bb, cell: str, spec, c, target):
 
 def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target, rows_out: bool = False):
     """gate_i [D, seq, B, G] from the tf32x3 projection `proj`: X's rows split into tf32 parts (and zero-padded
-    to whole k steps) by a kernel before it; W split by `_tf32x3_weight` (c["ws"] where the caller did).
+    to whole k steps) by a kernel before it (c["split_x"](Kp, row_values, what) where the caller makes them: the
+    split [2, seq * B, Kp]); W split by `_tf32x3_weight` (c["ws"] where the caller did).
     `rows_out`: as the kernel's [D, seq * B, G] rows (see `_projection_by_rows`)."""
     from ..kernels.projection import gemm as ip
     from .importer import KernelKey, emit_kernel
@@ -273,10 +274,13 @@ def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target, rows_out: b
     # X's split checks the row count: the split parts hold 2 Kp values a row, gate_i (and the recurrence's view of
     # it) D x G
     what = f"ONNX node '{c['node']}' ({c['op']})" if c.get("node") else f"the {cell} input projection"
-    split = bb.add_func(_split_kernel(I, Kp, str(target), max(2 * Kp, D * G), what).without_attr("global_symbol"),
-                        f"{cell}_tf32x3_split")
-    x_rows = bb.emit(relax.op.reshape(as_float32(bb, c["x"]), [seq * B, I]))
-    xs = bb.emit(relax.call_tir(split, [x_rows], relax.TensorType([2, seq * B, Kp], "float32")))
+    if c.get("split_x") is not None:   # X's rows made and split by the caller's kernel (a Conv's im2col rows)
+        xs = c["split_x"](Kp, max(2 * Kp, D * G), what)
+    else:
+        split = bb.add_func(_split_kernel(I, Kp, str(target), max(2 * Kp, D * G), what)
+                            .without_attr("global_symbol"), f"{cell}_tf32x3_split")
+        x_rows = bb.emit(relax.op.reshape(as_float32(bb, c["x"]), [seq * B, I]))
+        xs = bb.emit(relax.call_tir(split, [x_rows], relax.TensorType([2, seq * B, Kp], "float32")))
     ws = c["ws"] if c.get("ws") is not None else _tf32x3_weight(bb, cell, spec, c, target)
     sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
     op = f"{cell}_input_projection_tf32x3"

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax, tirx
 
-from .gru import constant_value, emit_input_projection, is_static, projection_kernel
+from .gru import _tf32x3_projection, _tf32x3_weight, constant_value, emit_input_projection, is_static, \
+    projection_kernel
 
 
 def _static_dims(x) -> list | None:
@@ -23,9 +24,10 @@ def _static_dims(x) -> list | None:
     return None if shape is None or getattr(shape, "values", None) is None else list(shape.values)
 
 
-def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul"):
+def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul", dispatch_rows: bool = True):
     """x [..., K] times w_rows [N, K] (+ bias [N]) on the tf32x3 projection, or None where its rule does not
-    apply (nothing emitted then)."""
+    apply (nothing emitted then). dispatch_rows: few rows of a count known at run time go to the stock matmul
+    (off where the caller chose already)."""
     from ..kernels.projection import gemm as ip
     from ..kernels.recurrent.rnn import RnnSpec
 
@@ -45,10 +47,46 @@ def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul"):
     w_value = constant_value(w_rows)
     w = relax.const(w_value.reshape(1, N, K)) if w_value is not None else \
         bb.emit(relax.op.reshape(w_rows, [1, N, K]))
-    c = dict(x=x3, w=w, dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op)
+    c = dict(x=x3, w=w, dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op,
+             rows_dispatched=not dispatch_rows)
     bias_i = relax.const(np.zeros((1, N), np.float32)) if bias is None else bb.emit(relax.op.reshape(bias, [1, N]))
     gate = emit_input_projection(bb, "fc", spec, c, bias_i, target)            # [1, seq, batch, N]
     return relax.op.reshape(gate, [*dims[:-1], N])
+
+
+def tf32x3_split_rows(bb, split_x, rows, w_rows, bias, target, node: str = "", op: str = "MatMul", ws=None,
+                      cell: str = "fc", rows_out: bool = False):
+    """Rows [rows, K] that the caller makes and splits (`split_x(Kp, row_values, what)`: [2, rows, Kp], see
+    `gru._tf32x3_projection`) times w_rows [N, K] (+ bias [N]) on the tf32x3 projection: [rows, N]. `ws`: the
+    weight split already (`tf32x3_weight_split`), else split here (a constant: once, at import). The caller
+    checked that the projection takes N, K and the row count. `cell` names the kernels; `rows_out`: the kernel's
+    [1, rows, N] as it is (a function's result: a reshape there would be a copy, see `gru._projection_by_rows`)."""
+    from ..kernels.recurrent.rnn import RnnSpec
+
+    N, K = (int(d) for d in _static_dims(w_rows))
+    static_rows = int(rows) if isinstance(rows, (int, tirx.IntImm)) else None
+    spec = RnnSpec(1, 1, N, K, "float32")
+    proj = projection_kernel(spec, str(target), static_rows)[0]
+    w_value = constant_value(w_rows)
+    w = relax.const(w_value.reshape(1, N, K)) if w_value is not None else \
+        bb.emit(relax.op.reshape(w_rows, [1, N, K]))
+    c = dict(x=None, split_x=split_x, w=w, dtype="float32", batch=1, hidden=N, seq=rows, input_size=K, node=node,
+             op=op)
+    bias_i = relax.const(np.zeros((1, N), np.float32)) if bias is None else bb.emit(relax.op.reshape(bias, [1, N]))
+    if ws is not None:
+        c["ws"] = ws
+    g_rows = _tf32x3_projection(bb, cell, spec, c, bias_i, proj, target, rows_out=True)   # [1, rows, N]
+    return g_rows if rows_out else relax.op.reshape(g_rows, [rows, N])
+
+
+def tf32x3_weight_split(bb, w_rows, target, cell: str = "fc"):
+    """A graph-input weight [N, K] split for the tf32x3 projection ([2, 1, Np, Kp], `gru._tf32x3_weight`), emitted
+    where the caller is: in `main` a computation of the weights alone, which the build lifts to load time."""
+    from ..kernels.recurrent.rnn import RnnSpec
+
+    N, K = (int(d) for d in _static_dims(w_rows))
+    c = dict(w=bb.emit(relax.op.reshape(w_rows, [1, N, K])), hidden=N, input_size=K)
+    return _tf32x3_weight(bb, cell, RnnSpec(1, 1, N, K, "float32"), c, target)
 
 
 def _weight_on_the_left(bb, a, b, target):

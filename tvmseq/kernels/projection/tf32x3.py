@@ -11,6 +11,8 @@ cores truncate as they accumulate, so the kernel adds their sum into float32 reg
 * `split_func`: X [rows, K] -> [2, rows, Kp] (high, low, K zero-padded to Kp), the kernel the importer runs
   before the projection;
 * `split_array`: the same on a numpy array (constant weights, split once at import);
+* `conv_split_func`: a convolution's im2col rows split the same way, straight from its input (the rows of a
+  Conv computed as a product, `onnx.conv`; the im2col matrix itself is never written);
 * `tf32x3_cpu_func`: the projection's numerics as a loop nest (CPU tests); the GPU kernel is
   `wgmma.projection_wgmma_func(..., operands="tf32x3")`.
 """
@@ -76,25 +78,112 @@ def split_func(K: int, Kp: int | None = None, row_values: int | None = None, wha
     return main
 
 
+def conv_split_func(dims, kernel, strides, dilations, pads, Kp: int, row_values: int | None = None, what: str = ""):
+    """prim_func(x [N, C, *S] f32, xs [2, rows, Kp] f32): the im2col rows of a conv over x, split as `split_func`
+    splits rows: row r = (n, o_0, ..) an output position, column k = (c, t_0, ..) an input channel and kernel tap,
+    the value x[n, c, o_i s_i - pad_i + t_i d_i ..] (zero in the padding and in the columns [C x taps, Kp)). `dims`:
+    x's dims, ints or int32 tirx.Vars (the kernel's symbolic sizes); pads [begin..., end...]. rows x row_values
+    must stay under 2^31 (checked on the host, one line naming `what`, as `split_func`)."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    from ...onnx.checks import index_limit_check
+
+    nd = len(kernel)
+    spatial = list(dims[2:])
+    channels = int(dims[1])
+    outs = [(size + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
+            for i, size in enumerate(spatial)]
+    rows = dims[0]
+    for o in outs:
+        rows = rows * o
+    taps = 1
+    for k in kernel:
+        taps *= k
+    K = channels * taps
+    check_rows = index_limit_check(what, row_values or 2 * Kp, "row")
+
+    def tf32(v):
+        return T.reinterpret("float32", T.bitwise_and(T.reinterpret("uint32", v) + T.uint32(ROUND),
+                                                      T.uint32(KEEP)))
+
+    def value(X, m, k):
+        """The im2col entry (m, k): one output position's input value under one tap, or 0."""
+        position, tap, n, t = [], [], m, k % taps
+        for i in reversed(range(nd)):
+            position.insert(0, n % outs[i])
+            n = n // outs[i]
+            tap.insert(0, t % kernel[i])
+            t = t // kernel[i]
+        at = [position[i] * strides[i] - pads[i] + tap[i] * dilations[i] for i in range(nd)]
+        inside = tirx.all(k < K, *[bound for a, size in zip(at, spatial) for bound in (a >= 0, a < size)])
+        return T.if_then_else(inside, X[(n, k // taps, *at)], T.float32(0))
+
+    @T.prim_func(s_tir=True)
+    def main(x: T.handle, xs: T.handle):
+        T.func_attr({"global_symbol": "conv_tf32x3_split", "tirx.noalias": True, "op_pattern": 8})
+        X = T.match_buffer(x, dims, "float32")
+        XS = T.match_buffer(xs, (2, rows, Kp), "float32")
+        check_rows(rows)
+        for m, k in T.grid(rows, Kp):
+            with T.sblock("split"):
+                vm, vk = T.axis.remap("SS", [m, k])
+                XS[0, vm, vk] = tf32(value(X, vm, vk))
+                XS[1, vm, vk] = tf32(value(X, vm, vk) - tf32(value(X, vm, vk)))
+
+    return main
+
+
 SPLIT_THREADS = 256
 
 
 def scheduled_split_func(K: int, Kp: int, target, row_values: int | None = None, what: str = ""):
     """`split_func` scheduled for `target`: on a GPU a thread a 16-byte vector of X (one element where K is padded)
     and its two parts; else as written (the CPU's default schedule takes it)."""
+    return _scheduled(split_func(K, Kp, row_values, what), target, 4 if K == Kp else 1)
+
+
+def _scheduled(func, target, vec: int):
+    """A split func's one block on a GPU: its (row, column) loops fused, SPLIT_THREADS threads a block, `vec`
+    columns a thread (vectorized); on another target as written."""
     import tvm
 
-    func = split_func(K, Kp, row_values, what)
     if target.kind.name != "cuda":
         return func
     sch = tvm.s_tir.Schedule(func)
     m, k = sch.get_loops(sch.get_sblock("split"))
-    vec = 4 if K == Kp else 1
     bx, tx, v = sch.split(sch.fuse(m, k), factors=[None, SPLIT_THREADS, vec])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     if vec > 1:
         sch.vectorize(v)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+# rows of the im2col matrix one block of `scheduled_conv_split_func` makes: its threads lie along the row's columns
+# (coalesced writes), each thread taking the rows in turn, so a row's position (n, o..) is worked out once a row,
+# not once an element (a thread an element, the divisions by the symbolic output width took 102 us under ncu for
+# the CRNN benchmark's 25,600 x 288 rows at batch 8, H200, 2026-11-29)
+CONV_SPLIT_ROWS = 8
+
+
+def scheduled_conv_split_func(dims, kernel, strides, dilations, pads, Kp: int, target, row_values: int | None = None,
+                              what: str = ""):
+    """`conv_split_func` scheduled for `target`: on a GPU a block CONV_SPLIT_ROWS rows, its threads (up to
+    SPLIT_THREADS, a multiple of 32 dividing Kp) along the columns; else as written."""
+    import tvm
+
+    func = conv_split_func(dims, kernel, strides, dilations, pads, Kp, row_values, what)
+    if target.kind.name != "cuda":
+        return func
+    warps = max(d for d in range(1, SPLIT_THREADS // 32 + 1) if (Kp // 32) % d == 0)
+    sch = tvm.s_tir.Schedule(func)
+    m, k = sch.get_loops(sch.get_sblock("split"))
+    mb, r = sch.split(m, factors=[None, CONV_SPLIT_ROWS])
+    ko, ki = sch.split(k, factors=[None, 32 * warps])
+    sch.reorder(mb, ki, r, ko)
+    sch.bind(mb, "blockIdx.x")
+    sch.bind(ki, "threadIdx.x")
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
