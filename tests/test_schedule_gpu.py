@@ -162,15 +162,34 @@ def _conv2d_module(x_shape):
     return bb.get()
 
 
-def test_small_reduction_leaves_a_run_time_inner_axis_to_dlight():
-    """A conv over a line of run-time width (a CRNN built for any number of frames) stays with dlight's Matmul,
-    whose tiles divide no thread index by the run-time width; a run-time batch (the outermost axis) does not."""
+def test_small_reduction_divides_no_index_by_a_run_time_inner_extent():
+    """A conv over a line of run-time width (a CRNN built for any number of frames): its width over the threads,
+    the other output axes on the grid, no thread index divided by the width; a run-time batch (the outermost
+    axis): one fused index, divided by constants only. Both compute the conv (run serially on the CPU)."""
     cuda = targets.resolve("cuda")
     (width,) = _fused_prim_funcs(_conv2d_module([2, 1, 9, "W"]))
     (batch,) = _fused_prim_funcs(_conv2d_module(["N", 1, 9, 23]))
     with cuda:
-        assert schedule_gpu.SmallReduction().apply(width, cuda, False) is None
-        assert schedule_gpu.SmallReduction().apply(batch, cuda, False) is not None
+        by_width = schedule_gpu.SmallReduction().apply(width, cuda, False)
+        by_batch = schedule_gpu.SmallReduction().apply(batch, cuda, False)
+    text = by_width.mod["main"].script()
+    assert re.search(r'thread_binding\(\(W \+ T\.int64\(255\)\) // T\.int64\(256\), thread="blockIdx\.x"\)', text), text
+    assert not re.search(r"[/%] W\b", text.split("T.where")[0]), "an index divided by the run-time width"
+    assert by_batch is not None
+    rng = np.random.default_rng(3)                     # _conv2d_module's weights
+    w, b = rng.standard_normal((5, 1, 3, 3)).astype("float32"), rng.standard_normal(5).astype("float32")
+    for sch, shape, size in ((by_width, (2, 1, 9, 37), 37), (by_batch, (3, 1, 9, 23), 3)):
+        scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        assert schedule_gpu.lowering_error(scheduled, cuda) is None
+        x = np.random.default_rng(size).standard_normal(shape).astype("float32")
+        xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (1, 1), (1, 1)])
+        want = sum(xp[:, :, i:i + shape[2], j:j + shape[3]] * w[None, :, 0, i, j, None, None]
+                   for i in range(3) for j in range(3))
+        want = np.maximum(want + b[None, :, None, None], 0)
+        out = tvm.runtime.tensor(np.zeros(want.shape, "float32"))
+        consts = [tvm.runtime.tensor(w), tvm.runtime.tensor(b.reshape(1, 5, 1, 1))]   # folded into params
+        _run_serial(scheduled, [tvm.runtime.tensor(x), *consts, out])
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_small_reduction_leaves_larger_sums_and_two_reductions():
@@ -378,3 +397,81 @@ def test_ops_of_a_graph_with_an_if_fuse_on_cuda():
     x = np.random.default_rng(0).standard_normal((3, 5)).astype("float32")
     np.testing.assert_allclose(blocks.emulate_cuda_module(mod, {"x": x}), 1 / (1 + np.exp(-np.maximum(2 * (x + 1), 0))),
                                rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Transpose: a block that reads an input along another innermost axis than it writes, through shared tiles
+# ---------------------------------------------------------------------------------------------------
+def _permute_relu_module(shape, perm):
+    """Relax: relu(permute_dims(x, perm)), a str in `shape` a symbolic dim."""
+    bb = relax.BlockBuilder()
+    dims = [tvm.tirx.Var(d, "int64") if isinstance(d, str) else d for d in shape]
+    x = relax.Var("x", relax.TensorType(dims, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(bb.emit(relax.op.permute_dims(x, perm)))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _shared_sizes(func, target) -> list:
+    """Floats of each shared buffer `func` allocates once lowered for `target`."""
+    import tvm_ffi
+
+    with target:
+        mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+        lowered = tvm.tirx.get_default_tir_pipeline(target)[0](mod)
+    sizes = []
+
+    def visit(node):
+        if node.buffer.scope() == "shared":
+            sizes.append(math.prod(int(d) for d in node.buffer.shape))
+        return node
+
+    for _, fn in lowered.functions_items():
+        tvm_ffi.structural_map(fn, [(tvm.tirx.AllocBuffer, visit)])
+    return sizes
+
+
+@pytest.mark.parametrize("shape,perm,sizes", [
+    ((8, 16, "W", 64), (0, 3, 1, 2), (45, 3)),   # a conv's rows of positions x channels back to channels first
+    ((8, 256, "W"), (2, 0, 1), (45, 7)),         # a CRNN's features [batch, channels, width] to [width, batch, ..]
+    ((3, "T", 37), (0, 2, 1), (70, 33)),
+    ((2, 40, 33), (2, 0, 1), ()),
+])
+def test_transpose_goes_through_shared_tiles(shape, perm, sizes):
+    """Reads along the input's innermost axis, writes along the output's, a run-time size anywhere; the tile's
+    shared buffer of static size (CUDA cannot allocate another) with its rows padded to TILE + 1 floats."""
+    cuda = targets.resolve("cuda")
+    (func,) = _fused_prim_funcs(_permute_relu_module(shape, perm))
+    with cuda:
+        sch = schedule_gpu.Transpose().apply(func, cuda, False)
+    assert sch is not None
+    scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    assert schedule_gpu.lowering_error(scheduled, cuda) is None
+    assert 'scope="shared"' in scheduled.script()
+    assert _shared_sizes(scheduled, cuda) == [32 * 33], "one tile, rows padded to 33 floats"
+    text = scheduled.script().replace('scope="shared"', 'scope="global"')
+    for size in sizes or (None,):
+        x = np.random.default_rng(size).standard_normal([size if isinstance(d, str) else d for d in shape])
+        x = x.astype("float32")
+        want = np.maximum(x.transpose(perm), 0)
+        out = tvm.runtime.tensor(np.zeros(want.shape, "float32"))
+        args = [tvm.runtime.tensor(x), out] if len(scheduled.params) == 2 else [tvm.runtime.tensor(x), size, out]
+        _run_serial(tvm.script.from_source(text), args)
+        np.testing.assert_array_equal(out.numpy(), want)
+
+
+@pytest.mark.parametrize("shape,perm", [((8, 16, 64), (1, 0, 2)), ((8, 4, 64), (0, 2, 1))])
+def test_transpose_leaves_the_same_innermost_axis_and_short_axes(shape, perm):
+    """The same innermost axis on both sides reads rows already (dlight's Fallback is coalesced there); an axis of
+    4 would fill 4 of a tile's 32 rows."""
+    cuda = targets.resolve("cuda")
+    (func,) = _fused_prim_funcs(_permute_relu_module(shape, perm))
+    with cuda:
+        assert schedule_gpu.Transpose().apply(func, cuda, False) is None
+
+
+def test_transpose_comes_before_dlights_fallback():
+    names = [type(rule).__name__ for rule in schedule_gpu.default_rules()]
+    assert names.index("SerialReduction") < names.index("Transpose") < names.index("Fallback")

@@ -45,7 +45,7 @@ def default_rules():
     from tvm.s_tir import dlight as dl
 
     return [SmallReduction(), SmallRowsMatmul(), Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-            dl.gpu.GeneralReduction(), SerialReduction(), dl.gpu.Fallback(), UnfusedSpatial(), OneThread()]
+            dl.gpu.GeneralReduction(), SerialReduction(), Transpose(), dl.gpu.Fallback(), UnfusedSpatial(), OneThread()]
 
 
 class Matmul(DlightMatmul):
@@ -177,16 +177,16 @@ class SmallReduction:
     sum in a register, the epilogue (bias, activation) applied before the one store; producers (padding) read
     in place. dlight's Matmul took these as GEMMs of K = 5..40: shared-memory tiles and two barriers a k step for
     a handful of products, and its Fallback keeps the sum in a global buffer. None when the function is not one
-    such reduction block followed by at most one elementwise consumer, and where an output axis other than the
-    outermost has a run-time extent: the one fused thread index is split into output indices by divisions, by
-    constants where only the outermost extent is symbolic (a VAD's frames x batch rows), but by run-time int64
-    values otherwise (a CRNN's width), which cost more than the products (H200, 2026-11-28: the CRNN's first conv2d
-    at batch 8, 1000 frames 0.2 -> 0.89 ms with such divisions; the VAD's two conv1d at batch 32, 1000 frames 249 ->
-    ~120 us, the model 2.22 -> 2.09 ms)."""
+    such reduction block followed by at most one elementwise consumer. Where only the outermost output extent is
+    symbolic (a VAD's frames x batch rows) the output axes are fused into one thread index, split by divisions by
+    constants (the VAD's two conv1d at batch 32, 1000 frames 249 -> ~120 us, the model 2.22 -> 2.09 ms; H200,
+    2026-11-28); where an inner one is (a CRNN's width), the innermost axis lies over the threads and the others
+    on the grid, so no index is divided by a run-time value (with one fused index, divisions by the run-time
+    width took the CRNN's first conv2d at batch 8, 1000 frames from 0.2 to 0.89 ms)."""
 
     MAX_PRODUCTS = 64
     THREADS = 256
-    SYMBOLIC_INNER = False
+    SYMBOLIC_INNER = True
 
     def apply(self, func, target, _tunable):
         from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -241,13 +241,104 @@ class SmallReduction:
 
 class SerialReduction(SmallReduction):
     """What none of dlight's GEMM / reduction rules took (they come first): one thread an output, its sum in a
-    register over any static number of products, inner output extents known at run time too (their index
-    divisions are paid once for the whole sum). dlight's Fallback, which came next, kept each sum in global
+    register over any static number of products. dlight's Fallback, which came next, kept each sum in global
     memory: a read-modify-write of the output per product, one after another (silero v3's STFT as a conv1d of
     256 taps into 258 channels: 95 us a call on the H200; the next six conv1d 12-50 us each)."""
 
     MAX_PRODUCTS = None
-    SYMBOLIC_INNER = True
+
+
+class Transpose:
+    """One spatial block (after inlining) that reads an input along another innermost axis than it writes: a
+    transpose, alone or fused with elementwise work (a Relu after a Conv computed as rows of output positions x
+    channels, `onnx.conv`). dlight's Fallback gives each thread one output, so a warp's 32 reads of that input are
+    32 lines apart: the CRNN benchmark's [8, 16, 200, 64] -> [8, 64, 16, 200] transpose + Relu took 24.7 us under ncu
+    at batch 8, 100 frames (H200, 2026-11-29), 0.5 TB/s. Here a TILE x TILE tile of the input is read along its
+    innermost axis into shared memory (rows padded by one float: no bank conflicts) and written along the
+    output's. None where the block has another shape, or where either axis is shorter than a tile (static)."""
+
+    TILE = 32
+    THREADS = 256
+
+    def apply(self, func, target, _tunable):
+        from tvm.s_tir.dlight.analysis import normalize_prim_func
+        from tvm.s_tir.dlight.base import try_inline
+
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        infos = try_inline(sch, infos)
+        if len(infos) != 1 or infos[0].is_reduction() or set(infos[0].dom_kind()) != {"S"}:
+            return None
+        block = infos[0].block_rv
+        found = self._axes(sch, block)
+        if found is None:
+            return None
+        try:
+            return self._schedule(sch, block, *found)
+        except Exception:  # noqa: BLE001 - a schedule primitive refused this block: the next rule takes it
+            log.debug("Transpose: %s", traceback.format_exc())
+            return None
+
+    def _axes(self, sch, block):
+        """(index of the transposed read, loop position of its innermost axis, loop position of the write's, the
+        read's dim indexed by the write's innermost var) or None: the write's last index is the last loop's var,
+        one read's indices each a loop var or a constant, its last one another loop's var."""
+        stmt = sch.get(block)
+        iters = [iv.var for iv in stmt.iter_vars]
+        loops = sch.get_loops(block)
+        if len(loops) != len(iters) or len(stmt.writes) != 1:
+            return None
+        if not stmt.writes[0].region[-1].min.same_as(iters[-1]):
+            return None
+        position = {v: j for j, v in enumerate(iters)}
+        for i, read in enumerate(stmt.reads):
+            index = [r.min for r in read.region]
+            if not all(isinstance(x, tirx.IntImm) or x in position for x in index) or read.source.shape[-1] == 1:
+                continue
+            a = position.get(index[-1])
+            b_dim = next((k for k, x in enumerate(index) if x.same_as(iters[-1])), None)
+            if a is None or a == len(iters) - 1 or b_dim is None:
+                continue
+            if all(self._long(get_extent(sch, loops[j])) for j in (a, len(loops) - 1)):
+                return i, a, len(loops) - 1, b_dim
+        return None
+
+    def _long(self, extent) -> bool:
+        return not isinstance(extent, int) or extent >= self.TILE
+
+    def _schedule(self, sch, block, read_index: int, a: int, b: int, b_dim: int):
+        T = self.TILE
+        loops = sch.get_loops(block)
+        a_out, a_in = sch.split(loops[a], [None, T])
+        b_out, b_in = sch.split(loops[b], [None, T])
+        others = [lp for i, lp in enumerate(loops) if i not in (a, b)]
+        sch.reorder(*others, a_out, b_out, a_in, b_in)
+        _bind_blocks(sch, [*others, a_out, b_out])
+        tile = sch.cache_read(block, read_index, "shared")
+        sch.compute_at(tile, b_out, preserve_unit_loops=True)
+        shape = list(sch.get(tile).writes[0].source.shape)
+        symbolic = [k for k, d in enumerate(shape) if not isinstance(d, tirx.IntImm)]
+        # each dim of run-time size as (d // TILE, d % TILE): the strict compaction bounds the tile's shared buffer
+        # by the input's dims, a run-time size (not allocatable); its region in d % TILE is TILE at most
+        def split_symbolic(*index):   # every index as int64: the run-time dims are (relax's shapes are int64)
+            wide = [tirx.Cast("int64", v) for v in index]
+            return [p for k, v in enumerate(wide) for p in ((v // T, v % T) if k in symbolic else (v,))]
+
+        if symbolic:
+            sch.transform_layout(tile, ("write", 0), split_symbolic, assume_injective_transform=True)
+        # the write's innermost axis strides the tile by TILE + 1 floats: its reads along it hit 32 banks
+        b_axis = b_dim + sum(1 for k in symbolic if k <= b_dim)
+        sch.storage_align(tile, 0, axis=b_axis, factor=T, offset=1)
+        copy = sch.get_loops(tile)[len(others) + 2:]
+        _, copy_x = sch.split(sch.fuse(*copy), [None, self.THREADS])
+        sch.bind(copy_x, "threadIdx.x")
+        _, write_x = sch.split(sch.fuse(a_in, b_in), [None, self.THREADS])
+        sch.bind(write_x, "threadIdx.x")
+        return sch
 
 
 def _spatial(sch, block) -> bool:
@@ -464,14 +555,15 @@ def lowering_error(func: tirx.PrimFunc, target) -> str | None:
 
 
 def _symbolic_local_allocation(mod: tvm.IRModule) -> str | None:
-    """A thread-local buffer of symbolic size, which CUDA code generation refuses ("Can only handle constant size
-    stack allocation"): dlight's Matmul rule makes one for an int32 MatMulInteger over a symbolic axis."""
+    """A thread-local or shared buffer of symbolic size, which CUDA code generation refuses ("Can only handle
+    constant size stack allocation"): dlight's Matmul rule makes a local one for an int32 MatMulInteger over a
+    symbolic axis."""
     found = []
 
     def visit(node):
         buf = node.buffer
-        if buf.scope().startswith("local") and not all(isinstance(d, tvm.tirx.IntImm) for d in buf.shape):
-            found.append(f"local buffer {buf.name} of symbolic size {list(buf.shape)}")
+        if buf.scope().startswith(("local", "shared")) and not all(isinstance(d, tvm.tirx.IntImm) for d in buf.shape):
+            found.append(f"{buf.scope()} buffer {buf.name} of symbolic size {list(buf.shape)}")
         return node
 
     for _, fn in mod.functions_items():
