@@ -43,6 +43,11 @@ STOCK_OPTION = "stock_conv"
 # 64 -> 256 channels, batch 8, 100 frames) at ~7.5 TFLOP/s, 0.38 of its 0.88 ms call under ncu (H200, 2026-11-29).
 # A first conv of one input channel (9 products) stays TVM's: its time is its output's writes, not its products
 GEMM_MIN_PRODUCTS = 64
+# output positions the sizes known at import (batch, image rows) give a count of run-time size from which it goes
+# through the run-time choice (`_by_rows`); below it, TVM's conv. The choice moves the conv into a branch of its
+# own, away from the Relu after it (two kernels more a call: the product's transpose, the Relu): a streaming VAD's
+# convs over a few frames of a run-time count (silero: batch x 4 frames) would pay them every call for nothing
+GEMM_MIN_STATIC_ROWS = 64
 
 
 def _stock(bb, inputs, attr, params):
@@ -148,6 +153,13 @@ class _ConvGemm:
             rows = rows * o
         rows = rows if isinstance(rows, int) else Analyzer().simplify(rows)
         return int(rows) if isinstance(rows, tirx.IntImm) else rows
+
+    def static_rows(self, dims) -> int:
+        """The factor of the output positions that sizes known at import give (the batch, static output sizes)."""
+        factor = 1
+        for d in [dims[0], *self.outs(dims)]:
+            factor *= int(d) if isinstance(d, (int, tirx.IntImm)) else 1
+        return factor
 
     def takes(self, rows, target) -> bool:
         """Whether the tf32x3 projection takes the product at `rows` (None: a count known at run time only)."""
@@ -339,6 +351,8 @@ class Conv(OnnxOpConverter):
         if isinstance(rows, int):   # a static count: the product where the projection takes it, else TVM's conv
             return _as_gemm(bb, *inputs, g, target, node) if g.takes(rows, target) else \
                 _stock(bb, inputs, attr, params)
+        if g.static_rows(list(x_shape)) < GEMM_MIN_STATIC_ROWS:
+            return _stock(bb, inputs, attr, params)
         y = _by_rows(bb, inputs, lambda xwb: _stock(bb, xwb, attr, params), g, target, node)
         return y if y is not None else _stock(bb, inputs, attr, params)
 
