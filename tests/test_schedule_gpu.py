@@ -451,6 +451,9 @@ def test_transpose_goes_through_shared_tiles(shape, perm, sizes):
     assert schedule_gpu.lowering_error(scheduled, cuda) is None
     assert 'scope="shared"' in scheduled.script()
     assert _shared_sizes(scheduled, cuda) == [32 * 33], "one tile, rows padded to 33 floats"
+    grid = re.findall(r'T\.thread_binding\((.*?), thread="blockIdx\.([xyz])"\)', scheduled.script())
+    assert sorted(axis for _, axis in grid) == ["x", "y", "z"] and all("T.int64(" in e for e, a in grid if a != "x"), \
+        f"every tile on the grid, a run-time extent on blockIdx.x: {grid}"
     text = scheduled.script().replace('scope="shared"', 'scope="global"')
     for size in sizes or (None,):
         x = np.random.default_rng(size).standard_normal([size if isinstance(d, str) else d for d in shape])
