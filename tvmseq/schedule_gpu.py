@@ -171,6 +171,19 @@ class SmallRowsMatmul:
         return sch
 
 
+def _inlined_blocks(func):
+    """(schedule, dlight's block infos after inlining what inlines) of a PrimFunc, or (None, None) where dlight
+    cannot normalize it (or it is no PrimFunc)."""
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base import try_inline
+
+    if not isinstance(func, tirx.PrimFunc):
+        return None, None
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    return (sch, try_inline(sch, infos)) if infos is not None else (None, None)
+
+
 class SmallReduction:
     """A reduction of at most MAX_PRODUCTS products an output, over many outputs: a convolution of few input
     channels and taps (a VAD's conv1d front end, a CRNN's first conv2d), a short sum. One thread an output, its
@@ -189,16 +202,7 @@ class SmallReduction:
     SYMBOLIC_INNER = True
 
     def apply(self, func, target, _tunable):
-        from tvm.s_tir.dlight.analysis import normalize_prim_func
-        from tvm.s_tir.dlight.base import try_inline
-
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
-        infos = try_inline(sch, infos)
+        sch, infos = _inlined_blocks(func)
         if not infos or not infos[0].is_reduction() or len(infos) > 2 or any(b.is_reduction() for b in infos[1:]):
             return None
         main, kinds = infos[0].block_rv, infos[0].dom_kind()
@@ -261,17 +265,8 @@ class Transpose:
     THREADS = 256
 
     def apply(self, func, target, _tunable):
-        from tvm.s_tir.dlight.analysis import normalize_prim_func
-        from tvm.s_tir.dlight.base import try_inline
-
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
-        infos = try_inline(sch, infos)
-        if len(infos) != 1 or infos[0].is_reduction() or set(infos[0].dom_kind()) != {"S"}:
+        sch, infos = _inlined_blocks(func)
+        if not infos or len(infos) != 1 or infos[0].is_reduction() or set(infos[0].dom_kind()) != {"S"}:
             return None
         block = infos[0].block_rv
         found = self._axes(sch, block)

@@ -47,26 +47,36 @@ def split_func(K: int, Kp: int | None = None, row_values: int | None = None, wha
     (a memory-bound pass, ~3 bytes moved a byte of X) that the target's default schedule takes (dlight on a GPU).
     `row_values` (X's split: the most values a row of X becomes in any tensor after it, 2 Kp or D x G): rows x
     row_values must stay under 2^31, checked on the host before the kernel runs (one line naming `what`)."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    Kp = Kp or K
+    rows = tirx.Var("rows", "int32")
+
+    def value(X, m, k):
+        return X[m, k] if Kp == K else T.if_then_else(k < K, X[m, T.min(k, K - 1)], T.float32(0))
+
+    return _split_of((rows, K), rows, Kp, value, row_values or 1, what, "tf32x3_split")
+
+
+def _split_of(x_dims, rows, Kp: int, value, row_values: int, what: str, symbol: str):
+    """prim_func(x [x_dims] f32, xs [2, rows, Kp] f32): xs[0][m, k] = tf32(value(X, m, k)), xs[1] its remainder
+    in tf32, after the host check of rows x row_values against 2^31 (`what` names the tensor's node)."""
     from tvm.script import tirx as T
 
     from ...onnx.checks import index_limit_check
 
-    Kp = Kp or K
-    check_rows = index_limit_check(what, row_values or 1, "row")
+    check_rows = index_limit_check(what, row_values, "row")
 
     def tf32(v):
         return T.reinterpret("float32", T.bitwise_and(T.reinterpret("uint32", v) + T.uint32(ROUND),
                                                       T.uint32(KEEP)))
 
-    def value(X, m, k):
-        return X[m, k] if Kp == K else T.if_then_else(k < K, X[m, T.min(k, K - 1)], T.float32(0))
-
     @T.prim_func(s_tir=True)
     def main(x: T.handle, xs: T.handle):
         # opaque (op_pattern 8): FuseOps would merge X's reshape into it, which FuseTIR then maps inconsistently
-        T.func_attr({"global_symbol": "tf32x3_split", "tirx.noalias": True, "op_pattern": 8})
-        rows = T.int32()
-        X = T.match_buffer(x, (rows, K), "float32")
+        T.func_attr({"global_symbol": symbol, "tirx.noalias": True, "op_pattern": 8})
+        X = T.match_buffer(x, x_dims, "float32")
         XS = T.match_buffer(xs, (2, rows, Kp), "float32")
         check_rows(rows)
         for m, k in T.grid(rows, Kp):
@@ -87,8 +97,6 @@ def conv_split_func(dims, kernel, strides, dilations, pads, Kp: int, row_values:
     from tvm import tirx
     from tvm.script import tirx as T
 
-    from ...onnx.checks import index_limit_check
-
     nd = len(kernel)
     spatial = list(dims[2:])
     channels = int(dims[1])
@@ -101,11 +109,6 @@ def conv_split_func(dims, kernel, strides, dilations, pads, Kp: int, row_values:
     for k in kernel:
         taps *= k
     K = channels * taps
-    check_rows = index_limit_check(what, row_values or 2 * Kp, "row")
-
-    def tf32(v):
-        return T.reinterpret("float32", T.bitwise_and(T.reinterpret("uint32", v) + T.uint32(ROUND),
-                                                      T.uint32(KEEP)))
 
     def value(X, m, k):
         """The im2col entry (m, k): one output position's input value under one tap, or 0."""
@@ -119,19 +122,7 @@ def conv_split_func(dims, kernel, strides, dilations, pads, Kp: int, row_values:
         inside = tirx.all(k < K, *[bound for a, size in zip(at, spatial) for bound in (a >= 0, a < size)])
         return T.if_then_else(inside, X[(n, k // taps, *at)], T.float32(0))
 
-    @T.prim_func(s_tir=True)
-    def main(x: T.handle, xs: T.handle):
-        T.func_attr({"global_symbol": "conv_tf32x3_split", "tirx.noalias": True, "op_pattern": 8})
-        X = T.match_buffer(x, dims, "float32")
-        XS = T.match_buffer(xs, (2, rows, Kp), "float32")
-        check_rows(rows)
-        for m, k in T.grid(rows, Kp):
-            with T.sblock("split"):
-                vm, vk = T.axis.remap("SS", [m, k])
-                XS[0, vm, vk] = tf32(value(X, vm, vk))
-                XS[1, vm, vk] = tf32(value(X, vm, vk) - tf32(value(X, vm, vk)))
-
-    return main
+    return _split_of(tuple(dims), rows, Kp, value, row_values or 2 * Kp, what, "conv_tf32x3_split")
 
 
 SPLIT_THREADS = 256
