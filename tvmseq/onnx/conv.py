@@ -13,10 +13,11 @@ So tvmseq converts on every target (the CPU tests then check the graph the GPU r
     that tap's weights, plus the bias: elementwise work that FuseOps puts in one kernel with no
     reduction in it. For a 1x1 kernel that is exactly x * w + b.
   - a grouped Conv into one dense Conv per group (TVM's converter) and a Concat.
-A dense float32 Conv on sm_90a with GEMM_MIN_PRODUCTS products an output or more is an im2col matrix [N x output
-positions, C x taps] times the weight [C_out, C x taps]^T on the tf32x3 projection (`matmul.tf32x3_fc`: tf32
-tensor cores at float32 accuracy), the rows put back as [N, C_out, ...] by a transpose that fuses with what
-follows (a Relu). Anything else (other dense convs, auto_pad SAME_* on symbolic sizes) goes to TVM's converter
+A dense float32 Conv on sm_90a with GEMM_MIN_PRODUCTS products an output or more is its im2col rows [N x output
+positions, C x taps] times the weight [C_out, C x taps]^T on the tf32x3 projection (`matmul.tf32x3_split_rows`: tf32
+tensor cores at float32 accuracy; one kernel makes and splits the rows straight from the input), put back as
+[N, C_out, ...] by a transpose that fuses with what follows (a Relu); few output positions of a count known at run
+time go to TVM's conv (`_by_rows`). Anything else (other dense convs, auto_pad SAME_* on symbolic sizes) goes to TVM's converter
 unchanged, and so does everything when the importer option `stock_conv=True` is given (to show the bug).
 
 tvmseq/schedule_gpu.py (the CUDA build's scheduling step) now also builds TVM's own conversion of these

@@ -203,7 +203,7 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
             return _tf32x3_projection(bb, cell, spec, c_, bias_, proj, target, rows_out)
         if constant_value(c["w"]) is None:   # a graph-input W split here, in `main`: lifted to load time
             c = dict(c, ws=_tf32x3_weight(bb, cell, spec, c, target))
-        if static_seq is None and not c.get("rows_dispatched"):
+        if static_seq is None:
             dispatched = _projection_by_rows(bb, cell, c, bias_i, D, G, int(B), I,
                                              lambda c_, b_: split_projection(c_, b_, True), rows_out=True)
             if dispatched is not None:

@@ -24,10 +24,9 @@ def _static_dims(x) -> list | None:
     return None if shape is None or getattr(shape, "values", None) is None else list(shape.values)
 
 
-def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul", dispatch_rows: bool = True):
+def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul"):
     """x [..., K] times w_rows [N, K] (+ bias [N]) on the tf32x3 projection, or None where its rule does not
-    apply (nothing emitted then). dispatch_rows: few rows of a count known at run time go to the stock matmul
-    (off where the caller chose already)."""
+    apply (nothing emitted then)."""
     from ..kernels.projection import gemm as ip
     from ..kernels.recurrent.rnn import RnnSpec
 
@@ -47,8 +46,7 @@ def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul", d
     w_value = constant_value(w_rows)
     w = relax.const(w_value.reshape(1, N, K)) if w_value is not None else \
         bb.emit(relax.op.reshape(w_rows, [1, N, K]))
-    c = dict(x=x3, w=w, dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op,
-             rows_dispatched=not dispatch_rows)
+    c = dict(x=x3, w=w, dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op)
     bias_i = relax.const(np.zeros((1, N), np.float32)) if bias is None else bb.emit(relax.op.reshape(bias, [1, N]))
     gate = emit_input_projection(bb, "fc", spec, c, bias_i, target)            # [1, seq, batch, N]
     return relax.op.reshape(gate, [*dims[:-1], N])
