@@ -199,7 +199,6 @@ class SmallReduction:
 
     MAX_PRODUCTS = 64
     THREADS = 256
-    SYMBOLIC_INNER = True
 
     def apply(self, func, target, _tunable):
         sch, infos = _inlined_blocks(func)
@@ -212,8 +211,6 @@ class SmallReduction:
         spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
         reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
         static_inner = all(isinstance(sch.get(lp).extent, tirx.IntImm) for lp in spatial[1:])
-        if not self.SYMBOLIC_INNER and not static_inner:
-            return None
         sch.reorder(*spatial, *reduce)
         if static_inner:            # one fused output index: its divisions by constants
             block_x, thread_x = sch.split(sch.fuse(*spatial), [None, self.THREADS])
