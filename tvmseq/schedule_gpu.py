@@ -547,10 +547,10 @@ def lowering_error(func: tirx.PrimFunc, target) -> str | None:
             lowered = lower(mod)
     except Exception as err:  # noqa: BLE001 - any failure rejects this schedule
         return _first_line(err)
-    return _symbolic_local_allocation(lowered)
+    return _symbolic_allocation(lowered)
 
 
-def _symbolic_local_allocation(mod: tvm.IRModule) -> str | None:
+def _symbolic_allocation(mod: tvm.IRModule) -> str | None:
     """A thread-local or shared buffer of symbolic size, which CUDA code generation refuses ("Can only handle
     constant size stack allocation"): dlight's Matmul rule makes a local one for an int32 MatMulInteger over a
     symbolic axis."""

@@ -125,14 +125,6 @@ def _depthwise_taps(bb, x, weight, bias, kernel, strides, dilations, pads, in_ch
     return acc
 
 
-def _output_sizes(spatial, kernel, strides, dilations, pads) -> list:
-    """Output sizes of a conv over `spatial` (ints or TIR expressions), pads [begin..., end...]."""
-    nd = len(kernel)
-    return [tirx.floordiv(size + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1, strides[i]) + 1
-            if not isinstance(size, int) else (size + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1)
-            // strides[i] + 1 for i, size in enumerate(spatial)]
-
-
 class _ConvGemm:
     """A dense Conv's geometry for the im2col product (`_as_gemm`): kernel, strides, dilations, pads [begin...,
     end...], output channels and products an output (input channels x taps)."""
@@ -142,8 +134,10 @@ class _ConvGemm:
         self.out_channels, self.products = out_channels, products
 
     def outs(self, dims) -> list:
-        return _output_sizes([int(d) if isinstance(d, tirx.IntImm) else d for d in dims[2:]], self.kernel,
-                             self.strides, self.dilations, self.pads)
+        from ..kernels.projection.tf32x3 import conv_output_sizes
+
+        return conv_output_sizes([int(d) if isinstance(d, tirx.IntImm) else d for d in dims[2:]], self.kernel,
+                                 self.strides, self.dilations, self.pads)
 
     def rows(self, dims):
         """Output positions of input dims [N, C, *spatial]: an int, or a simplified TIR expression."""
@@ -166,10 +160,8 @@ class _ConvGemm:
         """Whether the tf32x3 projection takes the product at `rows` (None: a count known at run time only)."""
         from ..kernels.projection import gemm as ip
         from ..kernels.recurrent.rnn import RnnSpec
-        from .gru import projection_kernel
 
-        spec = RnnSpec(1, 1, self.out_channels, self.products, "float32")
-        return projection_kernel(spec, str(target), rows)[1] is ip.TF32X3
+        return ip.tf32x3_applies(RnnSpec(1, 1, self.out_channels, self.products, "float32"), target, rows)
 
 
 def _conv_gemm(x, weight, kernel, strides, dilations, pads, target) -> _ConvGemm | None:

@@ -40,16 +40,22 @@ def tf32x3_fc(bb, x, w_rows, bias, target, node: str = "", op: str = "MatMul"):
     seq, batch = (dims[0], int(dims[1])) if len(dims) == 3 else (dims[0], 1)
     spec = RnnSpec(1, batch, N, K, "float32")
     static_seq = int(seq) if isinstance(seq, (int, tirx.IntImm)) else None
-    if projection_kernel(spec, str(target), static_seq)[1] is not ip.TF32X3:
+    if not ip.tf32x3_applies(spec, target, static_seq):
         return None
     x3 = x if len(dims) == 3 else bb.emit(relax.op.reshape(x, [seq, 1, K]))
+    w, bias_i = _projection_operands(bb, w_rows, bias, N, K)
+    c = dict(x=x3, w=w, dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op)
+    gate = emit_input_projection(bb, "fc", spec, c, bias_i, target)            # [1, seq, batch, N]
+    return relax.op.reshape(gate, [*dims[:-1], N])
+
+
+def _projection_operands(bb, w_rows, bias, N: int, K: int):
+    """(W [1, N, K], bias [1, N]) of a one-direction projection: a constant W reshaped here, a missing bias zeros."""
     w_value = constant_value(w_rows)
     w = relax.const(w_value.reshape(1, N, K)) if w_value is not None else \
         bb.emit(relax.op.reshape(w_rows, [1, N, K]))
-    c = dict(x=x3, w=w, dtype="float32", batch=batch, hidden=N, seq=seq, input_size=K, node=node, op=op)
     bias_i = relax.const(np.zeros((1, N), np.float32)) if bias is None else bb.emit(relax.op.reshape(bias, [1, N]))
-    gate = emit_input_projection(bb, "fc", spec, c, bias_i, target)            # [1, seq, batch, N]
-    return relax.op.reshape(gate, [*dims[:-1], N])
+    return w, bias_i
 
 
 def tf32x3_split_rows(bb, split_x, rows, w_rows, bias, target, node: str = "", op: str = "MatMul", ws=None,
@@ -65,12 +71,9 @@ def tf32x3_split_rows(bb, split_x, rows, w_rows, bias, target, node: str = "", o
     static_rows = int(rows) if isinstance(rows, (int, tirx.IntImm)) else None
     spec = RnnSpec(1, 1, N, K, "float32")
     proj = projection_kernel(spec, str(target), static_rows)[0]
-    w_value = constant_value(w_rows)
-    w = relax.const(w_value.reshape(1, N, K)) if w_value is not None else \
-        bb.emit(relax.op.reshape(w_rows, [1, N, K]))
+    w, bias_i = _projection_operands(bb, w_rows, bias, N, K)
     c = dict(x=None, split_x=split_x, w=w, dtype="float32", batch=1, hidden=N, seq=rows, input_size=K, node=node,
              op=op)
-    bias_i = relax.const(np.zeros((1, N), np.float32)) if bias is None else bb.emit(relax.op.reshape(bias, [1, N]))
     if ws is not None:
         c["ws"] = ws
     g_rows = _tf32x3_projection(bb, cell, spec, c, bias_i, proj, target, rows_out=True)   # [1, rows, N]

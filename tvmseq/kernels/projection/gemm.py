@@ -497,20 +497,29 @@ def tf32x3_n(N: int) -> int:
     return -(-N // TF32X3_TILE.bn) * TF32X3_TILE.bn
 
 
-def tf32x3_projection(spec, target, seq=None):
-    """The tf32x3 warpgroup projection of a float32 spec with a static batch on sm_90a (a prim_func on XS [2, rows,
-    Kp], WS [2, D, N, Kp]), or None where it does not apply: another dtype or target, a symbolic batch, fewer than
-    TF32X3_MIN_ROWS rows when the length is static, or an odd N (W's rows are padded to whole tiles: `tf32x3_n`)."""
+def tf32x3_applies(spec, target, seq=None) -> bool:
+    """Whether `tf32x3_projection` takes the spec (decided without building the kernel): a float32 spec with a
+    static batch on sm_90a, at least TF32X3_MIN_ROWS rows when the length is static, an even N (W's rows are padded
+    to whole tiles: `tf32x3_n`) that the warpgroup kernel supports."""
     from . import wgmma
 
     if spec.dtype != "float32" or target is None or target.kind.name != "cuda" or \
             str(target.attrs.get("arch", "")) != "sm_90a" or not isinstance(spec.batch, int):
-        return None
+        return False
     if isinstance(seq, int) and seq * spec.batch < TF32X3_MIN_ROWS:
+        return False
+    N = spec.gates * spec.hidden
+    return N % 2 == 0 and wgmma.supports(tf32x3_n(N), tf32x3_k(spec.input_size), TF32X3_TILE, 4) is None
+
+
+def tf32x3_projection(spec, target, seq=None):
+    """The tf32x3 warpgroup projection of a float32 spec with a static batch on sm_90a (a prim_func on XS [2, rows,
+    Kp], WS [2, D, N, Kp]), or None where it does not apply (`tf32x3_applies`)."""
+    from . import wgmma
+
+    if not tf32x3_applies(spec, target, seq):
         return None
     D, N, K = spec.num_directions, spec.gates * spec.hidden, tf32x3_k(spec.input_size)
-    if N % 2 or wgmma.supports(tf32x3_n(N), K, TF32X3_TILE, 4) is not None:
-        return None
     return wgmma.projection_wgmma_func(D, N, K, True, TF32X3_TILE, operands="tf32x3")
 
 

@@ -88,6 +88,14 @@ def _split_of(x_dims, rows, Kp: int, value, row_values: int, what: str, symbol: 
     return main
 
 
+def conv_output_sizes(spatial, kernel, strides, dilations, pads) -> list:
+    """Output sizes of a conv over input sizes `spatial` (ints or TIR expressions; `//` is floordiv on both), pads
+    [begin..., end...]."""
+    nd = len(kernel)
+    return [(size + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
+            for i, size in enumerate(spatial)]
+
+
 def conv_split_func(dims, kernel, strides, dilations, pads, Kp: int, row_values: int | None = None, what: str = ""):
     """prim_func(x [N, C, *S] f32, xs [2, rows, Kp] f32): the im2col rows of a conv over x, split as `split_func`
     splits rows: row r = (n, o_0, ..) an output position, column k = (c, t_0, ..) an input channel and kernel tap,
@@ -100,8 +108,7 @@ def conv_split_func(dims, kernel, strides, dilations, pads, Kp: int, row_values:
     nd = len(kernel)
     spatial = list(dims[2:])
     channels = int(dims[1])
-    outs = [(size + pads[i] + pads[nd + i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
-            for i, size in enumerate(spatial)]
+    outs = conv_output_sizes(spatial, kernel, strides, dilations, pads)
     rows = dims[0]
     for o in outs:
         rows = rows * o
@@ -131,18 +138,14 @@ SPLIT_THREADS = 256
 def scheduled_split_func(K: int, Kp: int, target, row_values: int | None = None, what: str = ""):
     """`split_func` scheduled for `target`: on a GPU a thread a 16-byte vector of X (one element where K is padded)
     and its two parts; else as written (the CPU's default schedule takes it)."""
-    return _scheduled(split_func(K, Kp, row_values, what), target, 4 if K == Kp else 1)
-
-
-def _scheduled(func, target, vec: int):
-    """A split func's one block on a GPU: its (row, column) loops fused, SPLIT_THREADS threads a block, `vec`
-    columns a thread (vectorized); on another target as written."""
     import tvm
 
+    func = split_func(K, Kp, row_values, what)
     if target.kind.name != "cuda":
         return func
     sch = tvm.s_tir.Schedule(func)
     m, k = sch.get_loops(sch.get_sblock("split"))
+    vec = 4 if K == Kp else 1
     bx, tx, v = sch.split(sch.fuse(m, k), factors=[None, SPLIT_THREADS, vec])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
