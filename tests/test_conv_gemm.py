@@ -88,6 +88,25 @@ def test_conv_split_is_the_split_of_the_im2col_rows(shape, kernel, strides, dila
     np.testing.assert_array_equal(_conv_split(x, kernel, strides, dilations, pads, Kp, symbolic), want)
 
 
+def test_conv_split_refuses_more_rows_than_32_bit_offsets_reach():
+    """The split of a conv's im2col rows checks its output positions x (the widest row after it) against 2^31 on
+    the host before its kernel runs, naming the node, as the split of X's rows does (`tf32x3.split_func`)."""
+    from tvm import tirx
+
+    from tvmseq import runtime  # noqa: F401  (maps the error kind to TvmseqError)
+    from tvmseq.errors import TvmseqError
+    from tvmseq.kernels.projection import tf32x3
+
+    dims = [2, 3, tirx.Var("w", "int32")]     # rows: 2 x the width (a 1 x 1 kernel)
+    func = tf32x3.conv_split_func(dims, (1,), (1,), (1,), (0, 0), 32, row_values=1 << 28,
+                                  what="ONNX node 'conv_0' (Conv)")
+    split = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    split(tvm.runtime.tensor(np.ones((2, 3, 3), np.float32)), tvm.runtime.tensor(np.zeros((2, 6, 32), np.float32)))
+    with pytest.raises(TvmseqError, match=r"ONNX node 'conv_0' \(Conv\): 268435456 values a row .* at most 7 rows"):
+        split(tvm.runtime.tensor(np.ones((2, 3, 4), np.float32)),
+              tvm.runtime.tensor(np.zeros((2, 8, 32), np.float32)))   # 8 output positions
+
+
 def _conv_model(x_dims, channels_out, kernel, *, w_input=False, dtype=TensorProto.FLOAT, **attrs):
     rng = np.random.default_rng(channels_out)
     w = rng.standard_normal((channels_out, x_dims[1], *kernel)).astype(np.float32)
