@@ -1,6 +1,6 @@
 """The float32 input projection on tf32 tensor cores at float32 accuracy (`kernels/projection/tf32x3.py`) against
 the SIMT projection it replaces, at the input GEMMs of float32 recurrent cells: X [rows, K] x W [D, N, K] -> gate_i
-[D, rows, N], rows = seq x batch. Decides `gemm.TF32X3_MIN_ROWS` and the tile order.
+[D, rows, N], rows = seq x batch. Decides `gemm.TF32X3_TILE` (and `gemm.TF32X3_MIN_ROWS`).
 
   python3 schedules/tf32x3_sweep.py build out/t3sweep     # here: one library, index.json
   python3 schedules/tf32x3_sweep.py run out/t3sweep OUT   # GPU machine: check each against float64, time it
@@ -20,14 +20,18 @@ from pathlib import Path
 SEQ = 100
 # (directions, batch, hidden, input size, gates): the float32 LSTM grid's cells with many rows, a GRU, an input
 # size that is no multiple of 32 (zero-padded by the split), the VAD's 32,000-row projection (K 128, N 512)
-SHAPES = [(1, 8, 128, 128, 4), (1, 64, 128, 128, 4), (1, 256, 128, 128, 4), (2, 256, 128, 128, 4),
-          (1, 8, 512, 512, 4), (1, 64, 512, 512, 4), (1, 256, 512, 512, 4), (2, 64, 512, 512, 4),
-          (1, 8, 1024, 1024, 4), (1, 64, 1024, 1024, 4), (1, 256, 1024, 1024, 4), (2, 256, 1024, 1024, 4),
-          (2, 64, 1024, 1024, 4), (1, 256, 256, 256, 4), (1, 64, 1024, 1024, 3), (1, 64, 256, 100, 4),
-          (1, 320, 128, 128, 4)]
-# (bm, bn, stages, in flight, promoted chunk in k steps of 32: 0 = one tensor-core sum over all of 3K)
-TILES = [(128, 256, 4, True, 0), (128, 128, 3, False, 0), (128, 128, 3, False, 4), (128, 128, 3, False, 8),
-         (128, 128, 4, True, 4), (128, 128, 4, True, 8), (64, 128, 3, False, 4)]
+# (directions, batch, hidden, input size, gates; gates 1: an FC layer): the float32 products of the benchmark
+# architectures (`tvmseq bench model`) at 100 frames a call (batch 10: 1000 frames of batch 1): the ASR encoder's
+# input GEMMs at batch 8 and 80, its first layer (K 80), the VAD's fc_in and LSTM projection, the denoiser's FCs and
+# GRU projection, the CRNN's second BiLSTM layer; and float32 LSTM cells of 800-25,600 rows
+SHAPES = [(2, 8, 512, 1024, 3), (2, 80, 512, 1024, 3), (2, 8, 512, 80, 3), (1, 10, 128, 208, 1), (1, 10, 128, 128, 4),
+          (1, 10, 600, 600, 1), (1, 10, 400, 161, 3), (1, 1, 600, 600, 1), (1, 1, 400, 400, 3), (2, 8, 256, 512, 4),
+          (1, 3, 600, 400, 1), (1, 64, 128, 128, 4), (1, 256, 1024, 1024, 4), (1, 64, 256, 100, 4)]
+# (bm, bn, stages, in flight, promoted chunk in k steps of 32 (0: one tensor-core sum over all of 3K), both tf32
+# planes in a stage: three products a k step)
+TILES = [(128, 128, 4, True, 8, False), (64, 128, 4, True, 8, False), (128, 128, 3, True, 3, True),
+         (128, 64, 4, True, 3, True), (64, 128, 4, True, 3, True), (64, 64, 4, True, 3, True),
+         (64, 128, 4, True, 8, True), (128, 128, 3, True, 8, True)]
 WARM, TIMED = 5, 30
 
 
@@ -35,6 +39,9 @@ def _spec(D, B, H, I, gates):
     from tvmseq.kernels.recurrent import gru, lstm
 
     direction = "bidirectional" if D == 2 else "forward"
+    if gates == 1:
+        from tvmseq.kernels.recurrent.rnn import RnnSpec
+        return RnnSpec(D, B, H, I, "float32", direction=direction)
     if gates == 4:
         return lstm.LstmSpec(D, B, H, I, "float32", direction=direction)
     return gru.GruSpec(D, B, H, I, "float32", linear_before_reset=1, direction=direction)
@@ -61,11 +68,13 @@ def build(out: Path) -> None:
         funcs[f"simt_{shape}"] = simt.with_attr("global_symbol", f"simt_{shape}")
         funcs[f"split_{shape}"] = tf32x3.scheduled_split_func(I, Kp, tgt).with_attr("global_symbol", f"split_{shape}")
         variants = []
-        for bm, bn, stages, inflight, promote in TILES:
-            wt = wgmma.WgmmaTile(bm=bm, bn=bn, stages=stages, inflight=inflight, promote=promote)
-            if wgmma.supports(N, Kp, wt, 4) is not None:
+        for bm, bn, stages, inflight, promote, planes in TILES:
+            wt = wgmma.WgmmaTile(bm=bm, bn=bn, stages=stages, inflight=inflight, promote=promote, both_planes=planes)
+            Np = -(-N // bn) * bn
+            if wgmma.supports(Np, Kp, wt, 4) is not None:
+                print("skip", shape, wt, wgmma.supports(Np, Kp, wt, 4))
                 continue
-            name = f"t3_{shape}_{bm}x{bn}s{stages}{'i' if inflight else ''}p{promote}"
+            name = f"t3_{shape}_{bm}x{bn}s{stages}{'i' if inflight else ''}p{promote}{'P' if planes else ''}"
             funcs[name] = wgmma.projection_wgmma_func(D, N, Kp, True, wt, operands="tf32x3").with_attr(
                 "global_symbol", name)
             variants.append(dict(func=name, bm=bm, bn=bn, stages=stages, inflight=inflight, promote=promote))
@@ -127,6 +136,10 @@ def run(out: Path, dest: Path) -> None:
         row["split_us"] = time_cuda(lambda: split(args[0], args[1]), warmup=WARM, iters=TIMED) * 1e3
         for v in e["variants"]:
             fn = mod[v["func"]]
+            Np = -(-N // v["bn"]) * v["bn"]
+            wsp = torch.zeros(2, D, Np, Kp, device="cuda")
+            wsp[:, :, :N] = ws.view(2, D, N, Kp)
+            args = [dl(t) for t in (X.view(rows, I), xs, wsp, bias, gate.view(D, rows, N))]
 
             def both():
                 split(args[0], args[1])
@@ -173,7 +186,10 @@ def check(out: Path, shapes) -> None:
         split(dl(W), dl(ws))
         ref = torch.stack([X.double() @ W.view(D, N, I)[d].double().T for d in range(D)])
         for v in e["variants"]:
-            mod[v["func"]](dl(xs), dl(ws.view(2, D, N, Kp)), dl(bias), dl(gate))
+            Np = -(-N // v["bn"]) * v["bn"]
+            wsp = torch.zeros(2, D, Np, Kp, device="cuda")
+            wsp[:, :, :N] = ws.view(2, D, N, Kp)
+            mod[v["func"]](dl(xs), dl(wsp), dl(bias), dl(gate))
             torch.cuda.synchronize()
             print(v["func"], float((gate.double() - ref).abs().max()), flush=True)
 

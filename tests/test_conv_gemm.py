@@ -131,13 +131,14 @@ def _names(model, target=None):
     return {gv.name_hint for gv in mod.get_global_vars()}, mod
 
 
+@pytest.mark.parametrize("channels_out", [96, 37])   # 37: an odd count (stored a value at a time)
 @pytest.mark.parametrize("x_dims", [[8, 64, 8, "W"], [2, 32, 16, 40], ["N", 48, 100], [1, 48, "T"]])
-def test_dense_float32_convs_with_many_products_take_the_projection(x_dims):
+def test_dense_float32_convs_with_many_products_take_the_projection(x_dims, channels_out):
     """Static output positions: the product from TF32X3_MIN_ROWS of them; a count known at run time: a run-time
     choice where the sizes known at import give GEMM_MIN_STATIC_ROWS of them (["N", 48, 100]: 100 a batch row),
     else TVM's conv."""
     kernel = (3, 3) if len(x_dims) == 4 else (5,)
-    model, w, _ = _conv_model(x_dims, 96, kernel, pads=[1] * (2 * len(kernel)))
+    model, w, _ = _conv_model(x_dims, channels_out, kernel, pads=[1] * (2 * len(kernel)))
     names, mod = _names(model)
     if x_dims == [1, 48, "T"]:   # one static output position a frame: a streaming call's few frames stay TVM's
         assert not any(n.startswith("conv_") for n in names), sorted(names)
@@ -151,7 +152,7 @@ def test_dense_float32_convs_with_many_products_take_the_projection(x_dims):
         from tvmseq.kernels.projection import gemm as ip
         from tvmseq.kernels.projection import tf32x3
 
-        want = tf32x3.split_weight(w.reshape(1, 96, -1), ip.tf32x3_n(96), w[0].size)
+        want = tf32x3.split_weight(w.reshape(1, channels_out, -1), ip.tf32x3_n(channels_out), w[0].size)
         consts = [c.value.numpy() for c in _constants(mod["main"])]
         assert any(c.shape == want.shape and np.array_equal(c, want) for c in consts)
 
@@ -178,7 +179,7 @@ def test_a_weight_input_is_split_once_in_the_transform_function():
     assert "conv_tf32x3_split" in transform and "conv_tf32x3_split" not in main, main
 
 
-@pytest.mark.parametrize("case", ["few_products", "few_rows", "grouped", "llvm", "sm80", "odd_out_channels"])
+@pytest.mark.parametrize("case", ["few_products", "few_rows", "grouped", "llvm", "sm80"])
 def test_other_convs_stay_tvms(case):
     target = {"llvm": tvm.target.Target("llvm"), "sm80": tvm.target.Target("nvidia/nvidia-a100", host="llvm")}.get(
         case, None)
@@ -191,8 +192,6 @@ def test_other_convs_stay_tvms(case):
         model.graph.node[0].attribute.append(helper.make_attribute("group", 2))
         w = numpy_helper.to_array(model.graph.initializer[1])[:, :32]
         model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w), "W"))
-    elif case == "odd_out_channels":
-        model = _conv_model([8, 64, 8, "W"], 37, (3, 3), pads=[1, 1, 1, 1])[0]
     else:
         model = _conv_model([8, 64, 8, "W"], 96, (3, 3), pads=[1, 1, 1, 1])[0]
     names, _ = _names(model, target)
@@ -206,13 +205,15 @@ GPU_CASES = {
     "crnn_3x3": ([8, 64, 8, 37], (3, 3), dict(pads=[1, 1, 1, 1])),
     "strided_dilated": ([8, 33, 17, 29], (3, 2), dict(pads=[0, 1, 2, 0], strides=[2, 1], dilations=[1, 2])),
     "conv1d": ([64, 40, 17], (5,), dict(pads=[2, 2])),
+    "odd_channels": ([8, 64, 8, 37], (3, 3), dict(pads=[1, 1, 1, 1])),   # 37 output channels: an odd N
 }
+CHANNELS_OUT = {"odd_channels": 37}
 GPU_ROOT = Path(os.environ.get("TVMSEQ_CONV_GEMM", Path(__file__).resolve().parents[1] / "out" / "conv_gemm"))
 
 
 def _gpu_case(name, w_input):
     x_dims, kernel, attrs = GPU_CASES[name]
-    model, w, b = _conv_model([*x_dims[:-1], "W"], 96, kernel, w_input=w_input, **attrs)
+    model, w, b = _conv_model([*x_dims[:-1], "W"], CHANNELS_OUT.get(name, 96), kernel, w_input=w_input, **attrs)
     rng = np.random.default_rng(len(name))
     feeds = [{"X": rng.standard_normal([*x_dims[:-1], width]).astype(np.float32), **({"W": w} if w_input else {})}
              for width in (x_dims[-1], 3)]

@@ -4,6 +4,7 @@ the rule that picks it and the importer's wiring. The GPU kernel's fragment layo
 float32 cases of tests/test_gpu_lstm.py and tests/test_gpu_models.py that take it."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -64,7 +65,7 @@ def _cpu_projection(D, rows, N, K):
 
 
 @pytest.mark.parametrize("D,rows,N,K", [(1, 37, 128, 32), (2, 19, 256, 96), (1, 3, 512, 256), (2, 5, 148, 64),
-                                        (1, 11, 400, 32)])
+                                        (1, 11, 400, 32), (2, 7, 111, 64)])
 def test_tf32x3_projection_is_as_accurate_as_float32(D, rows, N, K):
     got, exact, X, W, bias = _cpu_projection(D, rows, N, K)
     f32 = np.zeros_like(got)          # a float32 GEMM summed in the same order (one pass)
@@ -91,7 +92,7 @@ def test_rule_takes_tf32x3_for_many_float32_rows_on_sm90a():
     assert ip.projection_for(_spec(1, 64, 128, 128, cell="gru"), H100, None)[1] == ip.TF32X3   # length at run time
     assert ip.projection_for(_spec(1, 1, 1024, 1024), H100, 100)[1] != ip.TF32X3    # 100 rows: SIMT
     assert ip.projection_for(_spec(1, 64, 100, 100), H100, 100)[1] == ip.TF32X3     # N 400: W padded to 512 rows
-    assert ip.projection_for(_spec(1, 64, 37, 37, cell="gru"), H100, 100)[1] != ip.TF32X3   # N 111: odd
+    assert ip.projection_for(_spec(1, 64, 37, 37, cell="gru"), H100, 100)[1] == ip.TF32X3   # N 111: odd
     assert ip.projection_for(_spec(1, 64, 1024, 1024, "float16"), H100, 100)[1] == ip.FLAT
     assert ip.projection_for(_spec(1, None, 1024, 1024), H100, 100)[1] != ip.TF32X3  # any batch: dlight
     assert ip.projection_for(_spec(1, 64, 1024, 1024), sm80, 100)[1] != ip.TF32X3
@@ -178,13 +179,33 @@ def test_source_carrying_modules_compile_for_the_architecture_variant_wgmma_need
     assert built == [("sm_90a",), ("sm_80",)]
 
 
+def test_one_stage_holds_both_planes_and_a_k_step_runs_the_three_products():
+    # the rule's tile loads X's and W's high and low tiles of a k step together (not one pass over K per product)
+    assert ip.TF32X3_TILE.both_planes
+    def k_loop(tile):
+        func = wgmma.projection_wgmma_func(1, 256, 96, tile=tile, operands="tf32x3")
+        src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
+        body = src[src.index("for (int kt"):]
+        return re.search(r"kt < (\d+);", body).group(1), len(re.findall(r"_m64n128k8_f32_tf32_tf32\w*\(", body))
+
+    # K 96: 3 k steps of 32 columns, each 3 products x 4 k8 wgmmas in one unrolled body; three passes: 9 steps of 4
+    assert k_loop(ip.TF32X3_TILE) == ("3", 12)
+    assert k_loop(dataclasses.replace(ip.TF32X3_TILE, both_planes=False)) == ("9", 4)
+
+
+def test_both_planes_tiles_fit_shared_memory_and_are_tf32x3_only():
+    fp16 = wgmma.WgmmaTile(64, 128, 4, True, both_planes=True)
+    assert "tf32x3's" in wgmma.supports(512, 256, fp16, 2)
+    big = wgmma.WgmmaTile(128, 128, 4, True, promote=3, both_planes=True)   # 4 x 64 KB stages
+    assert "shared memory" in wgmma.supports(512, 256, big, 4)
+    assert wgmma.supports(512, 256, dataclasses.replace(big, stages=3), 4) is None
+
+
 def test_tf32x3_kernel_refuses_what_it_cannot_run():
     from tvmseq.errors import TvmseqError
 
     with pytest.raises(TvmseqError, match="operands 'tf32' not one of"):
         wgmma.projection_wgmma_func(1, 512, 64, tile=ip.TF32X3_TILE, operands="tf32")
-    with pytest.raises(TvmseqError, match="N=111 .* must be even"):   # stores are column pairs
-        wgmma.projection_wgmma_func(1, 111, 64, tile=ip.TF32X3_TILE, operands="tf32x3")
 
 
 
@@ -215,16 +236,17 @@ def _fc_names(model, target=H100):
     return {gv.name_hint for gv in mod.get_global_vars()}, mod["main"].script(show_meta=False), mod
 
 
-def test_matmul_with_a_constant_weight_runs_on_the_projection():
-    model, w = _fc_model(["T", 4, 96], 96, 200)
+@pytest.mark.parametrize("n", [200, 161])   # 161: an odd N (the denoiser's mask layer), stored a value at a time
+def test_matmul_with_a_constant_weight_runs_on_the_projection(n):
+    model, w = _fc_model(["T", 4, 96], 96, n)
     names, text, mod = _fc_names(model)
     assert {"fc_projection_by_rows", "fc_projection_stock", "fc_tf32x3_split", "fc_input_projection_tf32x3"} <= names
     assert "R.matmul" not in text
     consts = [c.value.numpy() for f in mod.functions.values() if isinstance(f, tvm.relax.Function)
               for c in _constants(f)]
-    assert any(c.shape == (1, 200, 96) and np.array_equal(c[0], w.T) for c in consts), "W^T, transposed once"
-    static, _, mod = _fc_names(_fc_model([1000, 4, 96], 96, 200)[0])   # a static length: W split at import
-    want = tf32x3.split_weight(w.T.reshape(1, 200, 96), 256, 96)   # N 200 -> 256 rows, K 96
+    assert any(c.shape == (1, n, 96) and np.array_equal(c[0], w.T) for c in consts), "W^T, transposed once"
+    static, _, mod = _fc_names(_fc_model([1000, 4, 96], 96, n)[0])   # a static length: W split at import
+    want = tf32x3.split_weight(w.T.reshape(1, n, 96), 256, 96)   # N -> 256 rows, K 96
     consts = [c.value.numpy() for c in _constants(mod["main"])]
     assert any(c.shape == want.shape and np.array_equal(c, want) for c in consts)
 
@@ -238,14 +260,12 @@ def test_gemm_takes_its_bias_and_a_weight_input_is_transposed_in_the_graph():
 
 # (a float16 product is computed in float32 since 2026-11-29, on this projection where it applies:
 # tests/test_float16_products.py)
-@pytest.mark.parametrize("case", ["odd_n", "sm80", "llvm", "trans_a", "alpha", "few_static_rows", "batched_weight"])
+@pytest.mark.parametrize("case", ["sm80", "llvm", "trans_a", "alpha", "few_static_rows", "batched_weight"])
 def test_other_products_stay_tvms(case):
     from onnx import TensorProto, helper
 
     target = {"sm80": tvm.target.Target("nvidia/nvidia-a100", host="llvm"), "llvm": LLVM}.get(case, H100)
-    if case == "odd_n":
-        model = _fc_model(["T", 4, 96], 96, 161)[0]
-    elif case in ("trans_a", "alpha"):
+    if case in ("trans_a", "alpha"):
         attrs = dict(transA=1, transB=1) if case == "trans_a" else dict(transB=1, alpha=0.5)
         model = _fc_model([600, 64] if case == "alpha" else [64, 600], 64, 48, op="Gemm", **attrs)[0]
     elif case == "few_static_rows":
@@ -304,3 +324,4 @@ def test_importer_checks_the_row_count_of_each_projection():
                                      linear_before_reset=1)
     text = from_onnx(model, target=H100).script(show_meta=False)
     assert "(GRU): 384 values a row and its kernels index in 32 bits: at most 5592405 rows" in text
+

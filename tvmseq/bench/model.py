@@ -31,6 +31,7 @@ import functools
 import json
 import shutil
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -39,12 +40,14 @@ import numpy as np
 
 from .common import add_build_run_arguments, build_or_run, print_table, save
 
+_FRAMES_DEFAULT = "1,100,1000"
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", nargs="?", help="an ONNX model (default: the benchmark architectures)")
     parser.add_argument("--arch", default=",".join(_arches()), help="architectures to build (comma-separated)")
     parser.add_argument("--batch", default="1,8,32", help="batch sizes (comma-separated)")
-    parser.add_argument("--frames", default="1,100,1000", help="frames per call (comma-separated)")
+    parser.add_argument("--frames", default=_FRAMES_DEFAULT, help="frames per call (comma-separated)")
     parser.add_argument("--ort-budget", type=float, default=3.0, help="seconds of onnxruntime timing per row")
     parser.add_argument("--tuned", metavar="DB_DIR", default=None,
                         help="also build each model at static shapes with the default schedules and with this "
@@ -348,6 +351,10 @@ def run_prebuilt(root, out_dir, args) -> list[dict]:
     torch.backends.cudnn.allow_tf32 = False
     rows = []
     arches, batches, frame_counts = str(args.arch).split(","), _ints(args.batch), _ints(args.frames)
+    unbuilt = [f for f in frame_counts if f not in index["frames"]]
+    if unbuilt and args.frames != _FRAMES_DEFAULT:
+        print(f"bench model: frames {unbuilt} not timed: {root} was built for frames {index['frames']} "
+              f"(`--build DIR --frames ...`)", file=sys.stderr)
     for name, entry in index["models"].items():
         # --arch picks among the architectures; a model built from an ONNX file (`bench model FILE --build`) runs
         # without naming it again

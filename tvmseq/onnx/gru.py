@@ -296,8 +296,16 @@ def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target, rows_out: b
 # stock form faster at 100 rows (ASR 1.011 -> 0.844), slower from ~800 (ASR batch 8 100 frames 2.00 -> 2.64, 1000
 # rows 6.28 -> 7.25). With the choice, both builds in one run each, two runs (2026-11-27, README): batch 1, 100
 # frames denoiser 0.330 -> 0.314, VAD 0.148 -> 0.142, CRNN 0.394 -> 0.369, ASR 1.016 -> 0.900; many rows level
-# (+-1%) except the ASR at batch 8 (2 directions, 800-8000 rows: +1.5 / +2.5%).
-STOCK_PROJECTION_MAX_ROWS = 256
+# (+-1%) except the ASR at batch 8 (2 directions, 800-8000 rows: +1.5 / +2.5%). With the float32 projection on
+# 64-row tf32x3 blocks, three products a k step (2026-11-29, H200, CUDA graph, batch 1, two runs of each build,
+# `artifacts/bench/model_stock_rows_2026-11-29.json`), every row count to the tf32x3 kernel against stock up to 256,
+# ms at 10 / 30 / 100 frames: ASR 0.209 / 0.302 / 0.623-0.630 against 0.267 / 0.361 / 0.778-0.782, denoiser 0.103-
+# 0.124 / 0.140 / 0.269 against 0.113-0.131 / 0.150-0.151 / 0.285-0.288, CRNN level (0.145 / 0.182 / 0.311-0.316
+# against 0.149 / 0.185 / 0.317); the VAD's two small products (K 128-208) moved 0.08-0.18 ms between runs either
+# way, 16.6 against 14.9 us of GPU time under ncu at 100 frames. Up to 8 rows (a streaming call of a few frames to a
+# model built for any count) the stock form stays: not measured against tf32x3 there, whose 64-row block does the
+# same work for 1 row as for 64.
+STOCK_PROJECTION_MAX_ROWS = 8
 
 
 def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int, tiled, rows_out: bool = False):

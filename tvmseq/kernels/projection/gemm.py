@@ -475,7 +475,7 @@ def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> 
 # float32 on sm_90a: the projection on tf32 tensor cores at float32 accuracy (`tf32x3`), X split into two tf32
 # parts by a pass before it (`tf32x3.split_func`), W split once at import. Used from this many rows (seq x batch,
 # both static; a length known at run time goes through the importer's row dispatch, whose few rows take the stock
-# matmul) and where N is even (W's rows are zero-padded to whole tiles, K to whole 32-column steps).
+# matmul), any N (W's rows are zero-padded to whole tiles, K to whole 32-column steps).
 TF32X3 = "tf32x3"
 TF32X3_MIN_ROWS = 512
 # Measured on an H200 (2026-11-28, `schedules/tf32x3_sweep.py`, 17 float32 input GEMMs of 800-32,000 rows, K
@@ -484,7 +484,15 @@ TF32X3_MIN_ROWS = 512
 # against a float64 GEMM 5.3-6.2e-7 at K 1024, where the SIMT kernel's and cuBLAS's float32 GEMMs had 9.9e-7-1.2e-6.
 # 128 x 256 without promoted chunks was ~1.3x faster still, but the tensor cores' truncating sums over 3K gave
 # 2.4e-6 there; chunks of 8 k steps (256 products of each pass) keep the error under float32's.
-TF32X3_TILE = WgmmaTile(bm=128, bn=128, stages=4, inflight=True, promote=8)
+# Since 2026-11-29 (H200, `schedules/tf32x3_sweep.py` at the benchmark architectures' products,
+# `artifacts/bench/tf32x3_sweep_2026-11-29.json`): a stage holds both tf32 planes of X and W and a k step runs the
+# three products (the passes had loaded each tile pair three times and stepped 3x as often: at 800-1000 rows the
+# kernel sat at ~1 us a k step, latency-bound), 64-row blocks (a block count of 1.27 waves at 128 rows: the ASR
+# encoder at batch 8, 800 rows). The small products' sum kept apart from hi x hi's: in one sum the tensor cores'
+# truncation to the big sum's scale gave 1.5-5x float32's error; apart, 0.8-1.3x the 128 x 128 tile's (1.5-2.0e-6
+# against float64 at K 600-1024, float32's 1.4-2.6e-6). Kernel alone, us (the tile before -> this one): 1000 x 600 x
+# 600 28.9 -> 19.4; the ASR layers' 2 x 1536 x 1024 at 1000 rows 94.6 -> 76.0, 8000 rows 570 -> 544, 129 rows 84 -> 27.
+TF32X3_TILE = WgmmaTile(bm=64, bn=128, stages=4, inflight=True, promote=3, both_planes=True)
 
 
 def tf32x3_k(K: int) -> int:
@@ -499,8 +507,8 @@ def tf32x3_n(N: int) -> int:
 
 def tf32x3_applies(spec, target, seq=None) -> bool:
     """Whether `tf32x3_projection` takes the spec (decided without building the kernel): a float32 spec with a
-    static batch on sm_90a, at least TF32X3_MIN_ROWS rows when the length is static, an even N (W's rows are padded
-    to whole tiles: `tf32x3_n`) that the warpgroup kernel supports."""
+    static batch on sm_90a, at least TF32X3_MIN_ROWS rows when the length is static, an N and K (W's rows padded to
+    whole tiles: `tf32x3_n`) that the warpgroup kernel supports."""
     from . import wgmma
 
     if spec.dtype != "float32" or target is None or target.kind.name != "cuda" or \
@@ -509,7 +517,7 @@ def tf32x3_applies(spec, target, seq=None) -> bool:
     if isinstance(seq, int) and seq * spec.batch < TF32X3_MIN_ROWS:
         return False
     N = spec.gates * spec.hidden
-    return N % 2 == 0 and wgmma.supports(tf32x3_n(N), tf32x3_k(spec.input_size), TF32X3_TILE, 4) is None
+    return wgmma.supports(tf32x3_n(N), tf32x3_k(spec.input_size), TF32X3_TILE, 4) is None
 
 
 def tf32x3_projection(spec, target, seq=None):

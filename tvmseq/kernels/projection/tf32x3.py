@@ -182,9 +182,9 @@ def scheduled_conv_split_func(dims, kernel, strides, dilations, pads, Kp: int, t
 
 
 def tf32x3_cpu_func(D: int, N: int, K: int, Np: int | None = None):
-    """The tf32x3 projection's numerics as a loop nest: gate_i[d, m, n] = bias[d, n] + the float32 sum over the three
-    passes (lo x hi, hi x lo, hi x hi) of XS [2, rows, K] x WS [2, D, Np, K] (W's rows padded to Np >= N), in the
-    kernel's pass order."""
+    """The tf32x3 projection's numerics as a loop nest: gate_i[d, m, n] = bias[d, n] + the float32 sum of hi x hi over
+    K plus the float32 sum of the small products (lo x hi, hi x lo) over K, of XS [2, rows, K] x WS [2, D, Np, K]
+    (W's rows padded to Np >= N): the kernel's two sums (`gemm.TF32X3_TILE`, both planes a stage)."""
     from tvm.script import tirx as T
 
     @T.prim_func
@@ -194,12 +194,15 @@ def tf32x3_cpu_func(D: int, N: int, K: int, Np: int | None = None):
         WS = T.match_buffer(w, (2, D, Np or N, K), "float32")
         Bias = T.match_buffer(bias, (D, N), "float32")
         GateI = T.match_buffer(gate_i, (D, rows, N), "float32")
-        acc = T.alloc_buffer((1,), "float32")
+        acc = T.alloc_buffer((2,), "float32")
         for d, m, n in T.grid(D, rows, N):
             acc[0] = T.float32(0)
-            for p, k in T.grid(3, K):
-                acc[0] = acc[0] + XS[T.Select(p == 0, 1, 0), m, k] * WS[T.Select(p == 1, 1, 0), d, n, k]
-            GateI[d, m, n] = acc[0] + Bias[d, n]
+            acc[1] = T.float32(0)
+            for k in T.serial(K):
+                acc[1] = acc[1] + XS[1, m, k] * WS[0, d, n, k]
+                acc[1] = acc[1] + XS[0, m, k] * WS[1, d, n, k]
+                acc[0] = acc[0] + XS[0, m, k] * WS[0, d, n, k]
+            GateI[d, m, n] = acc[0] + acc[1] + Bias[d, n]
 
     return main.with_attrs({"tirx.is_scheduled": True, "global_symbol": "gru_input_projection",
                             "tirx.noalias": True})

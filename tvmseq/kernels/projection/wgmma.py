@@ -30,6 +30,7 @@ BK = 64            # k per stage: one 128-byte swizzle row of fp16
 CPR = BK // 8      # 16-byte chunks a tile row (the swizzle permutes them within 8-row atoms)
 SWIZZLE_128B = 3   # T.cuda.wgmma_encode_matrix_descriptor's code for the 128-byte swizzle
 ATOM = 1024        # bytes of an 8-row swizzle atom: the descriptor's stride between row groups
+SMEM_PER_BLOCK = 227 * 1024   # sm_90's dynamic shared memory a block
 
 
 def mma_async(n, acc, da, db, accumulate, operand: str = "float16"):
@@ -70,8 +71,9 @@ def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32", operand: str = "
         is addressed in halfs whatever the operands hold); slice 0 overwrites acc.
       store_rows(GateI, Bias, acc, d, row0, n0, rows, t): the accumulators (the m16n8 C-fragment layout per 8
         columns) plus the bias into gate_i rows [row0, row0 + 64) < rows, columns [n0, n0 + BN), as column pairs; a
-        float16 gate_i gets the fp32 sum rounded once (a pair of halves: one 4-byte store). With n_valid (an even
-        N that BN does not divide: W's rows zero-padded to whole tiles) only the columns below it."""
+        float16 gate_i gets the fp32 sum rounded once (a pair of halves: one 4-byte store). With n_valid (an N
+        that BN does not divide: W's rows zero-padded to whole tiles) only the columns below it; an odd one stores
+        one value at a time."""
     from tvm.script import tirx as T
 
     def stored(pair):
@@ -95,13 +97,23 @@ def warpgroup_tile_macros(BN: int, gate_dtype: str = "float32", operand: str = "
         # it the condition is the row test alone, as it always was
         return r < rows if n_valid is None else T.And(r < rows, n < n_valid)
 
+    def stored_one(value):
+        return value if gate_dtype == "float32" else T.Cast(gate_dtype, value)
+
+    ODD = n_valid is not None and n_valid % 2 == 1   # (a Python bool) rows of an odd length: a pair would be
+                                                     # misaligned every other row, so one value a store
+
     @T.macro
     def store_rows(GateI, Bias, acc, d, row0, n0, rows, t):
         for j in T.unroll(BN // 8):
             for h in T.unroll(2):
                 r = T.meta_var(row0 + (t % 128) // 32 * 16 + t % 32 // 4 + 8 * h)
                 n = T.meta_var(n0 + j * 8 + (t % 4) * 2)
-                if in_bounds(r, n, rows):
+                if ODD:
+                    for e in T.unroll(2):
+                        if T.And(r < rows, n + e < n_valid):
+                            GateI[d, r, n + e] = stored_one(acc[j * 4 + 2 * h + e] + Bias[d, n + e])
+                elif in_bounds(r, n, rows):
                     GateI[d, r, T.ramp(n, 1, 2)] = stored(acc[T.ramp(j * 4 + 2 * h, 1, 2)] + Bias[d, T.ramp(n, 1, 2)])
 
     return k_slice, store_rows
@@ -118,13 +130,19 @@ class WgmmaTile:
                        # the CUDA cores (0: never). Tensor cores truncate as they accumulate, so over a long K
                        # (tf32x3 walks it three times) their error grows with K; chunks keep it at a chunk's
                        # length. Needs BN / 2 more registers a thread.
+    both_planes: bool = False   # tf32x3: a stage holds the high and low tiles of X and of W, and a k step runs
+                                # the three products from that one load (else each pass over K loads its own
+                                # pair of tiles: 1.5x the bytes through shared memory, 3x the k steps); the two
+                                # small products summed apart over all of K (BN / 2 more registers), hi x hi in
+                                # promoted chunks
 
     @property
     def threads(self) -> int:
         return 128 * (self.bm // 64)
 
     def smem_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * BK * 2 + ATOM   # + slack to align the first tile
+        planes = 2 if self.both_planes else 1
+        return self.stages * planes * (self.bm + self.bn) * BK * 2 + ATOM   # + slack to align the first tile
 
 
 def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile(), elem_bytes: int = 2) -> str | None:
@@ -139,6 +157,10 @@ def supports(N: int, K: int, tile: WgmmaTile = WgmmaTile(), elem_bytes: int = 2)
         return f"tile {tile}: {3 if tile.inflight else 2}+ stages"
     if tile.promote and tile.bn > 128:
         return f"tile {tile}: promoted chunks need bn <= 128 (2 x bn / 2 float32 accumulators a thread)"
+    if tile.both_planes and (elem_bytes != 4 or not tile.promote):
+        return f"tile {tile}: both planes in a stage are tf32x3's, with promoted chunks"
+    if tile.smem_bytes() > SMEM_PER_BLOCK:
+        return f"tile {tile}: {tile.smem_bytes()} B of shared memory a block > {SMEM_PER_BLOCK}"
     return weight_misfit(N, K, tile.bn, 128 // elem_bytes)
 
 
@@ -180,9 +202,10 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     gate_dtype "float16" rounds the sum plus bias to half on the store.
     operands "float16": X [rows, K], W [D, N, K] float16.
     operands "tf32x3" (float32 models): X [2, rows, K] and W [2, D, Np, K] (Np: N rounded up to whole tiles, the
-    rows past N zero; N even), each float32 split into a high and a low part exact in tf32 (`tf32x3.split_func` / `split_array`); the k loop walks K three times, lo x hi, hi x lo,
-    hi x hi (the small products first), on tf32 wgmmas: a float32 GEMM's accuracy (the dropped lo x lo term and
-    the parts' rounding are ~2^-22 of a product) at tensor-core rate."""
+    rows past N zero; any N), each float32 split into a high and a low part exact in tf32 (`tf32x3.split_func` /
+    `split_array`); the products lo x hi, hi x lo (summed apart) and hi x hi, three passes over K or, with the tile's
+    `both_planes`, one pass of three products a k step, on tf32 wgmmas: a float32 GEMM's accuracy (the dropped lo x
+    lo term and the parts' rounding are ~2^-22 of a product) at tensor-core rate."""
     from tvm.script import tirx as T
 
     if gate_dtype not in GATE_DTYPES:
@@ -191,9 +214,9 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         raise TvmseqError(f"wgmma projection: operands {operands!r} not one of {OPERANDS}")
     split = operands == "tf32x3"
     # tf32x3: W's rows zero-padded to whole tiles (its planes are split by the caller, padded there), the stores
-    # masked to the N columns (an even N: stores are column pairs)
+    # masked to the N columns
     Np = -(-N // tile.bn) * tile.bn if split else N
-    why = supports(Np, K, tile, 4 if split else 2) or (split and N % 2 and f"N={N} (gate rows) must be even")
+    why = supports(Np, K, tile, 4 if split else 2)
     if why:
         raise TvmseqError(f"wgmma projection: {why}")
     if not gpu:
@@ -219,10 +242,17 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         return kt % PROMOTE if PROMOTING else kt
 
     KT = K // SRC_BK                   # k steps over K
-    KSTEPS = 3 * KT if split else KT   # tf32x3: three passes over K (lo x hi, hi x lo, hi x hi)
+    PLANES = split and tile.both_planes   # (a Python bool) a stage holds both tf32 planes of X and W
+    SMALL = ACC if PLANES else 1       # PLANES: the small products' sum (lo x hi + hi x lo) apart from hi x hi
+    # tf32x3: three passes over K (lo x hi, hi x lo, hi x hi), or one with three products a step (PLANES)
+    KSTEPS = 3 * KT if split and not PLANES else KT
     ROW = BK                           # halfs a tile row (128 bytes)
     A_ELEMS, B_ELEMS = BM * ROW, BN * ROW
-    STAGE = A_ELEMS + B_ELEMS          # halfs a stage (a multiple of 512 halfs = 1 KB)
+    # halfs a stage (a multiple of 512 halfs = 1 KB); PLANES: X lo, X hi, then W lo, W hi
+    A_PLANE, B_PLANE = A_ELEMS, B_ELEMS
+    if PLANES:
+        A_ELEMS, B_ELEMS = 2 * A_ELEMS, 2 * B_ELEMS
+    STAGE = A_ELEMS + B_ELEMS
     unroll = T.unroll
     k_slice, store_rows = warpgroup_tile_macros(BN, gate_dtype, "tf32" if split else "float16",
                                                 n_valid=N if Np != N else None)
@@ -244,8 +274,28 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         return (T.Select(kt // KT == 1, D * Np, 0) + row) * K + kt % KT * SRC_BK
 
     @T.macro
-    def load_stage(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
+    def load_planes(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
+        # both planes of X's rows and of W's gate rows at k step kt (X [2, rows, K], W [2, D, Np, K])
         if kt < KSTEPS:
+            for p in unroll(2):
+                for i in unroll(BM * CPR // NT):
+                    q = T.meta_var(i * NT + t)
+                    T.evaluate(T.s_tir.cp_async_raw.legacy(
+                        smem.access_ptr("w"), base + st * STAGE + p * A_PLANE + swz(q // CPR, q % CPR),
+                        Xb.data, (p * rows + T.min(m0 + q // CPR, rows - 1)) * K + kt * SRC_BK + (q % CPR) * SRC_CHUNK,
+                        16, dtype=dt))
+                for i in unroll(BN * CPR // NT):
+                    q = T.meta_var(i * NT + t)
+                    T.evaluate(T.s_tir.cp_async_raw.legacy(
+                        smem.access_ptr("w"), base + st * STAGE + A_ELEMS + p * B_PLANE + swz(q // CPR, q % CPR),
+                        Wb.data, (p * D * Np + d * Np + n0 + q // CPR) * K + kt * SRC_BK + (q % CPR) * SRC_CHUNK,
+                        16, dtype=dt))
+
+    @T.macro
+    def load_stage(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
+        if PLANES:
+            load_planes(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t)
+        elif kt < KSTEPS:
             for i in unroll(BM * CPR // NT):
                 q = T.meta_var(i * NT + t)
                 T.evaluate(T.s_tir.cp_async_raw.legacy(
@@ -281,6 +331,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                         smem = T.alloc_buffer((S * STAGE + ATOM // 2,), "float16", scope="shared.dyn")
                         acc = T.alloc_buffer((ACC,), "float32", scope="local")
                         total = T.alloc_buffer((TOTAL,), "float32", scope="local")
+                        small = T.alloc_buffer((SMALL,), "float32", scope="local")
                         da = T.alloc_buffer((1,), "uint64", scope="local")
                         db = T.alloc_buffer((1,), "uint64", scope="local")
                         wg = T.meta_var(t // 128)
@@ -300,8 +351,18 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                             T.tvm_storage_sync("shared")
                             load_stage(Xb, Wb, smem, base, rows, bz, bx * BM, by * BN, kt + P, (kt + P) % S, t)
                             T.ptx["wgmma.fence.sync.aligned"]()
-                            k_slice(smem, acc, da, db, base + kt % S * STAGE + wg * 64 * ROW,
-                                    base + kt % S * STAGE + A_ELEMS, chunk_step(kt))
+                            if PLANES:
+                                # X lo x W hi and X hi x W lo into their own sum, over all of K (the tensor
+                                # cores truncate each add to the sum's own scale: added to the hi x hi sum
+                                # they lost ~2x float32's error), then X hi x W hi (plane 0: high, 1: low)
+                                a_hi = T.meta_var(base + kt % S * STAGE + wg * 64 * ROW)
+                                b_hi = T.meta_var(base + kt % S * STAGE + A_ELEMS)
+                                k_slice(smem, small, da, db, a_hi + A_PLANE, b_hi, kt * 2)
+                                k_slice(smem, small, da, db, a_hi, b_hi + B_PLANE, kt * 2 + 1)
+                                k_slice(smem, acc, da, db, a_hi, b_hi, chunk_step(kt))
+                            else:
+                                k_slice(smem, acc, da, db, base + kt % S * STAGE + wg * 64 * ROW,
+                                        base + kt % S * STAGE + A_ELEMS, chunk_step(kt))
                             T.ptx["wgmma.commit_group.sync.aligned"]()
                             T.ptx["wgmma.wait_group.sync.aligned"](LIVE)
                             if PROMOTING:
@@ -310,6 +371,9 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                                     for v in unroll(ACC):
                                         total[v] = total[v] + acc[v]
                         T.ptx["wgmma.wait_group.sync.aligned"](0)
+                        if PLANES:
+                            for v in unroll(ACC):
+                                total[v] = total[v] + small[v]
                         store_rows(GateI, Bias, total if PROMOTING else acc, bz, bx * BM + wg * 64, by * BN, rows, t)
 
     return main.with_attrs({"tirx.is_scheduled": True, "global_symbol": "gru_input_projection",
