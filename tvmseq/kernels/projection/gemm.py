@@ -478,6 +478,10 @@ def tensor_core_projection(spec, target, tile: TensorCoreTile | None = None) -> 
 # matmul), any N (W's rows are zero-padded to whole tiles, K to whole 32-column steps).
 TF32X3 = "tf32x3"
 TF32X3_MIN_ROWS = 512
+# and from this many columns (gate rows): a product of fewer is a GEMV-like pass over X that fills at most 1/8 of
+# the kernel's 128-column tile. The VAD's last layer (128 -> 1, 100 frames, H200 under ncu, 2026-11-29): the X split,
+# the projection and the sigmoid apart 1.8 + 4.1 + 1.7 us, the stock matmul with the sigmoid fused 2.2
+TF32X3_MIN_N = 16
 # Measured on an H200 (2026-11-28, `schedules/tf32x3_sweep.py`, 17 float32 input GEMMs of 800-32,000 rows, K
 # 100-1024, `artifacts/bench/tf32x3_sweep_2026-11-28.json`): split and projection together 1.2-2.1x faster than
 # the SIMT projection it replaces (H1024 B256 4.77 -> 2.52 ms for 100 steps; 1.2x at K 128) and its largest error
@@ -507,8 +511,8 @@ def tf32x3_n(N: int) -> int:
 
 def tf32x3_applies(spec, target, seq=None) -> bool:
     """Whether `tf32x3_projection` takes the spec (decided without building the kernel): a float32 spec with a
-    static batch on sm_90a, at least TF32X3_MIN_ROWS rows when the length is static, an N and K (W's rows padded to
-    whole tiles: `tf32x3_n`) that the warpgroup kernel supports."""
+    static batch on sm_90a, at least TF32X3_MIN_ROWS rows when the length is static, at least TF32X3_MIN_N gate rows,
+    an N and K (W's rows padded to whole tiles: `tf32x3_n`) that the warpgroup kernel supports."""
     from . import wgmma
 
     if spec.dtype != "float32" or target is None or target.kind.name != "cuda" or \
@@ -517,7 +521,7 @@ def tf32x3_applies(spec, target, seq=None) -> bool:
     if isinstance(seq, int) and seq * spec.batch < TF32X3_MIN_ROWS:
         return False
     N = spec.gates * spec.hidden
-    return wgmma.supports(tf32x3_n(N), tf32x3_k(spec.input_size), TF32X3_TILE, 4) is None
+    return N >= TF32X3_MIN_N and wgmma.supports(tf32x3_n(N), tf32x3_k(spec.input_size), TF32X3_TILE, 4) is None
 
 
 def tf32x3_projection(spec, target, seq=None):
