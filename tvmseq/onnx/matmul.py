@@ -2,12 +2,12 @@
 
 A fully connected layer x W (+ b) over every row is what a recurrent layer's input projection is: x W_ih^T + b over
 all steps. Where the importer's projection rule puts that GEMM on tf32 tensor cores at float32 accuracy (float32,
-sm_90a, from 512 rows, any N; a row count known only at run time dispatched there, few rows to the stock
+sm_90a, from 512 rows and 16 columns; a row count known only at run time dispatched there, few rows to the stock
 matmul: `gru.emit_input_projection`), a MatMul [..., K] x [K, N] or a Gemm(A, B, C) with transB=1 takes the same
 kernels as a one-gate, one-direction projection: W^T [N, K] (a constant transposed here once; a graph-input weight
 transposed in `main`, which the build lifts to load time with the split, `build.lift_weight_transforms`), the
 bias of a Gemm as the projection's. W's tf32 split is the projection's (`gru._tf32x3_weight`). Measured on an H200 (2026-11-28, `notes/tf32x3.md`): the denoiser's FC layers at 1000 rows.
-Anything else (other targets, a batched or 1-D weight, alpha / beta != 1, transA) is TVM's; a float16
+Anything else (other targets, fewer columns, a batched or 1-D weight, alpha / beta != 1, transA) is TVM's; a float16
 product arrives here as float32 (the importer computes float16 MatMul / Gemm / Conv in float32).
 """
 from __future__ import annotations

@@ -248,7 +248,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     KSTEPS = 3 * KT if split and not PLANES else KT
     ROW = BK                           # halfs a tile row (128 bytes)
     A_ELEMS, B_ELEMS = BM * ROW, BN * ROW
-    # halfs a stage (a multiple of 512 halfs = 1 KB); PLANES: X lo, X hi, then W lo, W hi
+    # halfs a stage (a multiple of 512 halfs = 1 KB); PLANES: X hi, X lo, then W hi, W lo
     A_PLANE, B_PLANE = A_ELEMS, B_ELEMS
     if PLANES:
         A_ELEMS, B_ELEMS = 2 * A_ELEMS, 2 * B_ELEMS
@@ -354,7 +354,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
                             if PLANES:
                                 # X lo x W hi and X hi x W lo into their own sum, over all of K (the tensor
                                 # cores truncate each add to the sum's own scale: added to the hi x hi sum
-                                # they lost ~2x float32's error), then X hi x W hi (plane 0: high, 1: low)
+                                # they gave 1.5-5x float32's error), then X hi x W hi (plane 0: high, 1: low)
                                 a_hi = T.meta_var(base + kt % S * STAGE + wg * 64 * ROW)
                                 b_hi = T.meta_var(base + kt % S * STAGE + A_ELEMS)
                                 k_slice(smem, small, da, db, a_hi + A_PLANE, b_hi, kt * 2)
