@@ -1,5 +1,6 @@
 """The tf32x3 warpgroup projection itself on the GPU (`kernels/projection/wgmma.py`, operands "tf32x3"): the rule's
-tile (both tf32 planes in a stage, three products a k step) and the three-pass form, odd sizes, row counts under,
+tile (both tf32 planes in a stage, three products a k step), its 128-row form for many static rows and the
+three-pass form, odd sizes, row counts under,
 at and over a block's 64 rows, against float64, within 3x a float32 GEMM's error.
 
 Compiled HERE for the H100 (`python tests/test_gpu_tf32x3.py DIR`), run THERE with TVM's runtime only
@@ -16,7 +17,7 @@ import pytest
 
 SHAPES = [(1, 600, 600), (2, 148, 80), (1, 128, 208), (2, 1536, 1024), (1, 400, 161), (1, 161, 600), (2, 37, 80)]   # (D, N, K)
 ROWS = [1, 37, 64, 129, 1000]
-TILES = ("rule", "three_passes")
+TILES = ("rule", "three_passes", "large")
 GPU_DIR = Path(os.environ.get("TVMSEQ_TF32X3", Path(__file__).resolve().parents[1] / "out" / "tf32x3_kernel"))
 
 
@@ -30,7 +31,8 @@ def build(out_dir) -> None:
     from tvmseq.measure import compile_for_gpu
 
     h100 = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
-    tiles = {"rule": ip.TF32X3_TILE, "three_passes": dataclasses.replace(ip.TF32X3_TILE, both_planes=False)}
+    tiles = {"rule": ip.TF32X3_TILE, "three_passes": dataclasses.replace(ip.TF32X3_TILE, both_planes=False),
+             "large": ip.TF32X3_LARGE_TILE}
     funcs, padded = {}, {}
     for D, N, K in SHAPES:
         Kp, Np = ip.tf32x3_k(K), ip.tf32x3_n(N)

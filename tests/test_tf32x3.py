@@ -193,6 +193,16 @@ def test_one_stage_holds_both_planes_and_a_k_step_runs_the_three_products():
     assert k_loop(dataclasses.replace(ip.TF32X3_TILE, both_planes=False)) == ("9", 4)
 
 
+def test_many_static_rows_take_128_row_blocks():
+    def threads(seq, batch):
+        func, tile = ip.projection_for(_spec(1, batch, 1024, 1024), H100, seq)
+        assert tile == ip.TF32X3
+        return int(re.search(r'T.thread_binding\((\d+), thread="threadIdx.x"\)', func.script()).group(1))
+
+    assert threads(100, 256) == 256                   # 25,600 rows known at import: bm 128, two warpgroups
+    assert threads(100, 64) == threads(None, 256) == 128   # 6,400 rows, or a length known at run time: bm 64
+
+
 def test_both_planes_tiles_fit_shared_memory_and_are_tf32x3_only():
     fp16 = wgmma.WgmmaTile(64, 128, 4, True, both_planes=True)
     assert "tf32x3's" in wgmma.supports(512, 256, fp16, 2)

@@ -497,6 +497,11 @@ TF32X3_MIN_N = 16
 # against float64 at K 600-1024, float32's 1.4-2.6e-6). Kernel alone, us (the tile before -> this one): 1000 x 600 x
 # 600 28.9 -> 19.4; the ASR layers' 2 x 1536 x 1024 at 1000 rows 94.6 -> 76.0, 8000 rows 570 -> 544, 129 rows 84 -> 27.
 TF32X3_TILE = WgmmaTile(bm=64, bn=128, stages=4, inflight=True, promote=3, both_planes=True)
+# From this many rows, both known at import (an LSTM cell of batch 256, 100 steps), 128-row blocks (3 stages of 64 KB):
+# the same sweep at 25,600 rows x 4096 x 1024: 2427.7 us against 2556.4 for 64 rows (the tile before: 2438.5); at
+# 8,000 (the ASR layer) 566.1 against 559.8, at 6,400 x 512 x 128 19.5 against 20.6
+TF32X3_LARGE_ROWS = 16384
+TF32X3_LARGE_TILE = WgmmaTile(bm=128, bn=128, stages=3, inflight=True, promote=3, both_planes=True)
 
 
 def tf32x3_k(K: int) -> int:
@@ -526,13 +531,15 @@ def tf32x3_applies(spec, target, seq=None) -> bool:
 
 def tf32x3_projection(spec, target, seq=None):
     """The tf32x3 warpgroup projection of a float32 spec with a static batch on sm_90a (a prim_func on XS [2, rows,
-    Kp], WS [2, D, N, Kp]), or None where it does not apply (`tf32x3_applies`)."""
+    Kp], WS [2, D, N, Kp]; 128-row blocks from TF32X3_LARGE_ROWS static rows), or None where it does not apply
+    (`tf32x3_applies`)."""
     from . import wgmma
 
     if not tf32x3_applies(spec, target, seq):
         return None
     D, N, K = spec.num_directions, spec.gates * spec.hidden, tf32x3_k(spec.input_size)
-    return wgmma.projection_wgmma_func(D, N, K, True, TF32X3_TILE, operands="tf32x3")
+    large = isinstance(seq, int) and seq * spec.batch >= TF32X3_LARGE_ROWS
+    return wgmma.projection_wgmma_func(D, N, K, True, TF32X3_LARGE_TILE if large else TF32X3_TILE, operands="tf32x3")
 
 
 def projection_for(spec, target, seq=None):
