@@ -17,7 +17,7 @@ template's serial variant (same loops, no thread bindings) so CI checks its nume
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tvm
 from tvm import tirx
@@ -499,9 +499,10 @@ TF32X3_MIN_N = 16
 TF32X3_TILE = WgmmaTile(bm=64, bn=128, stages=4, inflight=True, promote=3, both_planes=True)
 # From this many rows, both known at import (an LSTM cell of batch 256, 100 steps), 128-row blocks (3 stages of 64 KB):
 # the same sweep at 25,600 rows x 4096 x 1024: 2427.7 us against 2556.4 for 64 rows (the tile before: 2438.5); at
-# 8,000 (the ASR layer) 566.1 against 559.8, at 6,400 x 512 x 128 19.5 against 20.6
+# 8,000 (the ASR layer) 566.1 against 559.8, at 6,400 x 512 x 128 19.5 against 20.6. Derived from TF32X3_TILE: the
+# same columns (W's padding, `tf32x3_n`), chunks and planes
 TF32X3_LARGE_ROWS = 16384
-TF32X3_LARGE_TILE = WgmmaTile(bm=128, bn=128, stages=3, inflight=True, promote=3, both_planes=True)
+TF32X3_LARGE_TILE = replace(TF32X3_TILE, bm=128, stages=3)
 
 
 def tf32x3_k(K: int) -> int:

@@ -261,51 +261,39 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         """half offset of 16-byte chunk c of row r inside a 1 KB-aligned tile."""
         return r * ROW + T.bitwise_xor(c, r % 8) * 8
 
-    def a_src(m, kt, rows):
-        """X's element offset of row m at k step kt (tf32x3: pass 0 reads the low plane, passes 1-2 the high)"""
+    def a_src(m, kt, rows, p):
+        """X's element offset of row m at k step kt, plane p of a stage (tf32x3: plane p of X with both planes a
+        stage; else pass 0 reads the low plane, passes 1-2 the high)"""
         if not split:
             return m * K + kt * SRC_BK
+        if PLANES:
+            return (p * rows + m) * K + kt * SRC_BK
         return (T.Select(kt < KT, rows, 0) + m) * K + kt % KT * SRC_BK
 
-    def b_src(row, kt):
-        """W's element offset of gate row `row` (d * N + n) at k step kt (tf32x3: pass 1 reads the low plane)"""
+    def b_src(row, kt, p):
+        """W's element offset of gate row `row` (d * N + n) at k step kt, plane p of a stage (tf32x3: plane p of W
+        with both planes a stage; else pass 1 reads the low plane)"""
         if not split:
             return row * K + kt * SRC_BK
+        if PLANES:
+            return (p * D * Np + row) * K + kt * SRC_BK
         return (T.Select(kt // KT == 1, D * Np, 0) + row) * K + kt % KT * SRC_BK
 
     @T.macro
-    def load_planes(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
-        # both planes of X's rows and of W's gate rows at k step kt (X [2, rows, K], W [2, D, Np, K])
+    def load_stage(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
         if kt < KSTEPS:
-            for p in unroll(2):
+            for p in unroll(2 if PLANES else 1):   # the planes a stage holds (X [2, rows, K], W [2, D, Np, K])
                 for i in unroll(BM * CPR // NT):
                     q = T.meta_var(i * NT + t)
                     T.evaluate(T.s_tir.cp_async_raw.legacy(
                         smem.access_ptr("w"), base + st * STAGE + p * A_PLANE + swz(q // CPR, q % CPR),
-                        Xb.data, (p * rows + T.min(m0 + q // CPR, rows - 1)) * K + kt * SRC_BK + (q % CPR) * SRC_CHUNK,
-                        16, dtype=dt))
+                        Xb.data, a_src(T.min(m0 + q // CPR, rows - 1), kt, rows, p) + (q % CPR) * SRC_CHUNK, 16,
+                        dtype=dt))
                 for i in unroll(BN * CPR // NT):
                     q = T.meta_var(i * NT + t)
                     T.evaluate(T.s_tir.cp_async_raw.legacy(
                         smem.access_ptr("w"), base + st * STAGE + A_ELEMS + p * B_PLANE + swz(q // CPR, q % CPR),
-                        Wb.data, (p * D * Np + d * Np + n0 + q // CPR) * K + kt * SRC_BK + (q % CPR) * SRC_CHUNK,
-                        16, dtype=dt))
-
-    @T.macro
-    def load_stage(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t):
-        if PLANES:
-            load_planes(Xb, Wb, smem, base, rows, d, m0, n0, kt, st, t)
-        elif kt < KSTEPS:
-            for i in unroll(BM * CPR // NT):
-                q = T.meta_var(i * NT + t)
-                T.evaluate(T.s_tir.cp_async_raw.legacy(
-                    smem.access_ptr("w"), base + st * STAGE + swz(q // CPR, q % CPR),
-                    Xb.data, a_src(T.min(m0 + q // CPR, rows - 1), kt, rows) + (q % CPR) * SRC_CHUNK, 16, dtype=dt))
-            for i in unroll(BN * CPR // NT):
-                q = T.meta_var(i * NT + t)
-                T.evaluate(T.s_tir.cp_async_raw.legacy(
-                    smem.access_ptr("w"), base + st * STAGE + A_ELEMS + swz(q // CPR, q % CPR),
-                    Wb.data, b_src(d * Np + n0 + q // CPR, kt) + (q % CPR) * SRC_CHUNK, 16, dtype=dt))
+                        Wb.data, b_src(d * Np + n0 + q // CPR, kt, p) + (q % CPR) * SRC_CHUNK, 16, dtype=dt))
         T.evaluate(T.ptx["cp.async.commit_group"]())
 
     x_shape, w_shape = ((2, None, K), (2, D, Np, K)) if split else ((None, K), (D, N, K))
