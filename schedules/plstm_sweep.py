@@ -56,9 +56,11 @@ def mma_variants(D: int, B: int, H: int, dtype: str) -> list:
         # float32 at batch <= 8 also 1 and 2 warps: a step's partial sums and barrier over fewer warps
         for warps in ((1, 2, 4, 8, 16) if dtype == "float32" and B <= 8 else (4, 8, 16)):
             # float16 at batch <= 8: also 8-row chunks with the gate rows as the mma's M (gate_m)
-            # float32 at batch <= 8: also the smallest chunk of 1-8 rows that holds the batch (the gate rows spread
-            # over the lanes: `mma.SIMT_SMALL_CHUNKS`)
-            small = [r for r in (1, 2, 4, 8) if r >= B][:1] if dtype == "float32" else []
+            # float32 at batch <= 8: also chunks of 1-8 rows (the gate rows spread over the lanes:
+            # `mma.SIMT_SMALL_CHUNKS`) up to the smallest that holds the batch; a smaller one splits the batch over
+            # clusters (batch_split), each cluster a step as short as batch 1's
+            fitting = [r for r in pm.SIMT_SMALL_CHUNKS if r >= B][:1]
+            small = [r for r in pm.SIMT_SMALL_CHUNKS if r <= fitting[0]] if dtype == "float32" and fitting else []
             for rows in ((8, 16, 32) if dtype == "float16" and B <= 8 else (*small, 16, 32)):
                 # float16: the warps may also split the gate rows (n_split; the check refuses what does not divide)
                 for n_split in ((1, 2, 4, 8) if dtype == "float16" else (1,)):
