@@ -2,7 +2,7 @@
 the SIMT projection it replaces, at the input GEMMs of float32 recurrent cells: X [rows, K] x W [D, N, K] -> gate_i
 [D, rows, N], rows = seq x batch. Decides `gemm.TF32X3_TILE` (and `gemm.TF32X3_MIN_ROWS`).
 
-  python3 schedules/tf32x3_sweep.py build out/t3sweep     # here: one library, index.json
+  python3 schedules/tf32x3_sweep.py build out/t3sweep [few-rows]   # here: one library, index.json
   python3 schedules/tf32x3_sweep.py run out/t3sweep OUT   # GPU machine: check each against float64, time it
   compute-sanitizer python3 schedules/tf32x3_sweep.py check out/t3sweep SHAPE...   # each variant run once
 
@@ -32,6 +32,15 @@ SHAPES = [(2, 8, 512, 1024, 3), (2, 80, 512, 1024, 3), (2, 8, 512, 80, 3), (1, 1
 TILES = [(128, 128, 4, True, 8, False), (64, 128, 4, True, 8, False), (128, 128, 3, True, 3, True),
          (128, 64, 4, True, 3, True), (64, 128, 4, True, 3, True), (64, 64, 4, True, 3, True),
          (64, 128, 4, True, 8, True), (128, 128, 3, True, 8, True)]
+# `build DIR few-rows`: the products of calls of few rows (the denoiser's FCs and GRU projection at batch 1 and 8, 100
+# frames: 100 and 800 rows), where a 64 x 128 tile leaves most SMs idle and a block's k steps wait on their loads:
+# narrower tiles (more blocks) with more stages in flight
+FEW_ROW_SHAPES = [(1, b, h, i, g) for b in (1, 8) for h, i, g in
+                  ((400, 161, 1), (400, 400, 3), (600, 400, 1), (600, 600, 1), (161, 600, 1))]
+FEW_ROW_TILES = [(64, 128, 4, True, 3, True), (64, 64, 4, True, 3, True), (64, 64, 6, True, 3, True),
+                 (64, 32, 4, True, 3, True), (64, 32, 6, True, 3, True), (64, 32, 8, True, 3, True),
+                 (64, 16, 8, True, 3, True)]
+SETS = {"all": (SHAPES, TILES), "few-rows": (FEW_ROW_SHAPES, FEW_ROW_TILES)}
 WARM, TIMED = 5, 30
 
 
@@ -47,7 +56,7 @@ def _spec(D, B, H, I, gates):
     return gru.GruSpec(D, B, H, I, "float32", linear_before_reset=1, direction=direction)
 
 
-def build(out: Path) -> None:
+def build(out: Path, which: str = "all") -> None:
     from tvmseq.kernels.projection import gemm as ip
     from tvmseq.kernels.projection import tf32x3, wgmma
     from tvmseq.measure import compile_for_gpu
@@ -56,7 +65,8 @@ def build(out: Path) -> None:
     tgt = resolve("cuda")
     out.mkdir(parents=True, exist_ok=True)
     funcs, index = {}, []
-    for D, B, H, I, gates in SHAPES:
+    shapes, tiles = SETS[which]
+    for D, B, H, I, gates in shapes:
         spec, shape = _spec(D, B, H, I, gates), f"d{D}_b{B}_h{H}_i{I}_g{gates}"
         N, Kp = gates * H, ip.tf32x3_k(I)
         old = ip.TF32X3_MIN_ROWS
@@ -68,7 +78,7 @@ def build(out: Path) -> None:
         funcs[f"simt_{shape}"] = simt.with_attr("global_symbol", f"simt_{shape}")
         funcs[f"split_{shape}"] = tf32x3.scheduled_split_func(I, Kp, tgt).with_attr("global_symbol", f"split_{shape}")
         variants = []
-        for bm, bn, stages, inflight, promote, planes in TILES:
+        for bm, bn, stages, inflight, promote, planes in tiles:
             wt = wgmma.WgmmaTile(bm=bm, bn=bn, stages=stages, inflight=inflight, promote=promote, both_planes=planes)
             Np = -(-N // bn) * bn
             if wgmma.supports(Np, Kp, wt, 4) is not None:
@@ -196,7 +206,7 @@ def check(out: Path, shapes) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "build":
-        build(Path(sys.argv[2]))
+        build(Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "all")
     elif sys.argv[1] == "check":
         check(Path(sys.argv[2]), sys.argv[3:])
     else:

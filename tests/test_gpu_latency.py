@@ -233,8 +233,8 @@ def test_a_one_frame_build_projects_its_inputs_as_a_gemv():
 
 def test_a_length_known_at_run_time_chooses_the_projection_by_its_rows():
     """Compiler only: with a symbolic length (and a static batch) the GRU input projection is a function whose `If`
-    on seq x batch calls the stock matmul (few rows) or the row-tiled kernel (many); a static length gets one of
-    them and no `If`."""
+    on seq x batch calls the stock matmul (few rows) or the row-tiled kernels (many; a chain of such functions over
+    the tiles' row ranges); a static length gets one of them and no `If`."""
     pytest.importorskip("tvm.script")
     from tvmseq import from_onnx, targets
     from tvmseq.onnx import gru
@@ -244,7 +244,7 @@ def test_a_length_known_at_run_time_chooses_the_projection_by_its_rows():
     names = {gv.name_hint for gv in mod.functions}
     assert {"gru_projection_by_rows", "gru_projection_stock", "gru_projection_tiled"} <= names
     script = mod["gru_projection_by_rows"].script()
-    assert f"<= {gru.STOCK_PROJECTION_MAX_ROWS}" in script and "if " in script
+    assert f"< {gru.STOCK_PROJECTION_MAX_ROWS + 1}" in script and "if " in script
     assert "einsum" in mod["gru_projection_stock"].script()
     static = from_onnx(model, {"X": [50, 1, FRAME_SHAPES["X"][2]]}, target=targets.resolve("cuda"))
     assert not any("projection_by_rows" in gv.name_hint for gv in static.functions)

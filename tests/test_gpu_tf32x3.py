@@ -1,7 +1,7 @@
 """The tf32x3 warpgroup projection itself on the GPU (`kernels/projection/wgmma.py`, operands "tf32x3"): the rule's
-tile (both tf32 planes in a stage, three products a k step), its 128-row form for many static rows and the
-three-pass form, odd sizes, row counts under,
-at and over a block's 64 rows, against float64, within 3x a float32 GEMM's error.
+tile (both tf32 planes in a stage, three products a k step), its 128-row form for many static rows, its narrower
+forms for few rows (64, 32 and 16 columns, on W padded for the 128-column tile) and the three-pass form, odd sizes,
+row counts under, at and over a block's 64 rows, against float64, within 3x a float32 GEMM's error.
 
 Compiled HERE for the H100 (`python tests/test_gpu_tf32x3.py DIR`), run THERE with TVM's runtime only
 (`TVMSEQ_TF32X3=DIR pytest -m gpu tests/test_gpu_tf32x3.py`)."""
@@ -17,7 +17,7 @@ import pytest
 
 SHAPES = [(1, 600, 600), (2, 148, 80), (1, 128, 208), (2, 1536, 1024), (1, 400, 161), (1, 161, 600), (2, 37, 80)]   # (D, N, K)
 ROWS = [1, 37, 64, 129, 1000]
-TILES = ("rule", "three_passes", "large")
+TILES = ("rule", "three_passes", "large", "n64", "n32", "n16")
 GPU_DIR = Path(os.environ.get("TVMSEQ_TF32X3", Path(__file__).resolve().parents[1] / "out" / "tf32x3_kernel"))
 
 
@@ -32,14 +32,15 @@ def build(out_dir) -> None:
 
     h100 = tvm.target.Target("nvidia/nvidia-h100", host="llvm")
     tiles = {"rule": ip.TF32X3_TILE, "three_passes": dataclasses.replace(ip.TF32X3_TILE, both_planes=False),
-             "large": ip.TF32X3_LARGE_TILE}
+             "large": ip.TF32X3_LARGE_TILE, **{f"n{t.bn}": t for t in ip.TF32X3_NARROW_TILES}}
     funcs, padded = {}, {}
     for D, N, K in SHAPES:
         Kp, Np = ip.tf32x3_k(K), ip.tf32x3_n(N)
         padded[f"{D}_{N}_{K}"] = (Kp, Np)
         funcs[f"split_{K}"] = tf32x3.scheduled_split_func(K, Kp, h100).with_attr("global_symbol", f"split_{K}")
         for name, tile in tiles.items():
-            funcs[f"{name}_{D}_{N}_{K}"] = wgmma.projection_wgmma_func(D, N, Kp, tile=tile, operands="tf32x3") \
+            funcs[f"{name}_{D}_{N}_{K}"] = wgmma.projection_wgmma_func(D, N, Kp, tile=tile, operands="tf32x3",
+                                                                       w_rows=Np) \
                 .with_attr("global_symbol", f"{name}_{D}_{N}_{K}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -203,6 +203,50 @@ def test_many_static_rows_take_128_row_blocks():
     assert threads(100, 64) == threads(None, 256) == 128   # 6,400 rows, or a length known at run time: bm 64
 
 
+@pytest.mark.parametrize("N", [1, 161, 600, 1200, 1536, 4096])
+def test_row_ranges_give_each_run_time_row_count_the_tile_of_the_rule(N):
+    ranges = ip.tf32x3_row_ranges(N, 132)
+    assert ranges[0][0] == 1 and [r for r, _ in ranges] == sorted({r for r, _ in ranges})
+    for rows in range(1, ip.TF32X3_LARGE_ROWS, 7):
+        picked = next(t for start, t in reversed(ranges) if start <= rows)
+        assert picked == ip.tf32x3_tile(N, rows, 132), rows
+
+
+def test_few_rows_take_narrower_tiles_that_fill_the_gpu():
+    tile = lambda n, rows: ip.tf32x3_tile(n, rows, 132)   # noqa: E731
+    assert tile(600, 100).bn == 16 and tile(600, 800).bn == 64 and tile(1200, 800) == ip.TF32X3_TILE
+    assert tile(1200, 100).bn == 32 and tile(161, 800).bn == 32 and tile(4096, 20000) == ip.TF32X3_LARGE_TILE
+    for t in ip.TF32X3_NARROW_TILES:   # each fits and keeps the rule tile's chunks and planes
+        assert wgmma.supports(ip.tf32x3_n(600), 608, t, 4) is None and (t.promote, t.both_planes) == (3, True)
+
+
+def test_a_narrow_tile_reads_w_padded_for_the_wide_one():
+    func = ip.tf32x3_tile_projection(_spec(1, 4, 200, 96, cell="gru"), ip.TF32X3_NARROW_TILES[-1])   # N 600, bn 16
+    text = func.script()
+    assert "(2, 1, 640, 96)" in text, "W's rows as the 128-column tile pads them"
+    assert 'T.thread_binding(38, thread="blockIdx.x")' in text, "ceil(600 / 16) column blocks, not 640 / 16"
+    src = tvm.compile(tvm.IRModule({"main": func}), target=H100).mod.imports[0].inspect_source()
+    assert "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32" in src
+    with pytest.raises(Exception, match="do not cover N"):
+        wgmma.projection_wgmma_func(1, 600, 96, tile=ip.TF32X3_TILE, operands="tf32x3", w_rows=600)
+
+
+def test_importer_dispatches_run_time_rows_over_the_tiles():
+    from tvmseq import models
+    from tvmseq.onnx import from_onnx
+
+    model, _ = models.rnn_node_model("GRU", seq="frames", batch=1, input_size=64, hidden=200, direction="forward",
+                                     linear_before_reset=1)
+    mod = from_onnx(model, target=H100)
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    starts = [start for start, _ in ip.tf32x3_row_ranges(600, 132)]    # 1 (16 columns), 193, 385, 833
+    assert {"gru_input_projection_tf32x3_n16", "gru_input_projection_tf32x3_n32", "gru_input_projection_tf32x3_n64",
+            "gru_input_projection_tf32x3", "gru_projection_tiled0", "gru_projection_tiled"} <= names
+    conditions = " ".join(mod[n].script(show_meta=False) for n in names if n.startswith("gru_projection_by_rows"))
+    for bound in (9, *starts[1:]):   # the stock matmul up to 8 rows, then each range from its start
+        assert re.search(rf"< {bound}\b", conditions), bound
+
+
 def test_both_planes_tiles_fit_shared_memory_and_are_tf32x3_only():
     fp16 = wgmma.WgmmaTile(64, 128, 4, True, both_planes=True)
     assert "tf32x3's" in wgmma.supports(512, 256, fp16, 2)

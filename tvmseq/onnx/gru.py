@@ -199,13 +199,18 @@ def emit_input_projection(bb, cell: str, spec, c, bias_i, target):
         return _gemv_projection(bb, c, bias_i, D, G, seq, B, I)
     proj, tile = projection_kernel(spec, str(target), static_seq)
     if tile == ip.TF32X3:   # float32 on tf32 tensor cores: few rows of a length known at run time stay stock
-        def split_projection(c_, bias_, rows_out=False):
-            return _tf32x3_projection(bb, cell, spec, c_, bias_, proj, target, rows_out)
+        def split_projection(c_, bias_, rows_out=False, row_tile=None):
+            kernel = proj if row_tile is None else ip.tf32x3_tile_projection(spec, row_tile)
+            return _tf32x3_projection(bb, cell, spec, c_, bias_, kernel, target, rows_out, row_tile)
         if constant_value(c["w"]) is None:   # a graph-input W split here, in `main`: lifted to load time
             c = dict(c, ws=_tf32x3_weight(bb, cell, spec, c, target))
-        if static_seq is None:
-            dispatched = _projection_by_rows(bb, cell, c, bias_i, D, G, int(B), I,
-                                             lambda c_, b_: split_projection(c_, b_, True), rows_out=True)
+        if static_seq is None:   # the tile by the run-time row count (`tf32x3_row_ranges`)
+            from ..kernels import recurrent_gemm as rg
+
+            ranges = ip.tf32x3_row_ranges(G, rg.gpu_facts(tvm.target.Target(str(target))).num_sms)
+            by_rows = [(start, lambda c_, b_, t=t: split_projection(c_, b_, True, None if t == ip.TF32X3_TILE else t))
+                       for start, t in ranges]
+            dispatched = _projection_by_rows(bb, cell, c, bias_i, D, G, int(B), I, by_rows, rows_out=True)
             if dispatched is not None:
                 return dispatched
         return split_projection(c, bias_i)
@@ -261,11 +266,12 @@ def _tf32x3_weight(bb, cell: str, spec, c, target):
     return bb.emit(relax.op.reshape(ws, [2, D, Np, Kp]))
 
 
-def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target, rows_out: bool = False):
+def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target, rows_out: bool = False, row_tile=None):
     """gate_i [D, seq, B, G] from the tf32x3 projection `proj`: X's rows split into tf32 parts (and zero-padded
     to whole k steps) by a kernel before it (c["split_x"](Kp, row_values, what) where the caller makes them: the
     split [2, seq * B, Kp]); W split by `_tf32x3_weight` (c["ws"] where the caller did).
-    `rows_out`: as the kernel's [D, seq * B, G] rows (see `_projection_by_rows`)."""
+    `rows_out`: as the kernel's [D, seq * B, G] rows (see `_projection_by_rows`); `row_tile`: the tile of `proj`
+    where it is not the rule's default (a narrower one for few rows), named in its kernel key."""
     from ..kernels.projection import gemm as ip
     from .importer import KernelKey, emit_kernel
 
@@ -284,9 +290,10 @@ def _tf32x3_projection(bb, cell: str, spec, c, bias_i, proj, target, rows_out: b
     ws = c["ws"] if c.get("ws") is not None else _tf32x3_weight(bb, cell, spec, c, target)
     sizes = {"directions": D, "hidden": H, "input_size": I, "gates": spec.gates}
     op = f"{cell}_input_projection_tf32x3"
-    g_rows = emit_kernel(bb, op, KernelKey(sizes, "float32", {}, dynamic=("rows",)), lambda: proj,
+    attrs = {} if row_tile is None else {"tile_bn": row_tile.bn, "stages": row_tile.stages}
+    g_rows = emit_kernel(bb, op, KernelKey(sizes, "float32", attrs, dynamic=("rows",)), lambda: proj,
                          [xs, ws, bias_i], relax.TensorType([D, seq * B, G], "float32"),
-                         name_hint=op + c.get("suffix", ""))
+                         name_hint=op + (f"_n{row_tile.bn}" if row_tile else "") + c.get("suffix", ""))
     return g_rows if rows_out else bb.emit(relax.op.reshape(g_rows, [D, seq, B, G]))
 
 
@@ -311,8 +318,10 @@ STOCK_PROJECTION_MAX_ROWS = 8
 def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int, tiled, rows_out: bool = False):
     """gate_i through a run-time choice on the row count seq x B (X [seq, B, I] with seq symbolic): a function
     `<cell>_projection_by_rows` whose body is If(seq * B <= STOCK_PROJECTION_MAX_ROWS) calling a function of the
-    stock matmul, else one of `tiled(c, bias_i)` (each branch a single call, as `batch_dispatch` builds them: TVM's
-    memory planner mishandles storage made in an If's branch and used after it). None where X's length is not
+    stock matmul, else one of `tiled(c, bias_i)`; `tiled` may also be [(from_rows, make), ...] (ascending, each
+    `make(c, bias_i)` from that row count up to the next's), chosen by a chain of such functions (each branch a
+    single call, as `batch_dispatch` builds them: TVM's memory planner mishandles storage made in an If's branch and
+    used after it; a nested If in an else branch segfaulted on the H100). None where X's length is not
     its own dim (nothing emitted). The branches' bodies are dataflow blocks, where reshapes are views; a reshape
     whose result a function returns is still a copy, so with `rows_out` both branches (`tiled` too) return
     [D, seq * B, G] rows and the view to [D, seq, B, G] is taken here, in the caller's dataflow block (the ASR
@@ -343,13 +352,23 @@ def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int
 
     stock = branch(f"{cell}_projection_stock{suffix}",
                    lambda c_, b_: _gemv_projection(bb, c_, b_, D, G, c_["seq"], B, I, rows_out))
-    tiled_fn = branch(f"{cell}_projection_tiled{suffix}", tiled)
-    ps = bd.params(tensors)
-    rows = ps[0].ty.shape.values[0] * B
-    choose = bd._function(bb, f"{cell}_projection_by_rows{suffix}", ps,
-                          lambda: relax.If(relax.prim_value(rows <= STOCK_PROJECTION_MAX_ROWS),
-                                           relax.Call(stock, ps), relax.Call(tiled_fn, ps)))
-    gate_i = bb.emit(relax.Call(choose, list(tensors.values())))
+    ranges = [r for r in (tiled if isinstance(tiled, list) else [(1, tiled)])]
+    # the stock matmul up to STOCK_PROJECTION_MAX_ROWS, then each tiled range that starts below the next's
+    first = STOCK_PROJECTION_MAX_ROWS + 1
+    ranges = [(max(start, first), make) for k, (start, make) in enumerate(ranges)
+              if k + 1 == len(ranges) or ranges[k + 1][0] > first]
+    chain = [(first, stock)] + [(start, branch(f"{cell}_projection_tiled{'' if k == len(ranges) - 1 else k}{suffix}",
+                                               make)) for k, (start, make) in enumerate(ranges)]
+
+    def level(k):   # rows below chain[k + 1]'s start: chain[k]'s function, else the next level
+        if k == len(chain) - 1:
+            return chain[k][1]
+        rest, ps = level(k + 1), bd.params(tensors)
+        rows = ps[0].ty.shape.values[0] * B
+        name = f"{cell}_projection_by_rows{'' if k == 0 else f'_from{chain[k][0]}'}{suffix}"
+        return bd._function(bb, name, ps, lambda: relax.If(relax.prim_value(rows < chain[k + 1][0]),
+                                                           relax.Call(chain[k][1], ps), relax.Call(rest, ps)))
+    gate_i = bb.emit(relax.Call(level(0), list(tensors.values())))
     if rows_out:
         gate_i = bb.emit(relax.op.reshape(gate_i, [D, tensors["x"].ty.shape.values[0], B, G]))
     # typed with the node's own length again (the match_cast above gave X a var of its own)

@@ -16,6 +16,7 @@ template's serial variant (same loops, no thread bindings) so CI checks its nume
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -503,6 +504,18 @@ TF32X3_TILE = WgmmaTile(bm=64, bn=128, stages=4, inflight=True, promote=3, both_
 # same columns (W's padding, `tf32x3_n`), chunks and planes
 TF32X3_LARGE_ROWS = 16384
 TF32X3_LARGE_TILE = replace(TF32X3_TILE, bm=128, stages=3)
+# Narrower tiles, widest first, for products of few rows: a 64 x 128 tile gives 100 rows x 600 columns 10 blocks on
+# 132 SMs, each walking all of K at ~0.6-1 us a k step. The rule (`tf32x3_tile`): the widest tile whose blocks fill
+# TF32X3_FILL of the SMs, else the narrowest. Measured on an H200 (2026-11-29, `schedules/tf32x3_sweep.py build DIR
+# few-rows`, `artifacts/bench/tf32x3_sweep_few_rows_2026-11-29.json`, the projection alone with CUDA events around
+# each launch, whose ~10 us host floor the smaller times sit on), us, 64 x 128 -> the rule's tile: the denoiser's
+# products at 100 rows, 400 -> 1200 16.8 -> 12.8 (32 columns), 400 -> 600 18.0 -> 11.8, 600 -> 600 18.7 -> 12.9,
+# 600 -> 161 20.9 -> 12.8 (16 columns); at 800 rows 600 -> 600 18.3 -> 15.8 (64), 600 -> 161 21.0 -> 14.3 (32),
+# 400 -> 1200 keeps 64 x 128 (17.5; 64 columns 18.6). Stages: 8 for 32 and 16 columns (a k step's loads further ahead
+# for the same shared memory), 4 for 64
+TF32X3_NARROW_TILES = (replace(TF32X3_TILE, bn=64), replace(TF32X3_TILE, bn=32, stages=8),
+                       replace(TF32X3_TILE, bn=16, stages=8))
+TF32X3_FILL = 0.5
 
 
 def tf32x3_k(K: int) -> int:
@@ -513,6 +526,32 @@ def tf32x3_k(K: int) -> int:
 def tf32x3_n(N: int) -> int:
     """N (gate rows) padded to whole tiles: the rows of W the kernel reads (zeros past N)."""
     return -(-N // TF32X3_TILE.bn) * TF32X3_TILE.bn
+
+
+def _tf32x3_blocks(rows: int, N: int, tile: WgmmaTile) -> int:
+    return -(-rows // tile.bm) * -(-N // tile.bn)
+
+
+def tf32x3_tile(N: int, rows: int, num_sms: int) -> WgmmaTile:
+    """The tile of a tf32x3 product of `rows` rows and N columns: 128-row blocks from TF32X3_LARGE_ROWS, else the
+    widest of TF32X3_TILE and TF32X3_NARROW_TILES whose blocks fill TF32X3_FILL of the SMs, else the narrowest."""
+    if rows >= TF32X3_LARGE_ROWS:
+        return TF32X3_LARGE_TILE
+    return next((t for t in (TF32X3_TILE, *TF32X3_NARROW_TILES)
+                 if _tf32x3_blocks(rows, N, t) >= TF32X3_FILL * num_sms), TF32X3_NARROW_TILES[-1])
+
+
+def tf32x3_row_ranges(N: int, num_sms: int) -> list:
+    """`tf32x3_tile` for a row count known at run time, below TF32X3_LARGE_ROWS: [(from_rows, tile), ...] in
+    ascending from_rows (the first 1): each tile from that row count up to the next's."""
+    ranges, tiles = [], (TF32X3_TILE, *TF32X3_NARROW_TILES)
+    for tile in reversed(tiles):   # narrowest first: its range starts lowest
+        cols = -(-N // tile.bn)
+        row_tiles = -(-math.ceil(TF32X3_FILL * num_sms) // cols)   # block rows needed to fill
+        start = 1 if tile is tiles[-1] else (row_tiles - 1) * tile.bm + 1
+        if tf32x3_tile(N, start, num_sms) is tile:   # (a wider tile that fills from the same row count wins)
+            ranges = [r for r in ranges if r[0] < start] + [(start, tile)]
+    return ranges
 
 
 def tf32x3_applies(spec, target, seq=None) -> bool:
@@ -532,15 +571,23 @@ def tf32x3_applies(spec, target, seq=None) -> bool:
 
 def tf32x3_projection(spec, target, seq=None):
     """The tf32x3 warpgroup projection of a float32 spec with a static batch on sm_90a (a prim_func on XS [2, rows,
-    Kp], WS [2, D, N, Kp]; 128-row blocks from TF32X3_LARGE_ROWS static rows), or None where it does not apply
-    (`tf32x3_applies`)."""
-    from . import wgmma
+    Kp], WS [2, D, Np, Kp]; with static rows in `tf32x3_tile`'s tile, else TF32X3_TILE: the importer dispatches a
+    run-time row count over `tf32x3_row_ranges`), or None where it does not apply (`tf32x3_applies`)."""
+    from .. import recurrent_gemm as rg
 
     if not tf32x3_applies(spec, target, seq):
         return None
+    N = spec.gates * spec.hidden
+    tile = tf32x3_tile(N, seq * spec.batch, rg.gpu_facts(target).num_sms) if isinstance(seq, int) else TF32X3_TILE
+    return tf32x3_tile_projection(spec, tile)
+
+
+def tf32x3_tile_projection(spec, tile: WgmmaTile):
+    """The tf32x3 warpgroup projection of a spec in `tile`, on W's rows padded for TF32X3_TILE (`tf32x3_n`)."""
+    from . import wgmma
+
     D, N, K = spec.num_directions, spec.gates * spec.hidden, tf32x3_k(spec.input_size)
-    large = isinstance(seq, int) and seq * spec.batch >= TF32X3_LARGE_ROWS
-    return wgmma.projection_wgmma_func(D, N, K, True, TF32X3_LARGE_TILE if large else TF32X3_TILE, operands="tf32x3")
+    return wgmma.projection_wgmma_func(D, N, K, True, tile, operands="tf32x3", w_rows=tf32x3_n(N))
 
 
 def projection_for(spec, target, seq=None):

@@ -197,12 +197,12 @@ OPERANDS = ("float16", "tf32x3")
 
 
 def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaTile = WgmmaTile(),
-                          gate_dtype: str = "float32", operands: str = "float16"):
+                          gate_dtype: str = "float32", operands: str = "float16", w_rows: int | None = None):
     """prim_func(X, W, bias [D, N] f32, gate_i [D, rows, N] gate_dtype), float32 accumulation either way;
     gate_dtype "float16" rounds the sum plus bias to half on the store.
     operands "float16": X [rows, K], W [D, N, K] float16.
-    operands "tf32x3" (float32 models): X [2, rows, K] and W [2, D, Np, K] (Np: N rounded up to whole tiles, the
-    rows past N zero; any N), each float32 split into a high and a low part exact in tf32 (`tf32x3.split_func` /
+    operands "tf32x3" (float32 models): X [2, rows, K] and W [2, D, Np, K] (Np: `w_rows`, else N rounded up to whole
+    tiles; the rows past N zero; any N), each float32 split into a high and a low part exact in tf32 (`tf32x3.split_func` /
     `split_array`); the products lo x hi, hi x lo (summed apart) and hi x hi, three passes over K or, with the tile's
     `both_planes`, one pass of three products a k step, on tf32 wgmmas: a float32 GEMM's accuracy (the dropped lo x
     lo term and the parts' rounding are ~2^-22 of a product) at tensor-core rate."""
@@ -215,8 +215,11 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     split = operands == "tf32x3"
     # tf32x3: W's rows zero-padded to whole tiles (its planes are split by the caller, padded there), the stores
     # masked to the N columns
-    Np = -(-N // tile.bn) * tile.bn if split else N
-    why = supports(Np, K, tile, 4 if split else 2)
+    Nt = -(-N // tile.bn) * tile.bn if split else N   # the gate rows the blocks cover
+    # W's rows as stored: a narrower tile reads the split W that a wider one's padding made (`gemm.tf32x3_n`)
+    Np = w_rows if split and w_rows is not None else Nt
+    why = supports(Nt, K, tile, 4 if split else 2) or (
+        f"W's {Np} rows do not cover N {N} in whole {tile.bn}-row tiles" if Np < Nt else None)
     if why:
         raise TvmseqError(f"wgmma projection: {why}")
     if not gpu:
@@ -255,7 +258,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     STAGE = A_ELEMS + B_ELEMS
     unroll = T.unroll
     k_slice, store_rows = warpgroup_tile_macros(BN, gate_dtype, "tf32" if split else "float16",
-                                                n_valid=N if Np != N else None)
+                                                n_valid=N if Nt != N else None)
 
     def swz(r, c):
         """half offset of 16-byte chunk c of row r inside a 1 KB-aligned tile."""
@@ -314,7 +317,7 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
         # and re-read W (the smaller operand) from L2; the other order streamed X once per gate-row tile
         for bz in T.thread_binding(D, thread="blockIdx.z"):
             for bx in T.thread_binding((rows + BM - 1) // BM, thread="blockIdx.y"):
-                for by in T.thread_binding(Np // BN, thread="blockIdx.x"):
+                for by in T.thread_binding(Nt // BN, thread="blockIdx.x"):
                     for t in T.thread_binding(NT, thread="threadIdx.x"):
                         smem = T.alloc_buffer((S * STAGE + ATOM // 2,), "float16", scope="shared.dyn")
                         acc = T.alloc_buffer((ACC,), "float32", scope="local")
