@@ -100,6 +100,30 @@ def test_a_call_that_cannot_be_captured_runs_uncaptured_and_says_why(monkeypatch
     assert list(compiled.graph_fallbacks.values()) == ["cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"]
 
 
+def test_inputs_given_in_place_twice_are_read_where_they_lie(fake_capture):
+    """The same device tensors two calls in a row: a second capture reads them in place (no copies in), replayed
+    while they stay; a value written into them is what the next call reads. Tensors that alternate, a host array
+    or an offset view keep the copying capture."""
+    import tvm
+
+    model, compiled = _gru()
+    rng = np.random.default_rng(5)
+    x, h0 = (rng.standard_normal(s).astype(np.float32) for s in ((4, 2, 5), (1, 2, 7)))
+    tx, th = tvm.runtime.tensor(x), tvm.runtime.tensor(h0)
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(X=tx, initial_h=th)[0], _want(model, x, h0)[0], rtol=1e-4, atol=1e-5)
+    assert len(fake_capture) == 2 and [c.replays for c in fake_capture] == [1, 2]
+    assert sum(k[1] == (tx.data_ptr(), th.data_ptr()) for k in compiled._graphs) == 1   # keyed by the addresses
+    x2 = rng.standard_normal((4, 2, 5)).astype(np.float32)
+    tx.copyfrom(x2)                                                 # new values where the capture reads
+    np.testing.assert_allclose(compiled(X=tx, initial_h=th)[0], _want(model, x2, h0)[0], rtol=1e-4, atol=1e-5)
+    assert fake_capture[1].replays == 3
+    other = tvm.runtime.tensor(x)
+    for xs in (other, tx, other, x):               # alternating (tx still in place), then a host array: copied in
+        compiled(X=xs, initial_h=th)
+    assert len(fake_capture) == 2 and [c.replays for c in fake_capture] == [4, 4]
+
+
 @pytest.mark.parametrize("captured", [True, False])
 def test_streaming_copies_the_state_back_inside_the_call(fake_capture, monkeypatch, captured):
     """Frame by frame equals the whole sequence; the state fed back is the state input's own buffer."""
