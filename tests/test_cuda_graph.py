@@ -124,6 +124,25 @@ def test_inputs_given_in_place_twice_are_read_where_they_lie(fake_capture):
     assert len(fake_capture) == 2 and [c.replays for c in fake_capture] == [4, 4]
 
 
+def test_an_in_place_capture_that_fails_is_not_tried_again(fake_capture, monkeypatch):
+    import tvm
+
+    model, compiled = _gru()
+    x, h0 = np.ones((3, 2, 5), np.float32), np.zeros((1, 2, 7), np.float32)
+    tx, th = tvm.runtime.tensor(x), tvm.runtime.tensor(h0)
+    compiled(X=tx, initial_h=th)                                    # the copying capture
+    tries = []
+
+    def refuse(call, device, copies_after=()):
+        tries.append(1)
+        raise cuda_graph.CaptureError("no")
+
+    monkeypatch.setattr(cuda_graph, "capture", refuse)
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(X=tx, initial_h=th)[0], _want(model, x, h0)[0], rtol=1e-4, atol=1e-5)
+    assert len(tries) == 1 and fake_capture[0].replays == 4
+
+
 @pytest.mark.parametrize("captured", [True, False])
 def test_streaming_copies_the_state_back_inside_the_call(fake_capture, monkeypatch, captured):
     """Frame by frame equals the whole sequence; the state fed back is the state input's own buffer."""

@@ -148,8 +148,8 @@ class Model:
     the inputs are copied into device buffers kept per shape (the graph reads fixed addresses; a caller who gives
     the same compact device tensors two calls in a row gets a capture that reads them where they lie, without
     the copies) and the outputs are the same device tensors at every call of that shape, so device outputs are
-    valid until the next call. `max_graph_shapes` shapes are kept, then the captures are dropped and start anew. A shape whose
-    call cannot be captured runs uncaptured (`graph_fallbacks` says why).
+    valid until the next call. `max_graph_shapes` captures are kept, then they are dropped and start anew. A
+    shape whose call cannot be captured runs uncaptured (`graph_fallbacks` says why).
 
     On the CPU, a call with numpy inputs (Python scalars for rank-0 inputs) of the model's dtypes, by ONNX name,
     positionally or as one dict, whose shapes were seen and checked at an earlier call skips the generic
@@ -415,7 +415,7 @@ class Model:
             for out, inp in feedback:
                 listed[out].copyto(buffers[inp])
             return outputs, buffers
-        if repeated:
+        if repeated and (key, in_place) not in self._graphs:   # (a capture that failed is not tried again)
             held = self._capture_in_place(key, in_place, inputs)
             if held is not None:
                 held.replay()

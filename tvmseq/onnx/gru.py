@@ -352,8 +352,8 @@ def _projection_by_rows(bb, cell: str, c, bias_i, D: int, G: int, B: int, I: int
 
     stock = branch(f"{cell}_projection_stock{suffix}",
                    lambda c_, b_: _gemv_projection(bb, c_, b_, D, G, c_["seq"], B, I, rows_out))
-    ranges = [r for r in (tiled if isinstance(tiled, list) else [(1, tiled)])]
-    # the stock matmul up to STOCK_PROJECTION_MAX_ROWS, then each tiled range that starts below the next's
+    ranges = tiled if isinstance(tiled, list) else [(1, tiled)]
+    # the stock matmul up to STOCK_PROJECTION_MAX_ROWS, then each tiled range not wholly below that
     first = STOCK_PROJECTION_MAX_ROWS + 1
     ranges = [(max(start, first), make) for k, (start, make) in enumerate(ranges)
               if k + 1 == len(ranges) or ranges[k + 1][0] > first]
