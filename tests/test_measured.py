@@ -122,7 +122,8 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
             ("plstm_sweep", "artifacts/bench/plstm_b1_cluster_2026-11-28.json.gz"),
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_2026-11-29.json"),
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_warps_2026-11-29.json"),
-            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_chains_2026-11-29.json")),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_chains_2026-11-29.json"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_batch_split_2026-11-29.json")),
            ("recurrent_gemm", "tune_recurrent_gemm", "artifacts/bench/recurrent_gemm.json"),
            ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json.gz",
             ("plstm_sweep", "artifacts/bench/plstm_tiles.json.gz")),
@@ -136,7 +137,8 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_2026-11-29.json"),
             ("tune_persistent_mma", "artifacts/bench/pmma_sweep_small_chunks_2026-11-29.json"),
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_warps_2026-11-29.json"),
-            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_chains_2026-11-29.json")),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_chains_2026-11-29.json"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_batch_split_2026-11-29.json")),
            ("persistent_wgmma", "plstm_sweep", "artifacts/bench/plstm_wgmma_sweep_2026-11-28.json.gz")]
 
 
