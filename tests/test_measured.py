@@ -123,7 +123,8 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_2026-11-29.json"),
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_warps_2026-11-29.json"),
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_chains_2026-11-29.json"),
-            ("plstm_sweep", "artifacts/bench/plstm_sweep_batch_split_2026-11-29.json")),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_batch_split_2026-11-29.json"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_row_clusters_2026-11-29.json")),
            ("recurrent_gemm", "tune_recurrent_gemm", "artifacts/bench/recurrent_gemm.json"),
            ("step_gemm", "tune_step_gemm", "artifacts/bench/gru_sweep.json.gz",
             ("plstm_sweep", "artifacts/bench/plstm_tiles.json.gz")),
@@ -138,7 +139,8 @@ SOURCES = [("persistent_gru", "tune_persistent_gru", "artifacts/bench/pgru_sweep
             ("tune_persistent_mma", "artifacts/bench/pmma_sweep_small_chunks_2026-11-29.json"),
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_warps_2026-11-29.json"),
             ("plstm_sweep", "artifacts/bench/plstm_sweep_small_chunks_chains_2026-11-29.json"),
-            ("plstm_sweep", "artifacts/bench/plstm_sweep_batch_split_2026-11-29.json")),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_batch_split_2026-11-29.json"),
+            ("plstm_sweep", "artifacts/bench/plstm_sweep_row_clusters_2026-11-29.json")),
            ("persistent_wgmma", "plstm_sweep", "artifacts/bench/plstm_wgmma_sweep_2026-11-28.json.gz")]
 
 

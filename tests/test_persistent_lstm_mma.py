@@ -126,7 +126,9 @@ def _spec(D, B, H, dtype="float16", **kw):
     (1, 8, 512, "float32", "persistent"), (1, 256, 1024, "float32", "per_step"),
     (1, 19, 100, "float32", "persistent_mma"), (2, 67, 37, "float16", "persistent_mma"),   # lstm_cluster_config
     (1, 8, 128, "float32", "persistent_mma"),    # the LSTM's own sweep: the staged kernel beat the engine there
-    (1, 7, 100, "float32", "persistent"),        # below the rule's batch
+    (1, 7, 100, "float32", "persistent_mma"),    # float32 at batch <= 8: a cluster a batch row
+    (1, 3, 37, "float32", "persistent_mma"), (2, 3, 100, "float32", "persistent_mma"),
+    (2, 5, 128, "float32", "persistent"),        # 2 x 16 x 5 blocks: more than the SMs, the engine
     (2, 8, 256, "float32", "persistent"),        # the rule's 16-unit blocks do not fit fp32 registers: engine
 ])
 def test_path_choice(D, B, H, dtype, path):
@@ -159,7 +161,11 @@ def test_requested_mma_path_and_configs():
 @needs_compiler
 @pytest.mark.parametrize("D,B,H,dtype,knobs", [
     (1, 8, 128, "float16", (8, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1, 4)),   # one cluster of 16 blocks, the n split
-    (1, 8, 128, "float32", (8, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)),      # float32: no n split
+    (1, 8, 128, "float32", (8, 4, 1, 0, 8, 0, 0, 0, 0, 0, 16, 1, 1)),       # float32: a cluster a batch row
+    (1, 3, 37, "float32", (8, 4, 1, 0, 3, 0, 0, 0, 0, 0, 5, 1, 1)),
+    (2, 8, 64, "float32", (8, 4, 1, 0, 8, 0, 0, 0, 0, 0, 8, 1, 1)),         # 2 x 8 x 8 = 128 blocks
+    (2, 8, 128, "float32", (8, 4, 16, 0, 1, 0, 0, 0, 0, 0, 16, 1, 1)),      # 256 blocks: one 8-row cluster a direction
+    (1, 5, 256, "float32", None),                                           # 32 groups of 8 units: past a cluster
     (1, 256, 128, "float16", (8, 4, 16, 0, 16, 0, 0, 0, 0, 0, 16, 1, 1, 4)),  # 256 blocks: two an SM
     (2, 256, 128, "float16", (16, 8, 16, 0, 16, 0, 0, 0, 0, 0, 8, 1, 1, 4)),  # 8 units a block would need 512 blocks
     (1, 9, 200, "float16", (16, 8, 16, 0, 1, 0, 0, 0, 0, 0, 13, 1, 1, 4)),

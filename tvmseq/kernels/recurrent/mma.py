@@ -541,7 +541,10 @@ def lstm_cluster_config(D: int, B: int, H: int, facts, dtype: str = "float16") -
     B256 1.99 (3.85); fp32 H128 B8 1.59 (engine 1.69), B32 1.88 (2.96), B64 1.89 (2.89), bi B64 2.89 (3.91); fp16
     H256 B8 1.27 (1.86). Past 16 groups of 16 units (hidden 257-512) at batch <= 16: 32-unit blocks, float16 only
     (the check refuses the n split in float32, whose other rules then apply), fp16 H512 B8 1.81 (engine 2.17).
-    None where it does not apply or fit."""
+    None where it does not apply or fit. float32 at batch <= 8: `row_cluster_config`."""
+    row = row_cluster_config(D, B, H, facts) if dtype == "float32" else None
+    if row is not None:
+        return row
     if B < LSTM_CLUSTER_MIN_BATCH:
         return None
     split = math.ceil(B / 16)
@@ -560,6 +563,25 @@ def lstm_cluster_config(D: int, B: int, H: int, facts, dtype: str = "float16") -
             and D * groups * split <= 2 * facts.num_sms:
         return config(N_SPLIT_UNITS, groups)
     return None
+
+
+# float32 LSTM at batch <= 8, hidden <= 128 (8-unit blocks, one cluster of up to 16 a batch row): each batch row a
+# cluster of its own, 1-row chunks (`SIMT_SMALL_CHUNKS`), the batch split over the clusters, all resident at once.
+# Measured on an H200 (2026-11-29, `schedules/plstm_sweep.py`, recurrence us a step, the SIMT engine's best in
+# brackets): H128 B1 0.565 (0.853), B2 0.555 (1.047), B4 0.558 (1.127), B8 0.630 (1.399; one 8-row cluster 1.222),
+# bidirectional B4 0.669 (0.983; the database's 2-row chunks 0.637). GPU cases at H37 B3 and bidirectional H100 B3
+# (`tests/test_gpu_lstm.py`) run it; compute-sanitizer memcheck and racecheck clean at H37 B3 and H128 B8
+ROW_CLUSTER_MAX_BATCH, ROW_CLUSTER_UNITS, ROW_CLUSTER_WARPS = 8, 8, 4
+
+
+def row_cluster_config(D: int, B: int, H: int, facts) -> MmaConfig | None:
+    """float32 LSTM at batch <= ROW_CLUSTER_MAX_BATCH: a cluster of the G = ceil(H / 8) unit blocks for each batch
+    row (2 <= G <= 16), where the D x G x B blocks fit the SMs one each; else None."""
+    groups = math.ceil(H / ROW_CLUSTER_UNITS)
+    if B > ROW_CLUSTER_MAX_BATCH or not 2 <= groups <= CLUSTER_SYNC_MAX or D * groups * B > facts.num_sms:
+        return None
+    return MmaConfig(ROW_CLUSTER_UNITS, ROW_CLUSTER_WARPS, 1, batch_split=B, cluster=groups, cluster_sync=True,
+                     dsmem=True)
 
 
 def batch_split_config(D: int, B: int, H: int, facts, rows: int = 32) -> MmaConfig | None:
