@@ -534,7 +534,9 @@ def _tf32x3_blocks(rows: int, N: int, tile: WgmmaTile) -> int:
 
 def tf32x3_tile(N: int, rows: int, num_sms: int) -> WgmmaTile:
     """The tile of a tf32x3 product of `rows` rows and N columns: 128-row blocks from TF32X3_LARGE_ROWS, else the
-    widest of TF32X3_TILE and TF32X3_NARROW_TILES whose blocks fill TF32X3_FILL of the SMs, else the narrowest."""
+    widest of TF32X3_TILE and TF32X3_NARROW_TILES whose blocks fill TF32X3_FILL of the SMs, else the narrowest.
+    The blocks of one direction are counted (as measured: a bidirectional product runs twice as many, so it may
+    get a tile narrower than it needs; not timed against the wider one)."""
     if rows >= TF32X3_LARGE_ROWS:
         return TF32X3_LARGE_TILE
     return next((t for t in (TF32X3_TILE, *TF32X3_NARROW_TILES)
