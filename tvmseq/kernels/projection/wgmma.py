@@ -201,11 +201,11 @@ def projection_wgmma_func(D: int, N: int, K: int, gpu: bool = True, tile: WgmmaT
     """prim_func(X, W, bias [D, N] f32, gate_i [D, rows, N] gate_dtype), float32 accumulation either way;
     gate_dtype "float16" rounds the sum plus bias to half on the store.
     operands "float16": X [rows, K], W [D, N, K] float16.
-    operands "tf32x3" (float32 models): X [2, rows, K] and W [2, D, Np, K] (Np: `w_rows`, else N rounded up to whole
-    tiles; the rows past N zero; any N), each float32 split into a high and a low part exact in tf32 (`tf32x3.split_func` /
-    `split_array`); the products lo x hi, hi x lo (summed apart) and hi x hi, three passes over K or, with the tile's
-    `both_planes`, one pass of three products a k step, on tf32 wgmmas: a float32 GEMM's accuracy (the dropped lo x
-    lo term and the parts' rounding are ~2^-22 of a product) at tensor-core rate."""
+    operands "tf32x3" (float32 models): X [2, rows, K] and W [2, D, Np, K] (Np: `w_rows`, else N rounded up to
+    whole tiles; the rows past N zero; any N), each float32 split into a high and a low part exact in tf32
+    (`tf32x3.split_func` / `split_array`); the products lo x hi, hi x lo (summed apart) and hi x hi, three passes
+    over K or, with the tile's `both_planes`, one pass of three products a k step, on tf32 wgmmas: a float32 GEMM's
+    accuracy (the dropped lo x lo term and the parts' rounding are ~2^-22 of a product) at tensor-core rate."""
     from tvm.script import tirx as T
 
     if gate_dtype not in GATE_DTYPES:
