@@ -547,12 +547,12 @@ def tf32x3_row_ranges(N: int, num_sms: int) -> list:
     """`tf32x3_tile` for a row count known at run time, below TF32X3_LARGE_ROWS: [(from_rows, tile), ...] in
     ascending from_rows (the first 1): each tile from that row count up to the next's."""
     ranges, tiles = [], (TF32X3_TILE, *TF32X3_NARROW_TILES)
-    for tile in reversed(tiles):   # narrowest first: its range starts lowest
+    for tile in reversed(tiles):   # narrowest first: the starts only grow with the tile's width
         cols = -(-N // tile.bn)
         row_tiles = -(-math.ceil(TF32X3_FILL * num_sms) // cols)   # block rows needed to fill
         start = 1 if tile is tiles[-1] else (row_tiles - 1) * tile.bm + 1
         if tf32x3_tile(N, start, num_sms) is tile:   # (a wider tile that fills from the same row count wins)
-            ranges = [r for r in ranges if r[0] < start] + [(start, tile)]
+            ranges.append((start, tile))
     return ranges
 
 
