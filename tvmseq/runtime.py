@@ -368,8 +368,9 @@ class Model:
         replayed; the first call of a shape runs once plainly (loads the kernels, fills the VM's memory
         pool, so the capture allocates nothing) and then captures. `feedback`: (output index, input index)
         pairs copied at the end of the call, output into that input's buffer (`stream_run`); an input given
-        as its own buffer is not copied. Returns (outputs, the input buffers)."""
-        from .cuda_graph import CaptureError, capture, copy_async
+        as its own buffer is not copied. Without feedback, inputs given in place two calls in a row are read where
+        they lie (`_capture_in_place`). Returns (outputs, the input buffers)."""
+        from .cuda_graph import CaptureError, copy_async
 
         key = (tuple((tuple(x.shape), str(x.dtype)) for x in inputs), feedback)
         in_place = None if feedback else self._in_place_addresses(inputs)
@@ -401,12 +402,8 @@ class Model:
         args = [*buffers, *self._device_weights()]
         if entry["call"] is None and not entry["captured"]:
             entry["captured"] = True
-            warm = self._vm["main"](*args)
-            self.device.sync()
-            del warm                          # its storage goes back to the pool for the capture to take
             try:
-                entry["call"] = capture(lambda: self._vm["main"](*args), self.device,
-                                        [(out, buffers[inp]) for out, inp in feedback])
+                entry["call"] = self._warm_capture(args, [(out, buffers[inp]) for out, inp in feedback])
             except CaptureError as err:
                 self.graph_fallbacks[key[0]] = str(err)
         if entry["call"] is None:
@@ -422,6 +419,16 @@ class Model:
                 return held.outputs, inputs
         entry["call"].replay()
         return entry["call"].outputs, buffers
+
+    def _warm_capture(self, args: list, copies_after=()):
+        """The VM call on `args` run once plainly (loads the kernels, fills the VM's memory pool, so the capture
+        allocates nothing), then captured (`cuda_graph.capture`, which raises CaptureError)."""
+        from .cuda_graph import capture
+
+        warm = self._vm["main"](*args)
+        self.device.sync()
+        del warm                          # its storage goes back to the pool for the capture to take
+        return capture(lambda: self._vm["main"](*args), self.device, copies_after)
 
     def _in_place_addresses(self, inputs: list):
         """The inputs' device addresses when every input is a compact, 64-byte aligned tensor on the model's device
@@ -441,16 +448,12 @@ class Model:
         nothing in; kept under (key, addresses) like a shape (`max_graph_shapes`). A later call at those addresses
         replays it: the tensor there then is the one the caller gives (same shape and dtype by the key). None
         where it cannot be captured (the copying capture stays in use)."""
-        from .cuda_graph import CaptureError, capture
+        from .cuda_graph import CaptureError
 
         if len(self._graphs) >= self.max_graph_shapes:
             return None
-        args = [*inputs, *self._device_weights()]
-        warm = self._vm["main"](*args)    # storage for this capture's outputs into the pool first
-        self.device.sync()
-        del warm
         try:
-            call = capture(lambda: self._vm["main"](*args), self.device)
+            call = self._warm_capture([*inputs, *self._device_weights()])
         except CaptureError:
             call = None
         self._graphs[(key, addresses)] = {"call": call}
